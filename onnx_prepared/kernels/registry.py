@@ -1,0 +1,85 @@
+"""One kernel table keyed by (domain, op_type), versions explicit.
+
+A kernel is a plain module-level function: inputs are positional ndarrays (``None`` for an omitted
+optional input), ONNX attributes arrive as keyword-only arguments with their defaults spelled out in
+the signature, and it returns a tuple of arrays. A kernel knows nothing about nodes or sessions.
+
+Register with ``@kernel("Gemm", since=13)``; :func:`lookup` picks the highest ``since`` <= the model's
+opset (and < ``until`` when given). Ops without a fast kernel go through the named, counted
+``onnx.reference`` fallback in :mod:`onnx_prepared.kernels.fallback`.
+
+A kernel that needs the node's output count declares a keyword-only ``n_outputs`` parameter; the
+binder passes it (Split-13 splits evenly by the number of outputs, for example).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+KernelFn = Callable[..., tuple]
+
+#: Domain spellings that mean the default ONNX domain.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in DEFAULT_DOMAINS else domain
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One registered implementation, valid for opsets in [since, until)."""
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    fn: KernelFn
+    #: keyword parameters the function accepts (attributes it understands)
+    params: frozenset[str]
+    #: True when the function accepts ``**kwargs`` (any attribute)
+    var_kwargs: bool
+    wants_n_outputs: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain or 'ai.onnx'}::{self.op_type}-{self.since}"
+
+
+REGISTRY: dict[tuple[str, str], dict[int, KernelSpec]] = {}
+
+
+def kernel(op_type: str, since: int = 1, *, domain: str = "", until: int | None = None):
+    """Register ``fn`` as the fast kernel for ``op_type`` from opset ``since`` on."""
+
+    def register(fn: KernelFn) -> KernelFn:
+        sig = inspect.signature(fn)
+        params = frozenset(
+            n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
+        var_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        dom = normalize_domain(domain)
+        spec = KernelSpec(dom, op_type, since, until, fn, params, var_kwargs, "n_outputs" in params)
+        REGISTRY.setdefault((dom, op_type), {})[since] = spec
+        return fn
+
+    return register
+
+
+def lookup(domain: str, op_type: str, opset: int) -> KernelSpec | None:
+    """The fast kernel for ``op_type`` at ``opset``, or None when only the fallback applies."""
+    versions = REGISTRY.get((normalize_domain(domain), op_type))
+    if not versions:
+        return None
+    best = None
+    for since, spec in versions.items():
+        if since <= opset and (spec.until is None or opset < spec.until) and (best is None or since > best.since):
+            best = spec
+    return best
+
+
+def available(domain: str, op_type: str) -> list[str]:
+    """Names of every registered implementation of an op (for error messages)."""
+    return sorted(s.name for s in REGISTRY.get((normalize_domain(domain), op_type), {}).values())
