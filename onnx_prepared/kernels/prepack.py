@@ -1,0 +1,64 @@
+"""Prepack rules: which node inputs a kernel wants in a packed physical layout, and how to pack them.
+
+A rule is registered next to the kernel that consumes its layout (``@prepack_rule("Gemm")``). At
+resolution time the rule sees a node, its parsed attributes and the set of input positions that are
+constant initializers, and returns a :class:`PrepackSpec` or None. The spec's ``layout`` string holds
+every parameter that changes the packed bytes (transB, alpha, block size, dtype ...), so two nodes
+asking for the same (sources, layout) share one prepared object and two that differ get two.
+
+The packed kernel is called as ``kernel(packed, *other_inputs)`` where ``other_inputs`` are the node's
+inputs in order with the packed source positions removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnx_prepared.kernels.registry import normalize_domain
+
+#: Version of the packed byte formats this build writes; part of every persisted entry's identity.
+KERNEL_ABI = "onnx-prepared-cpu-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class PrepackSpec:
+    """How one node consumes a prepared object built from some of its constant inputs."""
+
+    source_inputs: tuple[int, ...]  # node input positions folded into the packed object
+    layout: str  # every parameter that changes the packed bytes
+    pack: Callable[..., Any]  # (*source arrays) -> packed object with .nbytes
+    kernel: Callable[..., tuple]  # (packed, *other inputs) -> outputs, attributes already bound
+    to_bytes: Callable[[Any], np.ndarray] | None = None  # packed -> uint8 array (for the cache)
+    from_bytes: Callable[[np.ndarray], Any] | None = None  # uint8 array -> packed
+
+
+PrepackRule = Callable[[Any, dict, frozenset[int], dict[int, tuple]], "PrepackSpec | None"]
+RULES: dict[tuple[str, str], list[PrepackRule]] = {}
+
+
+def prepack_rule(op_type: str, *, domain: str = ""):
+    """Register ``fn(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None`` for an op."""
+
+    def register(fn: PrepackRule) -> PrepackRule:
+        RULES.setdefault((normalize_domain(domain), op_type), []).append(fn)
+        return fn
+
+    return register
+
+
+def match(node: Any, attrs: dict, const_inputs: frozenset[int], const_shapes: dict[int, tuple]) -> PrepackSpec | None:
+    """The first rule's spec for ``node``, or None when it runs unpacked."""
+    for rule in RULES.get((normalize_domain(node.domain), node.op_type), ()):
+        spec = rule(node, attrs, const_inputs, const_shapes)
+        if spec is not None:
+            return spec
+    return None
+
+
+def array_to_bytes(a: np.ndarray) -> np.ndarray:
+    """A packed ndarray as its raw bytes (shape and dtype live in the layout key)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)

@@ -1,0 +1,139 @@
+"""The four allocation domains of prepared execution, with live and retained byte accounting.
+
+numpy owns the actual buffers; an arena is the ledger that says which domain owns how many bytes,
+so budgets can be trusted. Counters change in exactly two places, :meth:`Arena.acquire` and
+:meth:`Allocation.release`. Freed capacity is *retained* (as an allocator would keep it) up to the
+arena's ``retention_cap`` and trimmed beyond it; an acquire reuses retained capacity first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from onnx_prepared.errors import InternalError, OnnxPreparedError
+
+
+class ArenaLimitError(OnnxPreparedError, MemoryError):
+    """An allocation would exceed an arena's limit."""
+
+
+@dataclass(eq=False)
+class Allocation:
+    """Bytes charged to one arena until :meth:`release` (idempotent) returns them."""
+
+    arena: Arena
+    nbytes: int
+    tag: str = ""
+    released: bool = field(default=False, repr=False)
+
+    def release(self) -> None:
+        """Return the bytes to the arena. Thread-safe; a second call is a no-op."""
+        self.arena._release(self)
+
+    def transfer(self, arena: Arena, tag: str | None = None) -> Allocation:
+        """Hand these bytes to another arena (e.g. a read buffer that becomes a published object)."""
+        new = arena.acquire(self.nbytes, tag if tag is not None else self.tag, force=True)
+        self.release()
+        return new
+
+
+class Arena:
+    """One memory domain: ``limit`` caps live bytes; ``retention_cap`` caps retained free bytes."""
+
+    def __init__(self, name: str, limit: int | None = None, retention_cap: int | None = None) -> None:
+        self.name = name
+        self.limit = limit
+        self.retention_cap = retention_cap
+        self._lock = threading.Lock()
+        # invariant: live == sum(a.nbytes for unreleased allocations of this arena)
+        self.live = 0
+        self.retained = 0
+        self.peak_live = 0
+        self.allocations = 0
+
+    def acquire(self, nbytes: int, tag: str = "", *, force: bool = False) -> Allocation:
+        """Charge ``nbytes``; raises :class:`ArenaLimitError` past the limit unless ``force``.
+
+        ``force`` exists for hand-offs the scheduler already admitted (its admission, not the arena,
+        decides whether work may start).
+        """
+        if nbytes < 0:
+            raise InternalError(f"negative allocation of {nbytes} bytes in {self.name}")
+        with self._lock:
+            if not force and self.limit is not None and self.live + nbytes > self.limit:
+                raise ArenaLimitError(
+                    f"{self.name}: {nbytes} bytes for {tag or 'an allocation'} would exceed the limit "
+                    f"({self.live} live of {self.limit})"
+                )
+            self.live += nbytes
+            self.retained -= min(self.retained, nbytes)
+            self.peak_live = max(self.peak_live, self.live)
+            self.allocations += 1
+        return Allocation(self, nbytes, tag)
+
+    def _release(self, a: Allocation) -> None:
+        if a.arena is not self:
+            raise InternalError("allocation released into a foreign arena")
+        with self._lock:
+            if a.released:
+                return
+            a.released = True
+            self.live -= a.nbytes
+            self.retained += a.nbytes
+            if self.retention_cap is not None and self.retained > self.retention_cap:
+                self.retained = self.retention_cap
+
+    def trim(self) -> int:
+        """Drop all retained capacity; returns the bytes trimmed."""
+        with self._lock:
+            n, self.retained = self.retained, 0
+        return n
+
+    @property
+    def reserved(self) -> int:
+        """Live plus retained bytes: what this domain holds from the process's point of view."""
+        return self.live + self.retained
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"live": self.live, "retained": self.retained, "peak_live": self.peak_live}
+
+    def __repr__(self) -> str:
+        lim = "unlimited" if self.limit is None else f"limit={self.limit}"
+        return f"<Arena {self.name} live={self.live} retained={self.retained} {lim}>"
+
+
+DOMAINS = ("preparation", "prepared", "execution", "io")
+
+
+@dataclass
+class Arenas:
+    """The session's four domains: PreparationArena, PreparedArena, ExecutionArena, IOArena."""
+
+    preparation: Arena
+    prepared: Arena
+    execution: Arena
+    io: Arena
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        prepared_limit: int | None = None,
+        limits: dict[str, int | None] | None = None,
+        retention_caps: dict[str, int | None] | None = None,
+    ) -> Arenas:
+        limits = dict(limits or {})
+        if prepared_limit is not None:
+            limits["prepared"] = prepared_limit
+        caps = retention_caps or {}
+        names = {"preparation": "PreparationArena", "prepared": "PreparedArena",
+                 "execution": "ExecutionArena", "io": "IOArena"}
+        return cls(**{d: Arena(names[d], limits.get(d), caps.get(d)) for d in DOMAINS})
+
+    def __getitem__(self, domain: str) -> Arena:
+        return getattr(self, domain)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {d: self[d].snapshot() for d in DOMAINS}

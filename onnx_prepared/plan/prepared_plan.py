@@ -1,0 +1,269 @@
+"""PreparedExecutionPlan: one immutable, scope-aware graph of session and invocation tasks.
+
+Session tasks read sources and prepack them into prepared objects (``publishes`` a
+:class:`PreparedKey`); invocation tasks are ranges of the one compact action list (the runtime
+core's ExecutionPlan, migrated here rather than kept as a second plan). An invocation step depends
+on the previous step and on the session tasks that publish the prepared objects it consumes.
+
+The plan also precomputes what the cold path needs: one bit per prepared requirement, the bits each
+action needs, the first action that needs each requirement (prefetch distance) and direct action
+ranges for the hot path.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import onnx
+
+from onnx_prepared.errors import InternalError, OnnxPreparedError
+from onnx_prepared.kernels.binding import BoundKernel, bind_node
+from onnx_prepared.plan.execution_plan import ExecutionPlan, build_execution_plan
+from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
+
+
+class PlanError(OnnxPreparedError):
+    """The plan cannot be built from what was given (mutable/incomplete model, cycle, scope violation)."""
+
+
+class TaskScope(enum.Enum):
+    SESSION = "session"  # load, prepack, persist: once per generation
+    INVOCATION = "invocation"  # node execution: once per run
+
+
+class TaskKind(enum.Enum):
+    READ_SOURCE = "read_source"
+    PREPACK = "prepack"
+    READ_PACKED = "read_packed"
+    PERSIST = "persist"
+    EXECUTE = "execute"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDescriptor:
+    id: str
+    scope: TaskScope
+    kind: TaskKind
+    resource: str  # "io" | "cpu" | "inline"
+    dependencies: tuple[str, ...]
+    prepared_requirements: tuple[PreparedKey, ...] = ()
+    publishes: PreparedKey | None = None
+    estimated_input_bytes: int = 0
+    estimated_output_bytes: int = 0
+    peak_temporary_bytes: int = 0
+    actions: tuple[int, int] | None = None  # [start, stop) in the action list (invocation tasks)
+    sources: tuple[str, ...] = ()  # payload names read (read tasks) or consumed (prepack tasks)
+    result: str = ""  # human description for `inspect --plan`
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedExecutionPlan:
+    resolved: ResolvedModel
+    tasks: tuple[TaskDescriptor, ...]
+    execution: ExecutionPlan  # the compact action list that invocation tasks index into
+    requirements: tuple[PreparedRequirement, ...]  # bit i = requirements[i]
+    requirement_slots: tuple[int, ...]  # slot holding requirement i during a run
+    action_requirements: tuple[tuple[int, ...], ...]  # per action: requirement bits it reads
+    first_need: tuple[int, ...]  # per requirement: first action index that needs it
+    producer: Mapping[PreparedKey, str]  # key -> id of the session task that publishes it
+    by_id: Mapping[str, TaskDescriptor]
+
+    @property
+    def session_tasks(self) -> tuple[TaskDescriptor, ...]:
+        return tuple(t for t in self.tasks if t.scope is TaskScope.SESSION)
+
+    @property
+    def invocation_tasks(self) -> tuple[TaskDescriptor, ...]:
+        return tuple(t for t in self.tasks if t.scope is TaskScope.INVOCATION)
+
+    def session_closure(self, task_ids: list[str]) -> list[str]:
+        """Session tasks ``task_ids`` transitively depend on (including themselves), dependencies first."""
+        seen: dict[str, None] = {}
+
+        def visit(tid: str) -> None:
+            if tid in seen:
+                return
+            for d in self.by_id[tid].dependencies:
+                if self.by_id[d].scope is TaskScope.SESSION:
+                    visit(d)
+            seen[tid] = None
+
+        for t in task_ids:
+            visit(t)
+        return list(seen)
+
+    def table(self) -> str:
+        """The plan as the spec's table: task, scope, resource, dependencies, result."""
+        rows = [("Task", "Scope", "Resource", "Dependencies", "Result")]
+        for t in self.tasks:
+            rows.append((t.id, t.scope.value, t.resource, ", ".join(t.dependencies) or "-", t.result))
+        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(4)]
+        lines = []
+        for r in rows:
+            cells = [r[i].ljust(widths[i]) if len(r[i]) <= widths[i] else r[i][: widths[i] - 3] + "..."
+                     for i in range(4)]
+            lines.append("  ".join(cells + [r[4]]))
+        return "\n".join(lines)
+
+
+def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
+    """BuildPreparedExecutionPlan: expand every requirement's recipe and merge it with the actions."""
+    if not isinstance(resolved, ResolvedModel):
+        raise PlanError(f"a plan is built from a frozen ResolvedModel, not {type(resolved).__name__}")
+    if not resolved.complete:
+        raise PlanError("the resolved model is incomplete (a node without a kernel or a requirement "
+                        "whose source is not an active manifest entry)")
+    graph = resolved.graph()
+    execution = _build_actions(resolved, graph)
+    reqs = resolved.requirements
+    slot_of = {n: i for i, n in enumerate(execution.slot_names)}
+    req_slots = tuple(slot_of.get(_slot_name(r.key), -1) for r in reqs)
+    slot_bit = {s: i for i, s in enumerate(req_slots) if s >= 0}
+    action_reqs = tuple(tuple(sorted({slot_bit[s] for s in a.inputs if s in slot_bit})) for a in execution.actions)
+    n_actions = len(execution.actions)
+    first_need = [n_actions] * len(reqs)
+    for pos in range(n_actions - 1, -1, -1):
+        for b in action_reqs[pos]:
+            first_need[b] = pos
+
+    tasks: list[TaskDescriptor] = []
+    producer: dict[PreparedKey, str] = {}
+    read_task: dict[str, str] = {}
+    manifest = resolved.manifest.active
+    # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
+    order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
+    for i in order:
+        r = reqs[i]
+        for s in r.sources:
+            if s in read_task:
+                continue
+            d = manifest[s].descriptor
+            tid = f"S.{s}.read_source"
+            read_task[s] = tid
+            raw_key = r.key if r.key.is_raw and r.sources == (s,) else None
+            tasks.append(TaskDescriptor(
+                tid, TaskScope.SESSION, TaskKind.READ_SOURCE, "io" if d.is_external else "inline", (),
+                estimated_output_bytes=d.nbytes, sources=(s,),
+                result=f"source bytes of {s}" if raw_key is None else f"publish {raw_key}",
+            ))
+        if r.key.is_raw:
+            producer[r.key] = read_task[r.sources[0]]
+            continue
+        tid = f"S.{r.key}.prepack"
+        producer[r.key] = tid
+        tasks.append(TaskDescriptor(
+            tid, TaskScope.SESSION, TaskKind.PREPACK, "cpu", tuple(read_task[s] for s in r.sources),
+            publishes=r.key, estimated_input_bytes=r.source_bytes, estimated_output_bytes=r.estimated_bytes,
+            peak_temporary_bytes=r.estimated_bytes, sources=r.sources, result=f"publish {r.key}",
+        ))
+    # Raw keys are published by their read task; mark it.
+    tasks = [
+        _with_publish(t, next((r.key for r in reqs if r.key.is_raw and r.sources == t.sources), None))
+        if t.kind is TaskKind.READ_SOURCE else t
+        for t in tasks
+    ]
+    io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
+    tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits))
+    by_id = {t.id: t for t in tasks}
+    if len(by_id) != len(tasks):
+        raise InternalError("duplicate task id in plan")
+    _validate(tasks, by_id)
+    return PreparedExecutionPlan(
+        resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need),
+        MappingProxyType(producer), MappingProxyType(by_id),
+    )
+
+
+def _with_publish(t: TaskDescriptor, key: PreparedKey | None) -> TaskDescriptor:
+    if key is None:
+        return t
+    return TaskDescriptor(t.id, t.scope, t.kind, t.resource, t.dependencies, (), key, 0,
+                          t.estimated_output_bytes, 0, None, t.sources, f"publish {key}")
+
+
+def _slot_name(key: PreparedKey) -> str:
+    return key.lineage[0] if key.is_raw else key.slot_name
+
+
+def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> ExecutionPlan:
+    """The compact action list, with prepacked nodes rewired to read their prepared object."""
+    opsets = dict(resolved.opsets)
+    functions = resolved.functions
+    packed_by_outputs: dict[tuple[str, ...], BoundKernel] = {}
+    for idx, np_ in resolved.node_prepacks.items():
+        node = graph.node[idx]
+        others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
+        del node.input[:]
+        node.input.extend([np_.key.slot_name, *others])
+        packed_by_outputs[tuple(node.output)] = BoundKernel(np_.spec.kernel, f"prepacked:{np_.spec.layout}", False)
+        if not any(t.name == np_.key.slot_name for t in graph.initializer):
+            graph.initializer.append(onnx.TensorProto(name=np_.key.slot_name))  # a placeholder slot
+
+    def bind(node: onnx.NodeProto) -> BoundKernel:
+        k = packed_by_outputs.get(tuple(node.output))
+        return k if k is not None else bind_node(node, opsets, functions)
+
+    return build_execution_plan(graph, opsets, functions, bind=bind)
+
+
+def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) -> list[TaskDescriptor]:
+    """Split the action list where a new external prepared object is first needed."""
+    steps: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    start = 0
+    for pos, bits in enumerate(action_reqs):
+        new = [b for b in bits if b not in seen]
+        if new and pos > start and any(b in io_bits for b in new):
+            steps.append((start, pos))
+            start = pos
+        seen.update(bits)
+    if start < len(action_reqs) or not steps:
+        steps.append((start, len(action_reqs)))
+    tasks = []
+    prev = None
+    used_ids: set[str] = set()
+    for a, b in steps:
+        node = graph.node[execution.actions[a].node_index] if b > a else None
+        base = f"I.{node.name or node.op_type}" if node is not None else "I.empty"
+        tid = base
+        n = 1
+        while tid in used_ids:
+            n += 1
+            tid = f"{base}#{n}"
+        used_ids.add(tid)
+        bits = sorted({x for pos in range(a, b) for x in action_reqs[pos]})
+        keys = tuple(reqs[x].key for x in bits)
+        deps = ((prev,) if prev else ()) + tuple(dict.fromkeys(producer[k] for k in keys))
+        tasks.append(TaskDescriptor(
+            tid, TaskScope.INVOCATION, TaskKind.EXECUTE, "cpu", deps, keys, actions=(a, b),
+            result=f"actions {a}..{b - 1} ({b - a} nodes)",
+        ))
+        prev = tid
+    return tasks
+
+
+def _validate(tasks: list[TaskDescriptor], by_id: dict[str, TaskDescriptor]) -> None:
+    for t in tasks:
+        for d in t.dependencies:
+            if d not in by_id:
+                raise PlanError(f"task {t.id} depends on unknown task {d}")
+            if t.scope is TaskScope.SESSION and by_id[d].scope is TaskScope.INVOCATION:
+                raise PlanError(f"session task {t.id} depends on invocation task {d}")
+    state: dict[str, int] = {}
+
+    def visit(tid: str, stack: list[str]) -> None:
+        s = state.get(tid, 0)
+        if s == 2:
+            return
+        if s == 1:
+            raise PlanError(f"dependency cycle: {' -> '.join([*stack, tid])}")
+        state[tid] = 1
+        for d in by_id[tid].dependencies:
+            visit(d, [*stack, tid])
+        state[tid] = 2
+
+    for t in tasks:
+        visit(t.id, [])

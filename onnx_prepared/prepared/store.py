@@ -1,0 +1,220 @@
+"""PreparedObjectStore: the residency state machine of every prepared object of a session.
+
+::
+
+    absent -> loading -> preparing -> resident -> evicting -> absent
+                 |           |
+                 +-------> failed -> loading (a new generation retries)
+
+Each key has one entry; each production attempt is a new *generation*. Consumers of one key share
+the in-flight generation (one read, one prepack), wait on its completion, and pin the resident
+object while they use it. Eviction removes residency, not identity.
+
+The *readiness epoch*: ``epoch`` increases on every event that makes a previously resident object
+unavailable (eviction, failure). ``hot_epoch`` equals ``epoch`` exactly while every required object
+is resident, so a run decides hot vs cold with one integer comparison.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from onnx_prepared.errors import InternalError
+from onnx_prepared.memory import Allocation
+
+
+class EntryState(enum.Enum):
+    ABSENT = "absent"
+    LOADING = "loading"
+    PREPARING = "preparing"
+    RESIDENT = "resident"
+    FAILED = "failed"
+    EVICTING = "evicting"
+
+
+_ALLOWED: dict[EntryState, frozenset[EntryState]] = {
+    EntryState.ABSENT: frozenset({EntryState.LOADING}),
+    EntryState.LOADING: frozenset({EntryState.PREPARING, EntryState.RESIDENT, EntryState.FAILED, EntryState.ABSENT}),
+    EntryState.PREPARING: frozenset({EntryState.RESIDENT, EntryState.FAILED, EntryState.ABSENT}),
+    EntryState.RESIDENT: frozenset({EntryState.EVICTING}),
+    EntryState.EVICTING: frozenset({EntryState.ABSENT, EntryState.RESIDENT}),
+    EntryState.FAILED: frozenset({EntryState.LOADING}),
+}
+
+Waiter = Callable[[Any, int, BaseException | None], None]  # (key, generation, error)
+
+
+@dataclass(eq=False)
+class PreparedEntry:
+    key: Any
+    state: EntryState = EntryState.ABSENT
+    generation: int = 0
+    value: Any = None  # invariant: not None iff state is RESIDENT or EVICTING
+    allocation: Allocation | None = None
+    nbytes: int = 0
+    pins: int = 0  # invariant: > 0 only while RESIDENT (or EVICTING refused)
+    error: BaseException | None = None
+    waiters: list[Waiter] = field(default_factory=list)
+    event: threading.Event = field(default_factory=threading.Event)
+    last_use: int = 0
+    persisted: bool = False
+
+    def __repr__(self) -> str:
+        return f"<PreparedEntry {self.key} {self.state.value} gen={self.generation} pins={self.pins}>"
+
+
+class PreparedObjectStore:
+    """Registry of prepared objects; all methods are thread-safe (one lock)."""
+
+    def __init__(self, keys: Iterable[Any]) -> None:
+        self._lock = threading.Lock()
+        self._entries = {k: PreparedEntry(k) for k in keys}
+        self._resident = 0
+        self.epoch = 0
+        self.hot_epoch = -1 if self._entries else 0
+        self.counters = {"claims": 0, "productions": 0, "shared": 0, "published": 0, "evicted": 0, "failed": 0}
+
+    # ---- state machine ----
+    def _transition(self, e: PreparedEntry, new: EntryState) -> None:
+        if new not in _ALLOWED[e.state]:
+            raise InternalError(f"prepared object {e.key}: illegal transition {e.state.value} -> {new.value}")
+        was_resident = e.state is EntryState.RESIDENT
+        e.state = new
+        if new is EntryState.RESIDENT and not was_resident:
+            self._resident += 1
+            if self._resident == len(self._entries):
+                self.hot_epoch = self.epoch
+        elif was_resident and new is not EntryState.RESIDENT:
+            self._resident -= 1
+            self.epoch += 1  # invalidates the readiness epoch
+
+    def entry(self, key: Any) -> PreparedEntry:
+        return self._entries[key]
+
+    @property
+    def all_resident(self) -> bool:
+        return self.hot_epoch == self.epoch
+
+    # ---- production ----
+    def claim(self, key: Any) -> tuple[int, bool]:
+        """Join or start a generation: returns (generation, caller_must_produce)."""
+        with self._lock:
+            e = self._entries[key]
+            self.counters["claims"] += 1
+            if e.state in (EntryState.ABSENT, EntryState.FAILED):
+                self._transition(e, EntryState.LOADING)
+                e.generation += 1
+                e.error = None
+                e.event = threading.Event()
+                self.counters["productions"] += 1
+                return e.generation, True
+            self.counters["shared"] += 1
+            return e.generation, False
+
+    def mark_preparing(self, key: Any, generation: int) -> None:
+        with self._lock:
+            e = self._entries[key]
+            self._check_gen(e, generation)
+            self._transition(e, EntryState.PREPARING)
+
+    def publish(self, key: Any, generation: int, value: Any, nbytes: int, allocation: Allocation | None = None) -> None:
+        """Make ``value`` resident; wakes every waiter of this generation (outside the lock)."""
+        with self._lock:
+            e = self._entries[key]
+            self._check_gen(e, generation)
+            e.value, e.nbytes, e.allocation = value, nbytes, allocation
+            self._transition(e, EntryState.RESIDENT)
+            self.counters["published"] += 1
+            waiters, e.waiters = e.waiters, []
+            e.event.set()
+        for w in waiters:
+            w(key, generation, None)
+
+    def fail(self, key: Any, generation: int, error: BaseException) -> None:
+        """Record a failed generation; waiters see the error; a later claim starts a new generation."""
+        with self._lock:
+            e = self._entries[key]
+            if e.generation != generation or e.state not in (EntryState.LOADING, EntryState.PREPARING):
+                return
+            e.error = error
+            self._transition(e, EntryState.FAILED)
+            self.counters["failed"] += 1
+            waiters, e.waiters = e.waiters, []
+            e.event.set()
+        for w in waiters:
+            w(key, generation, error)
+
+    def abandon(self, key: Any, generation: int) -> None:
+        """A generation was cancelled before publishing: back to absent (no error recorded)."""
+        with self._lock:
+            e = self._entries[key]
+            if e.generation != generation or e.state not in (EntryState.LOADING, EntryState.PREPARING):
+                return
+            self._transition(e, EntryState.ABSENT)
+            waiters, e.waiters = e.waiters, []
+        for w in waiters:
+            w(key, generation, None)
+
+    def _check_gen(self, e: PreparedEntry, generation: int) -> None:
+        if e.generation != generation:
+            raise InternalError(f"prepared object {e.key}: generation {generation} is stale (now {e.generation})")
+
+    # ---- consumption ----
+    def when_ready(self, key: Any, waiter: Waiter) -> bool:
+        """Call ``waiter`` when the current generation completes; False if already resident (no call)."""
+        with self._lock:
+            e = self._entries[key]
+            if e.state is EntryState.RESIDENT:
+                return False
+            e.waiters.append(waiter)
+            return True
+
+    def get(self, key: Any) -> Any:
+        e = self._entries[key]
+        if e.state is not EntryState.RESIDENT:
+            raise InternalError(f"prepared object {key} read while {e.state.value}")
+        return e.value
+
+    def pin(self, key: Any, position: int = 0) -> Any:
+        """Pin a resident object against eviction and return it."""
+        with self._lock:
+            e = self._entries[key]
+            if e.state is not EntryState.RESIDENT:
+                raise InternalError(f"pin of prepared object {key} while {e.state.value}")
+            e.pins += 1
+            e.last_use = max(e.last_use, position)
+            return e.value
+
+    def unpin(self, key: Any) -> None:
+        with self._lock:
+            e = self._entries[key]
+            if e.pins <= 0:
+                raise InternalError(f"unpin of unpinned prepared object {key}")
+            e.pins -= 1
+
+    def evict(self, key: Any) -> Allocation | None:
+        """Drop residency of an unpinned object; returns its allocation for the caller to release.
+
+        Returns None (and changes nothing) when the object is pinned or not resident.
+        """
+        with self._lock:
+            e = self._entries[key]
+            if e.state is not EntryState.RESIDENT or e.pins:
+                return None
+            self._transition(e, EntryState.EVICTING)
+            alloc, e.allocation, e.value = e.allocation, None, None
+            self._transition(e, EntryState.ABSENT)
+            self.counters["evicted"] += 1
+            return alloc
+
+    def states(self) -> dict[Any, EntryState]:
+        with self._lock:
+            return {k: e.state for k, e in self._entries.items()}
+
+    def resident_bytes(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values() if e.state is EntryState.RESIDENT)

@@ -1,0 +1,239 @@
+"""Model resolution before weight loading: LoadedModel -> frozen ResolvedModel, reading no weight byte.
+
+Resolution applies the standard transformations (dead-node and dead-initializer elimination), chooses
+every node's kernel, binds constant inputs to prepared objects (a :class:`PreparedKey` per kernel
+request, identical requests sharing one key) and freezes the minimal payload manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import onnx
+
+from onnx_prepared.errors import InternalError
+from onnx_prepared.kernels import prepack as prepack_mod
+from onnx_prepared.kernels import registry
+from onnx_prepared.kernels.binding import _NeedsFallback, implicit_inputs_of, parse_attributes
+from onnx_prepared.model import LoadedModel, WeightDescriptor
+from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
+from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequirement:
+    """One prepared object the plan must materialize, its sources and who consumes it."""
+
+    key: PreparedKey
+    sources: tuple[str, ...]
+    spec: prepack_mod.PrepackSpec | None  # None: raw (read -> publish)
+    consumers: tuple[int, ...]  # node indices, in graph order
+    source_bytes: int
+
+    @property
+    def estimated_bytes(self) -> int:
+        """Published size estimate (packed layouts are close to their sources here)."""
+        return self.source_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NodePrepack:
+    key: PreparedKey
+    spec: prepack_mod.PrepackSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """The frozen result of resolution: mutation raises ``FrozenInstanceError``.
+
+    The transformed graph is kept serialized; :meth:`graph` returns a fresh copy, so no caller can
+    change what the plan is built from.
+    """
+
+    source: LoadedModel
+    graph_bytes: bytes
+    opsets: Mapping[str, int]
+    kernel_choices: tuple[str, ...]  # per node of the transformed graph
+    requirements: tuple[PreparedRequirement, ...]
+    node_prepacks: Mapping[int, NodePrepack]
+    raw_inputs: Mapping[int, tuple[tuple[int, PreparedKey], ...]]  # node -> (input position, raw key)
+    manifest: PayloadManifest
+    removed_nodes: int
+    dead_initializers: tuple[str, ...]
+
+    def graph(self) -> onnx.GraphProto:
+        g = onnx.GraphProto()
+        g.ParseFromString(self.graph_bytes)
+        return g
+
+    @property
+    def functions(self) -> dict[tuple[str, str], onnx.FunctionProto]:
+        return self.source.functions
+
+    @property
+    def complete(self) -> bool:
+        """Every node has a kernel and every requirement's sources are active manifest entries."""
+        return len(self.kernel_choices) == self._node_count() and all(
+            s in self.manifest.active for r in self.requirements for s in r.sources
+        )
+
+    def _node_count(self) -> int:
+        return len(self.graph().node)
+
+    def requirement(self, key: PreparedKey) -> PreparedRequirement:
+        for r in self.requirements:
+            if r.key == key:
+                return r
+        raise KeyError(key)
+
+
+def resolve_model(model: LoadedModel) -> ResolvedModel:
+    """Resolve ``model`` metadata-only (no payload is read)."""
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    removed = _eliminate_dead_nodes(graph)
+    weights = model.weights
+    used = _used_names(graph)
+    dead = tuple(sorted(n for n in weights if n not in used))
+    keep_inits = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep_inits)
+
+    opsets = model.opsets
+    reqs: dict[PreparedKey, dict] = {}
+    node_prepacks: dict[int, NodePrepack] = {}
+    raw_inputs: dict[int, list[tuple[int, PreparedKey]]] = {}
+    choices = []
+
+    def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
+        r = reqs.setdefault(key, {"sources": sources, "spec": spec, "consumers": []})
+        if node_idx not in r["consumers"]:
+            r["consumers"].append(node_idx)
+
+    def raw_key(name: str) -> PreparedKey:
+        return PreparedKey((name,), RAW, "cpu", _digest((name,), weights))
+
+    for idx, node in enumerate(graph.node):
+        const_pos = frozenset(i for i, n in enumerate(node.input) if n and n in weights)
+        shapes = {i: (weights[node.input[i]].dims, weights[node.input[i]].dtype.name) for i in const_pos
+                  if _has_numpy_dtype(weights[node.input[i]])}
+        spec = None
+        try:
+            attrs = parse_attributes(node)
+        except _NeedsFallback:
+            attrs = None
+        if attrs is not None and const_pos:
+            spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
+        if spec is not None:
+            sources = tuple(node.input[i] for i in spec.source_inputs)
+            key = PreparedKey(sources, spec.layout, "cpu", _digest(sources, weights))
+            require(key, sources, spec, idx)
+            node_prepacks[idx] = NodePrepack(key, spec)
+            choices.append(f"prepacked:{spec.layout}")
+        else:
+            dom = registry.normalize_domain(node.domain)
+            k = registry.lookup(dom, node.op_type, opsets.get(dom, 1))
+            choices.append(k.name if k is not None else f"fallback:{dom or 'ai.onnx'}::{node.op_type}")
+        packed_pos = set(spec.source_inputs) if spec is not None else set()
+        raws = []
+        for i in sorted(const_pos - packed_pos):
+            key = raw_key(node.input[i])
+            require(key, key.lineage, None, idx)
+            raws.append((i, key))
+        for name in implicit_inputs_of(node):
+            if name in weights:
+                key = raw_key(name)
+                require(key, key.lineage, None, idx)
+                raws.append((-1, key))
+        if raws:
+            raw_inputs[idx] = raws
+    for o in graph.output:  # an initializer returned as a graph output
+        if o.name in weights:
+            require(raw_key(o.name), (o.name,), None, len(graph.node))
+
+    requirements = tuple(
+        PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
+                            sum(weights[s].nbytes for s in v["sources"]))
+        for k, v in reqs.items()
+    )
+    active: dict[str, ManifestEntry] = {}
+    for r in requirements:
+        for s in r.sources:
+            why = f"source of {r.key}" if not r.key.is_raw else "constant input"
+            first = graph.node[r.consumers[0]] if r.consumers[0] < len(graph.node) else None
+            who = f" of node {first.name or first.op_type!r}" if first is not None else " (graph output)"
+            if s not in active:
+                active[s] = ManifestEntry(s, weights[s], why + who)
+    if len(choices) != len(graph.node):
+        raise InternalError("kernel choice missing for a node")
+    return ResolvedModel(
+        source=model,
+        graph_bytes=graph.SerializeToString(),
+        opsets=MappingProxyType(dict(opsets)),
+        kernel_choices=tuple(choices),
+        requirements=requirements,
+        node_prepacks=MappingProxyType(node_prepacks),
+        raw_inputs=MappingProxyType({k: tuple(v) for k, v in raw_inputs.items()}),
+        manifest=PayloadManifest(MappingProxyType(active)),
+        removed_nodes=removed,
+        dead_initializers=dead,
+    )
+
+
+def _has_numpy_dtype(d: WeightDescriptor) -> bool:
+    try:
+        return d.dtype.kind in "biuf"
+    except Exception:
+        return False
+
+
+def _digest(sources: tuple[str, ...], weights: Mapping[str, WeightDescriptor]) -> str | None:
+    ds = [weights[s] for s in sources]
+    checksums = [d.payload.checksum if d.is_external else None for d in ds]
+    return lineage_digest(checksums, sources, [f"{d.elem_type}:{list(d.dims)}" for d in ds])
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    used = {o.name for o in graph.output} | {i.name for i in graph.input}
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        used.update(implicit_inputs_of(node))
+    return used
+
+
+def _eliminate_dead_nodes(graph: onnx.GraphProto) -> int:
+    """Drop nodes none of whose outputs reach a graph output; returns how many were dropped."""
+    needed = {o.name for o in graph.output}
+    keep = [False] * len(graph.node)
+    for idx in range(len(graph.node) - 1, -1, -1):
+        node = graph.node[idx]
+        if any(o in needed for o in node.output if o):
+            keep[idx] = True
+            needed.update(n for n in node.input if n)
+            needed.update(implicit_inputs_of(node))
+    if all(keep):
+        return 0
+    # NOTE: a node list that is not topologically sorted could hide a live producer after its
+    # consumer; such graphs are rare and keep every node.
+    order_ok = _is_topological(graph)
+    if not order_ok:
+        return 0
+    kept = [n for n, k in zip(graph.node, keep) if k]
+    removed = len(graph.node) - len(kept)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return removed
+
+
+def _is_topological(graph: onnx.GraphProto) -> bool:
+    """True when every node-produced input is produced by an earlier node."""
+    node_outputs = {o for n in graph.node for o in n.output if o}
+    produced: set[str] = set()
+    for node in graph.node:
+        reads = [n for n in node.input if n] + list(implicit_inputs_of(node))
+        if any(n in node_outputs and n not in produced for n in reads):
+            return False
+        produced.update(node.output)
+    return True

@@ -1,0 +1,44 @@
+"""Small models with external data for tests (built with onnx.helper, fixed seeds)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def save_external(model: onnx.ModelProto, folder: str | os.PathLike, name: str = "model.onnx") -> str:
+    path = os.path.join(os.fspath(folder), name)
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=name.replace(".onnx", ".data"), size_threshold=0)
+    return path
+
+
+def gemm_mlp(folder, *, layers: int = 3, width: int = 16, seed: int = 0, share_b: bool = False,
+             alpha: float = 1.0, beta: float = 1.0) -> str:
+    """x -> [Gemm(transB alternating) -> Relu] * layers; optionally two Gemms read one B."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        trans_b = i % 2
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        name = "W0" if share_b else f"W{i}"
+        if not share_b or i == 0:
+            inits.append(numpy_helper.from_array(w, name))
+        inits.append(numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"c{i}"))
+        nodes.append(helper.make_node("Gemm", [prev, name, f"c{i}"], [f"g{i}"], name=f"gemm{i}",
+                                      transB=trans_b, alpha=alpha, beta=beta))
+        nodes.append(helper.make_node("Relu", [f"g{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["n", width])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return save_external(m, folder)
+
+
+def reference_mlp(path: str, x: np.ndarray) -> np.ndarray:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(path).run(None, {"x": x})[0]

@@ -1,0 +1,83 @@
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared.errors import ManifestError
+from onnx_prepared.model import load_model
+from onnx_prepared.resolve import ManifestReader, resolve_model
+from tests.helpers.models import gemm_mlp, save_external
+
+
+def test_resolution_reads_no_payload(tmp_path, monkeypatch):
+    path = gemm_mlp(tmp_path)
+    model = load_model(path)
+
+    def boom(*a, **k):
+        raise AssertionError("payload read during resolution")
+
+    monkeypatch.setattr("os.preadv", boom)
+    monkeypatch.setattr("onnx_prepared.model.reader.ExternalDataReader.read_bytes", boom)
+    r = resolve_model(model)
+    assert r.complete and len(r.kernel_choices) == 6
+
+
+def test_resolved_model_is_frozen(tmp_path):
+    r = resolve_model(load_model(gemm_mlp(tmp_path)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.kernel_choices = ()
+    with pytest.raises(TypeError):
+        r.manifest.active["x"] = None
+    g = r.graph()
+    del g.node[:]  # mutating a copy never changes the resolved model
+    assert len(r.graph().node) == 6
+
+
+def test_transb_values_get_distinct_keys_and_identical_requests_share(tmp_path):
+    r = resolve_model(load_model(gemm_mlp(tmp_path, layers=3, share_b=True)))
+    packed = [q for q in r.requirements if not q.key.is_raw]
+    # W0 used with transB=0 (layers 0 and 2, identical request -> one key) and transB=1 (layer 1)
+    assert sorted(q.key.layout.split("-transB")[1][0] for q in packed) == ["0", "1"]
+    shared = next(q for q in packed if "transB0" in q.key.layout)
+    assert shared.consumers == (0, 4)
+    assert all(q.sources == ("W0",) for q in packed)
+    assert list(r.manifest.active) .count("W0") == 1
+
+
+def test_dead_nodes_and_initializers_are_absent_from_manifest(tmp_path):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W")
+    dead_w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "DEAD")
+    unused = numpy_helper.from_array(np.ones(3, np.float32), "UNUSED")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("MatMul", ["x", "DEAD"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w, dead_w, unused])
+    path = save_external(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path)
+    r = resolve_model(load_model(path))
+    assert r.removed_nodes == 1
+    assert set(r.manifest.active) == {"W"}
+    assert set(r.dead_initializers) == {"DEAD", "UNUSED"}
+    reader = ManifestReader(r.manifest)
+    assert reader.read("W").shape == (4, 4)
+    with pytest.raises(ManifestError, match="DEAD"):
+        reader.read("DEAD")
+    reader.close()
+
+
+def test_reason_names_consumer(tmp_path):
+    r = resolve_model(load_model(gemm_mlp(tmp_path, layers=1)))
+    assert "gemm0" in r.manifest.active["W0"].reason
+    assert r.manifest.active["c0"].reason.startswith("constant input")
+
+
+def test_lineage_digest_from_checksums(tmp_path):
+    path = gemm_mlp(tmp_path, layers=1)
+    m = onnx.load(path, load_external_data=False)
+    for t in m.graph.initializer:
+        t.external_data.add(key="checksum", value="ab" * 32)
+    onnx.save(m, path)
+    r = resolve_model(load_model(path))
+    assert all(q.key.lineage_digest is not None for q in r.requirements)
