@@ -1,0 +1,219 @@
+"""Activations, Softmax/LogSoftmax, Clip, Erf/Gelu and Identity.
+
+Each kernel allocates one output buffer and works in place on it. Half-precision inputs of
+exp-based activations are computed in float32 and cast back, since float16 ``exp`` overflows at 11.
+numpy has no ``erf``; :func:`_erf` is a float32 rational approximation (max error 7 ulp, computed in
+float32) and float64 inputs use ``math.erf`` exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from onnx_prepared.kernels.registry import kernel
+
+_HALF = frozenset({"float16", "bfloat16"})
+
+#: ONNX's default Clip-6 bounds (float32 lowest/max): treated as "no bound".
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _work(x: np.ndarray) -> np.ndarray:
+    """A fresh float buffer holding ``x`` (float32 for half types) that a kernel may overwrite."""
+    if x.dtype.name in _HALF:
+        return x.astype(np.float32)
+    return np.array(x, copy=True)
+
+
+def _back(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return y if y.dtype == dtype else y.astype(dtype)
+
+
+# **** simple activations ****
+
+
+@kernel("Relu", since=6)
+def relu(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.maximum(x, 0)),)
+
+
+@kernel("LeakyRelu", since=6)
+def leaky_relu(x: np.ndarray, *, alpha: float = 0.01) -> tuple[np.ndarray]:
+    y = np.asarray(np.multiply(x, np.asarray(alpha, dtype=x.dtype)))
+    np.copyto(y, x, where=x >= 0)
+    return (np.asarray(y),)
+
+
+@kernel("Elu", since=6)
+def elu(x: np.ndarray, *, alpha: float = 1.0) -> tuple[np.ndarray]:
+    y = _work(x)
+    neg = y < 0
+    with np.errstate(over="ignore"):
+        np.expm1(y, out=y, where=neg)
+    np.multiply(y, alpha, out=y, where=neg)
+    return (_back(y, x.dtype),)
+
+
+@kernel("HardSigmoid", since=6)
+def hard_sigmoid(x: np.ndarray, *, alpha: float = 0.2, beta: float = 0.5) -> tuple[np.ndarray]:
+    y = np.asarray(np.multiply(x, np.asarray(alpha, dtype=x.dtype)))
+    y += np.asarray(beta, dtype=x.dtype)
+    np.clip(y, 0, 1, out=y)
+    return (np.asarray(y),)
+
+
+@kernel("Sigmoid", since=6)
+def sigmoid(x: np.ndarray) -> tuple[np.ndarray]:
+    """``1 / (1 + exp(-x))``: exp overflow gives 0 correctly, so only the warning is silenced."""
+    y = _work(x)
+    np.negative(y, out=y)
+    with np.errstate(over="ignore"):
+        np.exp(y, out=y)
+    y += 1
+    np.reciprocal(y, out=y)
+    return (_back(y, x.dtype),)
+
+
+@kernel("Tanh", since=6)
+def tanh(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.tanh(x)),)
+
+
+@kernel("Identity", since=1)
+def identity(x):
+    """Tensors, sequences and optionals pass through unchanged (kernels never mutate inputs)."""
+    return (x,)
+
+
+# **** Clip ****
+
+
+@kernel("Clip", since=6)
+def clip_6(x: np.ndarray, *, min: float = -_FLT_MAX, max: float = _FLT_MAX) -> tuple[np.ndarray]:
+    """Bounds as attributes (opset 6-10)."""
+    y = x
+    if min > -_FLT_MAX:
+        y = np.asarray(np.maximum(y, np.asarray(min, dtype=x.dtype)))
+    if max < _FLT_MAX:
+        y = np.minimum(y, np.asarray(max, dtype=x.dtype), out=None if y is x else y)
+    return (np.asarray(y),)
+
+
+@kernel("Clip", since=11)
+def clip_11(x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> tuple[np.ndarray]:
+    """Bounds as optional 0-d inputs; when ``min > max`` every value becomes ``max``."""
+    y = x
+    if lo is not None:
+        y = np.asarray(np.maximum(y, lo))
+    if hi is not None:
+        y = np.minimum(y, hi, out=None if y is x else y)
+    return (np.asarray(y),)
+
+
+# **** Softmax family ****
+
+
+def _softmax(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
+    # NOTE: computed in the input dtype even for float16/bfloat16 (max-subtracted exp cannot
+    # overflow): the backend tests' expected values (test_attention_*_bf16_expanded) carry
+    # half-precision rounding at every step, and a float32 computation misses them by > rtol.
+    if x.size == 0:
+        return np.empty_like(x)
+    y = np.array(x, copy=True)
+    y -= np.max(y, axis=axis, keepdims=True)
+    if log:
+        e = np.exp(y)
+        y -= np.log(np.sum(e, axis=axis, keepdims=True))
+    else:
+        np.exp(y, out=y)
+        y /= np.sum(y, axis=axis, keepdims=True)
+    return y
+
+
+def _coerced(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
+    """Opset 1-12 semantics: flatten to 2-D at ``axis`` and normalize each row."""
+    axis = axis + x.ndim if axis < 0 else axis
+    rows = math.prod(x.shape[:axis])
+    y = _softmax(x.reshape(rows, math.prod(x.shape[axis:])), 1, log)
+    return y.reshape(x.shape)
+
+
+@kernel("Softmax", since=1)
+def softmax_1(x: np.ndarray, *, axis: int = 1) -> tuple[np.ndarray]:
+    return (_coerced(x, axis, False),)
+
+
+@kernel("Softmax", since=13)
+def softmax_13(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
+    return (_softmax(x, axis, False),)
+
+
+@kernel("LogSoftmax", since=1)
+def log_softmax_1(x: np.ndarray, *, axis: int = 1) -> tuple[np.ndarray]:
+    return (_coerced(x, axis, True),)
+
+
+@kernel("LogSoftmax", since=13)
+def log_softmax_13(x: np.ndarray, *, axis: int = -1) -> tuple[np.ndarray]:
+    return (_softmax(x, axis, True),)
+
+
+# **** Erf and Gelu ****
+
+# Rational approximation of erf on [-4, 4] (erf(±4) rounds to ±1 in float32), as in Eigen's
+# generic_fast_erf_float: erf(x) ~= x * P(x^2) / Q(x^2).
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+          -1.42647390514189e-02)
+_math_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf_inplace(y: np.ndarray) -> np.ndarray:
+    """erf of a float32 (or float64, exact) work buffer, written into the buffer."""
+    if y.dtype == np.float64:
+        y[...] = _math_erf(y)
+        return y
+    np.clip(y, -4.0, 4.0, out=y)
+    x2 = np.square(y)
+    p = np.full_like(y, _ERF_P[0])
+    for c in _ERF_P[1:]:
+        p *= x2
+        p += y.dtype.type(c)
+    q = np.full_like(y, _ERF_Q[0])
+    for c in _ERF_Q[1:]:
+        q *= x2
+        q += y.dtype.type(c)
+    y *= p
+    y /= q
+    return y
+
+
+@kernel("Erf", since=9)
+def erf(x: np.ndarray) -> tuple[np.ndarray]:
+    if x.dtype.kind != "f":  # integer Erf (allowed by the schema): compute in float64, round back
+        return (np.rint(_erf_inplace(x.astype(np.float64))).astype(x.dtype),)
+    return (_back(_erf_inplace(_work(x)), x.dtype),)
+
+
+@kernel("Gelu", since=20)
+def gelu(x: np.ndarray, *, approximate: str = "none") -> tuple[np.ndarray]:
+    """``0.5 x (1 + erf(x / sqrt 2))``, or the tanh form when ``approximate="tanh"``."""
+    w = _work(x)
+    t = w.copy()
+    if approximate == "tanh":
+        t *= t
+        t *= 0.044715
+        t += 1
+        t *= w
+        t *= math.sqrt(2.0 / math.pi)
+        np.tanh(t, out=t)
+    else:
+        t *= 1.0 / math.sqrt(2.0)
+        _erf_inplace(t)
+    t += 1
+    t *= w
+    t *= 0.5
+    return (_back(t, x.dtype),)

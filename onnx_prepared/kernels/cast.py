@@ -1,0 +1,52 @@
+"""Cast and CastLike: ``astype`` with ONNX's float8 saturation and string rules.
+
+Exotic element types (bfloat16, float8 variants, int4/uint4, int2/uint2, float4) are the ml_dtypes
+scalar types that ``onnx.helper.tensor_dtype_to_np_dtype`` names, so ``astype`` converts them with
+round-to-nearest-even. ``saturate`` (opset 19) only changes float8 targets: out-of-range values clamp
+to the largest finite value instead of becoming inf/NaN. A cast to the input's own dtype returns the
+input unchanged (no copy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_prepared.kernels.registry import kernel
+
+_FLOAT8 = frozenset({
+    onnx.TensorProto.FLOAT8E4M3FN,
+    onnx.TensorProto.FLOAT8E4M3FNUZ,
+    onnx.TensorProto.FLOAT8E5M2,
+    onnx.TensorProto.FLOAT8E5M2FNUZ,
+})
+_E8M0 = getattr(onnx.TensorProto, "FLOAT8E8M0", -1)
+
+
+def _cast(x: np.ndarray, to: int, saturate: int, round_mode: str) -> np.ndarray:
+    if to == onnx.TensorProto.STRING:
+        if x.dtype == object:
+            return x
+        return x.astype(np.str_).astype(object)
+    dtype = helper.tensor_dtype_to_np_dtype(to)
+    if x.dtype == dtype:
+        return x
+    if to in _FLOAT8 and saturate:
+        return numpy_helper.saturate_cast(x, dtype)
+    if to == _E8M0:
+        return numpy_helper.to_float8e8m0(x, bool(saturate), round_mode).astype(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(x.astype(dtype))
+
+
+@kernel("Cast", since=6)
+def cast(x: np.ndarray, *, to: int, saturate: int = 1, round_mode: str = "up") -> tuple[np.ndarray]:
+    """``to`` is an ONNX TensorProto element type; ``round_mode`` (opset 24) only affects float8e8m0."""
+    return (_cast(x, to, saturate, round_mode),)
+
+
+@kernel("CastLike", since=15)
+def cast_like(x: np.ndarray, like: np.ndarray, *, saturate: int = 1, round_mode: str = "up") -> tuple[np.ndarray]:
+    to = onnx.TensorProto.STRING if like.dtype == object else helper.np_dtype_to_tensor_dtype(like.dtype)
+    return (_cast(x, to, saturate, round_mode),)

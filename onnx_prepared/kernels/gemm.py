@@ -1,0 +1,58 @@
+"""Gemm and MatMul on numpy's BLAS-backed matmul.
+
+Transposes are views (``b.T``), so BLAS reads the transposed layout without a copy. Half-precision
+inputs (float16, bfloat16) are multiplied in float32 and cast back: numpy has no BLAS path for them,
+and float32 accumulation is at least as accurate as the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.kernels.registry import kernel
+
+#: dtypes numpy cannot hand to BLAS; computed in float32 and cast back.
+_HALF = frozenset({"float16", "bfloat16"})
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.name in _HALF:
+        return np.asarray(np.matmul(a.astype(np.float32), b.astype(np.float32)))
+    return np.asarray(np.matmul(a, b))
+
+
+@kernel("MatMul", since=1)
+def matmul(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+    """``np.matmul`` semantics, 1-D operands included (a 1-D @ 1-D product is a 0-d array)."""
+    y = _matmul(a, b)
+    return (y if y.dtype == a.dtype else y.astype(a.dtype),)
+
+
+@kernel("Gemm", since=7)
+def gemm(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray | None = None,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    transA: int = 0,
+    transB: int = 0,
+) -> tuple[np.ndarray]:
+    """``alpha * A' @ B' + beta * C`` with C unidirectionally broadcast (optional from opset 11)."""
+    dtype = a.dtype
+    y = _matmul(a.T if transA else a, b.T if transB else b)  # a fresh array: safe to update in place
+    if y.dtype.kind in "iu" and (alpha != 1.0 or (c is not None and beta != 1.0)):
+        # Integer Gemm with fractional coefficients: compute like the reference, then cast back.
+        out = y * alpha
+        if c is not None and beta != 0.0:
+            out = out + c * beta
+        return (out.astype(dtype),)
+    if alpha != 1.0:
+        y *= alpha
+    if c is not None and beta != 0.0:
+        if beta == 1.0:
+            y += c
+        else:
+            y += c * np.asarray(beta, dtype=c.dtype)
+    return (y if y.dtype == dtype else y.astype(dtype),)

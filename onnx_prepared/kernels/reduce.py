@@ -1,0 +1,152 @@
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/SumSquare over numpy's reductions.
+
+Axes are an attribute before opset 18 (ReduceSum: before 13) and an optional input after. With the
+input form, an empty or omitted ``axes`` reduces everything unless ``noop_with_empty_axes`` is set, in
+which case the input passes through. Sums and products keep the input dtype (numpy would widen int32 to
+int64); Max/Min of an empty reduction give the dtype's identity (-inf/+inf, int min/max, False/True).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from onnx_prepared.kernels.registry import kernel
+
+_HALF = frozenset({"float16", "bfloat16"})
+
+
+def _acc(x: np.ndarray) -> np.dtype:
+    """Accumulator dtype: float32 for half types (more accurate), otherwise the input's own dtype."""
+    return np.dtype(np.float32) if x.dtype.name in _HALF else x.dtype
+
+
+def _sum(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
+    return np.sum(x, axis=axes, keepdims=keep, dtype=_acc(x)).astype(x.dtype, copy=False)
+
+
+def _mean(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):  # an empty reduction is NaN, quietly
+        return np.mean(x, axis=axes, keepdims=keep, dtype=_acc(x)).astype(x.dtype, copy=False)
+
+
+def _prod(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
+    return np.prod(x, axis=axes, keepdims=keep, dtype=x.dtype)
+
+
+def _sum_square(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
+    sq = np.square(x.astype(_acc(x), copy=False))
+    return np.sum(sq, axis=axes, keepdims=keep, dtype=sq.dtype).astype(x.dtype, copy=False)
+
+
+def _extreme(ufunc: np.ufunc, lowest: bool) -> Callable:
+    def reduce(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
+        if x.size:
+            return ufunc.reduce(x, axis=axes, keepdims=keep)
+        if x.dtype == np.bool_:
+            identity = not lowest
+        elif x.dtype.kind in "iu":
+            info = np.iinfo(x.dtype)
+            identity = info.min if lowest else info.max
+        else:
+            identity = -np.inf if lowest else np.inf
+        return ufunc.reduce(x, axis=axes, keepdims=keep, initial=identity)
+
+    return reduce
+
+
+_max = _extreme(np.maximum, lowest=True)
+_min = _extreme(np.minimum, lowest=False)
+
+
+def _run(fn: Callable, x: np.ndarray, axes: list[int] | None, keepdims: int, noop: int) -> tuple[np.ndarray]:
+    if not axes:
+        if noop:
+            return (x,)
+        ax = None
+    else:
+        ax = tuple(axes)
+    return (np.asarray(fn(x, ax, bool(keepdims))),)
+
+
+def _axes_input(axes: np.ndarray | None) -> list[int] | None:
+    return None if axes is None else axes.ravel().tolist()
+
+
+# **** axes as an attribute (opset 1..12 for ReduceSum, 1..17 for the others) ****
+
+
+@kernel("ReduceSum", since=1)
+def reduce_sum_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_sum, x, axes, keepdims, 0)
+
+
+@kernel("ReduceMean", since=1)
+def reduce_mean_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_mean, x, axes, keepdims, 0)
+
+
+@kernel("ReduceMax", since=1)
+def reduce_max_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_max, x, axes, keepdims, 0)
+
+
+@kernel("ReduceMin", since=1)
+def reduce_min_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_min, x, axes, keepdims, 0)
+
+
+@kernel("ReduceProd", since=1)
+def reduce_prod_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_prod, x, axes, keepdims, 0)
+
+
+@kernel("ReduceSumSquare", since=1)
+def reduce_sum_square_1(x: np.ndarray, *, axes: list[int] | None = None, keepdims: int = 1) -> tuple[np.ndarray]:
+    return _run(_sum_square, x, axes, keepdims, 0)
+
+
+# **** axes as an optional input (ReduceSum from 13, the others from 18) ****
+
+
+@kernel("ReduceSum", since=13)
+def reduce_sum_13(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_sum, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+
+
+@kernel("ReduceMean", since=18)
+def reduce_mean_18(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_mean, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+
+
+@kernel("ReduceMax", since=18)
+def reduce_max_18(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_max, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+
+
+@kernel("ReduceMin", since=18)
+def reduce_min_18(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_min, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+
+
+@kernel("ReduceProd", since=18)
+def reduce_prod_18(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_prod, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+
+
+@kernel("ReduceSumSquare", since=18)
+def reduce_sum_square_18(
+    x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
+) -> tuple[np.ndarray]:
+    return _run(_sum_square, x, _axes_input(axes), keepdims, noop_with_empty_axes)

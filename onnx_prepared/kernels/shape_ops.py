@@ -1,0 +1,288 @@
+"""Shape and indexing ops: mostly metadata changes that return numpy views, never copies of data.
+
+Outputs may be views of inputs (Reshape, Transpose, Slice, Split, Squeeze, Identity-like ops); that is
+safe because no kernel writes into its inputs. Shape-like inputs (shapes, axes, starts, repeats)
+arrive as int64/int32 arrays and are turned into Python ints once per call with ``tolist()``.
+Versions where an attribute became an input are registered separately (Slice 1/10, Split 2/13/18,
+Squeeze/Unsqueeze 1/13, Shape 1/15).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnx_prepared.kernels.registry import kernel
+
+
+def _ints(v: np.ndarray | list | None) -> list[int]:
+    if v is None:
+        return []
+    return [int(i) for i in (v.ravel().tolist() if isinstance(v, np.ndarray) else v)]
+
+
+def _axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+# **** Reshape, Flatten, Squeeze, Unsqueeze ****
+
+
+@kernel("Reshape", since=5)
+def reshape(x: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> tuple[np.ndarray]:
+    """``0`` copies the input dim (unless ``allowzero``), ``-1`` is inferred."""
+    dims = _ints(shape)
+    if not allowzero:
+        dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    return (x.reshape(dims),)
+
+
+@kernel("Flatten", since=1)
+def flatten(x: np.ndarray, *, axis: int = 1) -> tuple[np.ndarray]:
+    axis = axis + x.ndim if axis < 0 else axis
+    return (x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])),)
+
+
+def _squeeze(x: np.ndarray, axes: list[int]) -> np.ndarray:
+    if not axes:
+        return x.reshape([d for d in x.shape if d != 1])
+    return np.squeeze(x, axis=tuple(axes))
+
+
+@kernel("Squeeze", since=1)
+def squeeze_1(x: np.ndarray, *, axes: list[int] | None = None) -> tuple[np.ndarray]:
+    return (_squeeze(x, _ints(axes)),)
+
+
+@kernel("Squeeze", since=13)
+def squeeze_13(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray]:
+    return (_squeeze(x, _ints(axes)),)
+
+
+def _unsqueeze(x: np.ndarray, axes: list[int]) -> np.ndarray:
+    rank = x.ndim + len(axes)
+    inserted = sorted(_axis(a, rank) for a in axes)
+    if len(set(inserted)) != len(inserted):
+        raise ValueError(f"Unsqueeze axes {axes} contain duplicates")
+    dims = list(x.shape)
+    for a in inserted:
+        dims.insert(a, 1)
+    return x.reshape(dims)
+
+
+@kernel("Unsqueeze", since=1)
+def unsqueeze_1(x: np.ndarray, *, axes: list[int] | None = None) -> tuple[np.ndarray]:
+    return (_unsqueeze(x, _ints(axes)),)
+
+
+@kernel("Unsqueeze", since=13)
+def unsqueeze_13(x: np.ndarray, axes: np.ndarray) -> tuple[np.ndarray]:
+    return (_unsqueeze(x, _ints(axes)),)
+
+
+# **** Transpose, Expand, Tile ****
+
+
+@kernel("Transpose", since=1)
+def transpose(x: np.ndarray, *, perm: list[int] | None = None) -> tuple[np.ndarray]:
+    """A strided view; the consumer decides whether it needs a contiguous copy."""
+    return (np.transpose(x, perm),)
+
+
+@kernel("Expand", since=8)
+def expand(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:
+    """Bidirectional broadcast; the result is materialized, so it is writable and owns its data."""
+    out_shape = np.broadcast_shapes(x.shape, tuple(_ints(shape)))
+    y = np.empty(out_shape, dtype=x.dtype)
+    y[...] = x
+    return (y,)
+
+
+@kernel("Tile", since=6)
+def tile(x: np.ndarray, repeats: np.ndarray) -> tuple[np.ndarray]:
+    reps = _ints(repeats)
+    if len(reps) != x.ndim:
+        raise ValueError(f"Tile repeats has {len(reps)} entries for an input of rank {x.ndim}")
+    return (np.tile(x, reps) if x.ndim else x.copy(),)
+
+
+# **** Gather, Concat, Split, Slice ****
+
+
+@kernel("Gather", since=1)
+def gather(x: np.ndarray, indices: np.ndarray, *, axis: int = 0) -> tuple[np.ndarray]:
+    """Negative indices count from the end (opset 11+; accepted at every version)."""
+    axis = _axis(axis, x.ndim)
+    if indices.ndim == 0 and axis == 0:
+        return (np.asarray(x[int(indices)]),)  # one row: a view, no gather
+    return (np.asarray(np.take(x, indices, axis=axis)),)
+
+
+@kernel("Concat", since=4)
+def concat(*inputs: np.ndarray, axis: int) -> tuple[np.ndarray]:
+    return (np.concatenate(inputs, axis=axis),)
+
+
+def _split(x: np.ndarray, sizes: list[int], axis: int, n: int) -> tuple[np.ndarray, ...]:
+    axis = _axis(axis, x.ndim)
+    dim = x.shape[axis]
+    if not sizes:
+        chunk = -(-dim // n) if n else 0
+        sizes = [chunk] * n
+        if n:
+            sizes[-1] = dim - chunk * (n - 1)
+    if sum(sizes) != dim or any(s < 0 for s in sizes):
+        raise ValueError(f"Split sizes {sizes} do not add up to dimension {dim} of axis {axis}")
+    bounds = np.cumsum(sizes[:-1]).tolist()
+    return tuple(np.split(x, bounds, axis=axis))
+
+
+@kernel("Split", since=2)
+def split_2(x: np.ndarray, *, axis: int = 0, split: list[int] | None = None, n_outputs: int = 1) -> tuple:
+    return _split(x, _ints(split), axis, n_outputs)
+
+
+@kernel("Split", since=13)
+def split_13(x: np.ndarray, split: np.ndarray | None = None, *, axis: int = 0, n_outputs: int = 1) -> tuple:
+    return _split(x, _ints(split), axis, n_outputs)
+
+
+@kernel("Split", since=18)
+def split_18(
+    x: np.ndarray,
+    split: np.ndarray | None = None,
+    *,
+    axis: int = 0,
+    num_outputs: int | None = None,
+    n_outputs: int = 1,
+) -> tuple:
+    """``num_outputs`` splits into equal chunks of ``ceil(dim / n)`` with a smaller last chunk."""
+    return _split(x, _ints(split), axis, num_outputs or n_outputs)
+
+
+def _slice(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> np.ndarray:
+    if len(starts) != len(ends):
+        raise ValueError(f"Slice has {len(starts)} starts but {len(ends)} ends")
+    axes = axes or list(range(len(starts)))
+    steps = steps or [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = _axis(axis, x.ndim)
+        dim = x.shape[axis]
+        if step == 0:
+            raise ValueError("Slice step cannot be 0")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            index[axis] = slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+        else:
+            # ONNX clamps start to [0, dim-1] and end to [-1, dim-1]; -1 means "before index 0",
+            # which Python spells as None.
+            start = min(max(start, 0), dim - 1)
+            end = min(max(end, -1), dim - 1)
+            index[axis] = slice(start, end if end >= 0 else None, step) if dim else slice(0, 0)
+    return x[tuple(index)]
+
+
+@kernel("Slice", since=1)
+def slice_1(x: np.ndarray, *, starts: list[int], ends: list[int], axes: list[int] | None = None) -> tuple[np.ndarray]:
+    """Attribute form (opset 1-9): no steps."""
+    return (_slice(x, _ints(starts), _ints(ends), _ints(axes), []),)
+
+
+@kernel("Slice", since=10)
+def slice_10(
+    x: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    axes: np.ndarray | None = None,
+    steps: np.ndarray | None = None,
+) -> tuple[np.ndarray]:
+    return (_slice(x, _ints(starts), _ints(ends), _ints(axes), _ints(steps)),)
+
+
+# **** Shape, Size, Where, Range ****
+
+
+@kernel("Shape", since=1)
+def shape(x: np.ndarray, *, start: int = 0, end: int | None = None) -> tuple[np.ndarray]:
+    """``start``/``end`` (opset 15) clamp like Python slicing, which they match."""
+    return (np.array(x.shape[start:end], dtype=np.int64),)
+
+
+@kernel("Size", since=1)
+def size(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.array(x.size, dtype=np.int64),)
+
+
+@kernel("Where", since=9)
+def where(cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.where(cond, a, b)),)
+
+
+@kernel("Range", since=11)
+def range_(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray]:
+    """``ceil((limit - start) / delta)`` elements ``start + i * delta``, in the inputs' dtype."""
+    dtype = start.dtype
+    if dtype.kind in "iu":
+        return (np.arange(start.item(), limit.item(), delta.item(), dtype=dtype),)
+    return (np.arange(start.item(), limit.item(), delta.item()).astype(dtype),)
+
+
+# **** Constant, ConstantOfShape ****
+
+
+def _dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sp.values)
+    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
+    dims = tuple(sp.dims)
+    out = np.zeros(math.prod(dims), dtype=values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+    out[flat] = values
+    return out.reshape(dims)
+
+
+@kernel("Constant", since=1)
+def constant(
+    *,
+    value: np.ndarray | None = None,
+    sparse_value: onnx.SparseTensorProto | None = None,
+    value_float: float | None = None,
+    value_floats: list[float] | None = None,
+    value_int: int | None = None,
+    value_ints: list[int] | None = None,
+    value_string: str | None = None,
+    value_strings: list[str] | None = None,
+) -> tuple[np.ndarray]:
+    """Exactly one ``value*`` attribute is set; the binder fixes it at plan time."""
+    if value is not None:
+        return (value,)
+    if sparse_value is not None:
+        return (_dense(sparse_value),)
+    if value_float is not None:
+        return (np.array(value_float, dtype=np.float32),)
+    if value_floats is not None:
+        return (np.array(value_floats, dtype=np.float32),)
+    if value_int is not None:
+        return (np.array(value_int, dtype=np.int64),)
+    if value_ints is not None:
+        return (np.array(value_ints, dtype=np.int64),)
+    if value_string is not None:
+        return (np.array(value_string, dtype=object),)
+    if value_strings is not None:
+        return (np.array(value_strings, dtype=object),)
+    raise ValueError("Constant node sets none of the value attributes")
+
+
+@kernel("ConstantOfShape", since=9)
+def constant_of_shape(shape: np.ndarray, *, value: np.ndarray | None = None) -> tuple[np.ndarray]:
+    if value is None:
+        return (np.zeros(_ints(shape), dtype=np.float32),)
+    if value.size != 1:
+        raise ValueError(f"ConstantOfShape value must have one element, got shape {value.shape}")
+    return (np.full(_ints(shape), value.reshape(()), dtype=value.dtype),)
