@@ -1,0 +1,351 @@
+"""com.microsoft MatMulNBits: ``Y = A @ dequantize(B) (+ bias)`` with block-wise 2/4/8-bit weights.
+
+Semantics follow onnxruntime's ContribOperators.md. ``B`` is uint8 ``[N, k_blocks, blob_size]``; each
+block packs ``block_size`` values of one output column along K, low-order bits first. Dequantized
+``W[k, n] = (q[n, k] - zero_point[n, k // block_size]) * scales[n, k // block_size]``; zero points are
+absent (``2 ** (bits - 1)``), packed uint8 ``[N, ceil(k_blocks * bits / 8)]`` (each row byte-aligned) or
+float ``[N, k_blocks]``. ``scales`` and packed zero points may be flat, as older quantizers wrote them.
+
+**Accuracy.** We always compute in fp32 (fp16 inputs are widened, the output narrowed back). For
+``accuracy_level=4`` onnxruntime instead quantizes A per block to int8 and multiplies in integers; its
+result then differs from the exact product by ~0.5% of the output magnitude (measured relative max error
+3e-3..7e-3 against float64 with K=1024), which bounds our difference from onnxruntime at that level.
+Levels 0..3 match onnxruntime to fp32 rounding.
+
+**Prepack.** :func:`prepack_matmul_nbits` turns (B, scales, zero_points) into a :class:`PackedNBits`
+once per session; :func:`matmul_nbits_packed` consumes it. Layout ``matmul-nbits-q{bits}-kmajor-u32-
+block{block_size}``: ``words`` uint32 ``[k_blocks, block_size * bits // 32, N]`` (column-contiguous, see
+:mod:`onnx_prepared.kernels._numba_nbits`), ``scales`` and ``offsets = -zero_point * scale`` float32
+``[k_blocks, N]``. Memory is that of B plus 8 bytes per block and column, no fp32 copy of the weights.
+The registered kernel (unprepacked B) prepacks on every call: no hidden cache.
+
+**Speed.** Small M (decode) uses a fused dequantize-dot numba kernel when the optional numba is
+installed and warmed up; otherwise (larger M, or no numba yet) B is dequantized to fp32 in panels of
+K (bounded memory) and multiplied with BLAS. Numba is imported and compiled in a background thread
+started by the first prepack (or :func:`start_accelerator_warmup`), never on the first call's path.
+Set ``ONNX_PREPARED_NUMBA=0`` to disable it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels._int4 import unpack_bits
+from onnx_prepared.kernels.registry import kernel
+
+#: rows of A up to which the fused GEMV is used (above it: dequantized panels + BLAS)
+GEMV_MAX_M = 4
+#: bytes of one dequantized fp32 panel of B in the BLAS path
+PANEL_BYTES = 8 << 20
+_SUPPORTED_BITS = (2, 4, 8)
+
+
+# **** packed layout ****
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedNBits:
+    """B, scales and zero points of one MatMulNBits node in the k-major layout named by ``layout``."""
+
+    layout: str
+    K: int
+    N: int
+    bits: int
+    block_size: int
+    #: uint32 [k_blocks, block_size * bits // 32, N]; padding rows past K hold zero
+    words: np.ndarray
+    #: float32 [k_blocks, N]
+    scales: np.ndarray
+    #: float32 [k_blocks, N], -zero_point * scale
+    offsets: np.ndarray
+
+    @property
+    def k_blocks(self) -> int:
+        return self.words.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes + self.scales.nbytes + self.offsets.nbytes
+
+    def to_bytes(self) -> bytes:
+        """One byte payload (for the persisted prepack cache); :meth:`from_bytes` reverses it."""
+        head = struct.pack("<4sIqqii", b"MNB1", 1, self.K, self.N, self.bits, self.block_size)
+        return head + self.words.tobytes() + self.scales.tobytes() + self.offsets.tobytes()
+
+    @classmethod
+    def from_bytes(cls, buf: bytes | memoryview) -> PackedNBits:
+        magic, _, K, N, bits, bs = struct.unpack_from("<4sIqqii", buf, 0)
+        if magic != b"MNB1":
+            raise KernelError("MatMulNBits packed payload has a bad header")
+        kb = -(-K // bs)
+        off = struct.calcsize("<4sIqqii")
+        nw = kb * (bs * bits // 32) * N
+        words = np.frombuffer(buf, np.uint32, nw, off).reshape(kb, bs * bits // 32, N)
+        scales = np.frombuffer(buf, np.float32, kb * N, off + 4 * nw).reshape(kb, N)
+        offsets = np.frombuffer(buf, np.float32, kb * N, off + 4 * nw + 4 * kb * N).reshape(kb, N)
+        return cls(layout_key(bits, bs), K, N, bits, bs, words, scales, offsets)
+
+
+def layout_key(bits: int, block_size: int) -> str:
+    """The packed layout's key; it names every parameter that changes the packed bytes."""
+    return f"matmul-nbits-q{bits}-kmajor-u32-block{block_size}"
+
+
+def prepack_matmul_nbits(
+    B: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    *,
+    K: int,
+    N: int,
+    bits: int = 4,
+    block_size: int,
+) -> PackedNBits:
+    """Repack MatMulNBits weights into the k-major layout :func:`matmul_nbits_packed` reads.
+
+    >>> packed = prepack_matmul_nbits(B, scales, None, K=1024, N=1024, bits=4, block_size=32)
+    >>> (y,) = matmul_nbits_packed(a, packed)
+    """
+    _check_attrs(K, N, bits, block_size)
+    kb = -(-K // block_size)
+    blob = block_size * bits // 8
+    B = np.asarray(B)
+    if B.dtype != np.uint8 or B.size != N * kb * blob:
+        raise KernelError(
+            f"MatMulNBits B must be uint8 [N={N}, k_blocks={kb}, blob_size={blob}], got {B.dtype} {list(B.shape)}"
+        )
+    start_accelerator_warmup()
+    q = B.reshape(N, kb, blob)
+    # [N, kb, blob] bytes -> [kb, blob, N] -> group each 4 consecutive bytes of a column into one word
+    words = np.ascontiguousarray(q.transpose(1, 2, 0)).reshape(kb, blob // 4, 4, N)
+    w32 = words.astype(np.uint32)
+    packed = w32[:, :, 0] | (w32[:, :, 1] << 8) | (w32[:, :, 2] << 16) | (w32[:, :, 3] << 24)
+    s = _as_blocks(scales, N, kb, "scales").astype(np.float32, copy=False)
+    if zero_points is None:
+        zp = np.float32(1 << (bits - 1))
+    elif zero_points.dtype == np.uint8:
+        row = -(-kb * bits // 8)
+        zp = unpack_bits(_as_blocks(zero_points, N, row, "zero_points"), bits, kb).astype(np.float32)
+    else:
+        zp = _as_blocks(zero_points, N, kb, "zero_points").astype(np.float32)
+    offsets = -(zp * s)
+    return PackedNBits(
+        layout_key(bits, block_size), K, N, bits, block_size, np.ascontiguousarray(packed),
+        np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T.astype(np.float32)),
+    )
+
+
+def _as_blocks(x: np.ndarray, n: int, cols: int, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.size != n * cols:
+        raise KernelError(f"MatMulNBits {name} must hold N*{cols} = {n * cols} values, got shape {list(x.shape)}")
+    return x.reshape(n, cols)
+
+
+def _check_attrs(K: int, N: int, bits: int, block_size: int) -> None:
+    if bits not in _SUPPORTED_BITS:
+        raise KernelError(f"MatMulNBits bits={bits} is not supported (supported: {_SUPPORTED_BITS})")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise KernelError(f"MatMulNBits block_size={block_size} must be a power of two >= 16")
+    if K <= 0 or N <= 0:
+        raise KernelError(f"MatMulNBits K={K} and N={N} must be positive")
+
+
+# **** compute ****
+
+
+def matmul_nbits_packed(
+    A: np.ndarray, packed: PackedNBits, bias: np.ndarray | None = None, *, accuracy_level: int = 0
+) -> tuple[np.ndarray]:
+    """MatMulNBits on prepacked weights: ``A [..., K] -> Y [..., N]`` in A's float dtype."""
+    del accuracy_level  # always fp32; see the module docstring
+    if A.shape[-1] != packed.K:
+        raise KernelError(f"MatMulNBits A has {A.shape[-1]} columns, expected K={packed.K}")
+    out_dtype = A.dtype if A.dtype in (np.float16, np.float32) else np.float32
+    a2 = np.ascontiguousarray(A.reshape(-1, packed.K), dtype=np.float32)
+    y = _matmul_2d(a2, packed)
+    if bias is not None:
+        y += bias.astype(np.float32, copy=False)
+    return (y.reshape(A.shape[:-1] + (packed.N,)).astype(out_dtype, copy=False),)
+
+
+def _matmul_2d(a: np.ndarray, p: PackedNBits) -> np.ndarray:
+    m = a.shape[0]
+    nb = _accel()
+    if nb is not None and m <= GEMV_MAX_M and p.bits in (4, 8):
+        gemv = nb.gemv_q4 if p.bits == 4 else nb.gemv_q8
+        kpad = p.k_blocks * p.block_size
+        row = np.zeros(kpad, np.float32)
+        y = np.empty((m, p.N), np.float32)
+        for i in range(m):
+            row[: p.K] = a[i]
+            gemv(row, p.words, p.scales, p.offsets, y[i], 0, p.N)
+        return y
+    return _panels_blas(a, p, nb)
+
+
+def _panels_blas(a: np.ndarray, p: PackedNBits, nb) -> np.ndarray:
+    bs = p.block_size
+    blocks_per_panel = max(1, PANEL_BYTES // (4 * bs * p.N))
+    y = None
+    panel = np.empty((min(blocks_per_panel, p.k_blocks) * bs, p.N), np.float32)
+    for b0 in range(0, p.k_blocks, blocks_per_panel):
+        b1 = min(p.k_blocks, b0 + blocks_per_panel)
+        rows = min(p.K, b1 * bs) - b0 * bs
+        w = panel[: (b1 - b0) * bs]
+        if nb is not None:
+            nb.dequantize(p.words, p.scales, p.offsets, p.bits, b0, b1, w)
+        else:
+            _dequantize_numpy(p, b0, b1, w)
+        part = a[:, b0 * bs: b0 * bs + rows] @ w[:rows]
+        if y is None:
+            y = part
+        else:
+            y += part
+    return y
+
+
+def _dequantize_numpy(p: PackedNBits, b0: int, b1: int, out: np.ndarray) -> None:
+    per = 32 // p.bits
+    mask = np.uint32((1 << p.bits) - 1)
+    words = p.words[b0:b1]
+    view = out.reshape(b1 - b0, words.shape[1], per, p.N)
+    s = p.scales[b0:b1, None, :]
+    o = p.offsets[b0:b1, None, :]
+    for i in range(per):
+        v = view[:, :, i, :]
+        np.copyto(v, (words >> np.uint32(p.bits * i)) & mask, casting="unsafe")
+        v *= s
+        v += o
+
+
+def dequantize_matmul_nbits(packed: PackedNBits) -> np.ndarray:
+    """The fp32 weight matrix ``W [K, N]`` (for tests and debugging)."""
+    out = np.empty((packed.k_blocks * packed.block_size, packed.N), np.float32)
+    _dequantize_numpy(packed, 0, packed.k_blocks, out)
+    return out[: packed.K]
+
+
+@kernel("MatMulNBits", since=1, domain="com.microsoft")
+def matmul_nbits(
+    A: np.ndarray,
+    B: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None = None,
+    g_idx: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    *,
+    K: int,
+    N: int,
+    bits: int = 4,
+    block_size: int,
+    accuracy_level: int = 0,
+    weight_prepacked: int = 0,
+) -> tuple[np.ndarray]:
+    """Unprepacked entry point: prepacks B for this call only, then runs :func:`matmul_nbits_packed`."""
+    if weight_prepacked:
+        raise KernelError(f"MatMulNBits weight_prepacked={weight_prepacked} (a CUDA layout) is not supported on CPU")
+    if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // block_size):
+        raise KernelError("MatMulNBits with a non-trivial g_idx (act-order) is not supported")
+    if B.size == 0:  # an omitted projection: zeros (or the bias)
+        out_dtype = A.dtype if A.dtype in (np.float16, np.float32) else np.float32
+        y = np.zeros(A.shape[:-1] + (N,), np.float32)
+        if bias is not None:
+            y += bias.astype(np.float32)
+        return (y.astype(out_dtype),)
+    packed = prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
+    return matmul_nbits_packed(A, packed, bias, accuracy_level=accuracy_level)
+
+
+# **** optional numba accelerator ****
+
+
+class AccelState(enum.Enum):
+    IDLE = "idle"
+    WARMING = "warming"
+    READY = "ready"
+    UNAVAILABLE = "unavailable"  # numba missing, disabled, or failed to compile
+
+
+_ALLOWED = {
+    AccelState.IDLE: frozenset({AccelState.WARMING, AccelState.UNAVAILABLE}),
+    AccelState.WARMING: frozenset({AccelState.READY, AccelState.UNAVAILABLE}),
+    AccelState.READY: frozenset(),
+    AccelState.UNAVAILABLE: frozenset(),
+}
+
+
+class _Accelerator:
+    """Lazily imported numba kernels. ``module`` is set only once compiled (then never changes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.state = AccelState.IDLE  # written only by _transition, under _lock
+        self.module = None
+        self.error: str | None = None
+
+    def _transition(self, new: AccelState) -> None:
+        assert new in _ALLOWED[self.state], (self.state, new)
+        self.state = new
+        if new in (AccelState.READY, AccelState.UNAVAILABLE):
+            self._done.set()
+
+    def start(self) -> None:
+        """Begin the background import/compile once (thread-safe, idempotent)."""
+        with self._lock:
+            if self.state is not AccelState.IDLE:
+                return
+            if os.environ.get("ONNX_PREPARED_NUMBA", "1") == "0":
+                self.error = "disabled by ONNX_PREPARED_NUMBA=0"
+                self._transition(AccelState.UNAVAILABLE)
+                return
+            self._transition(AccelState.WARMING)
+        threading.Thread(target=self._warm, name="onnx-prepared-numba-warmup", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            from onnx_prepared.kernels import _numba_nbits as mod
+
+            mod.warm_up()
+        except Exception as e:  # ImportError when numba is absent, or a compile failure
+            with self._lock:
+                self.error = f"{type(e).__name__}: {e}"
+                self._transition(AccelState.UNAVAILABLE)
+            return
+        with self._lock:
+            self.module = mod
+            self._transition(AccelState.READY)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.start()
+        self._done.wait(timeout)
+        return self.module is not None
+
+
+_ACCEL = _Accelerator()
+
+
+def _accel():
+    return _ACCEL.module
+
+
+def start_accelerator_warmup() -> None:
+    """Start importing/compiling the numba kernels in the background (no-op when done or disabled)."""
+    _ACCEL.start()
+
+
+def wait_for_accelerator(timeout: float | None = None) -> bool:
+    """Block until the numba kernels are ready or known unavailable; True when ready."""
+    return _ACCEL.wait(timeout)
+
+
+def accelerator_state() -> AccelState:
+    return _ACCEL.state
