@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 
 from onnx_prepared.errors import UnsupportedOpError
 from onnx_prepared.kernels import registry
+from onnx_prepared.kernels.fallback import FallbackEnv, bind_fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +87,19 @@ def bind_node(
     node: onnx.NodeProto,
     opsets: dict[str, int],
     functions: dict[tuple[str, str], onnx.FunctionProto] | None = None,
+    *,
+    env: FallbackEnv | None = None,
+    implicit: tuple[str, ...] | None = None,
 ) -> BoundKernel:
-    """Choose and bind the kernel for ``node`` (fast kernel first, then the reference fallback)."""
+    """Choose and bind the kernel for ``node`` (fast kernel first, then the reference fallback).
+
+    ``env`` is the graph's shared fallback state (built per call when omitted); ``implicit`` the node's
+    outer-scope names when the caller already computed them.
+    """
     domain = registry.normalize_domain(node.domain)
     opset = opsets.get(domain, opsets.get("ai.onnx", 0)) if domain == "" else opsets.get(domain, 1)
-    implicit = implicit_inputs_of(node)
+    if implicit is None:
+        implicit = implicit_inputs_of(node)
     spec = None if (functions and (node.domain, node.op_type) in functions) else registry.lookup(
         domain, node.op_type, opset
     )
@@ -104,10 +113,8 @@ def bind_node(
                 attrs["n_outputs"] = len(node.output)
             call = functools.partial(spec.fn, **attrs) if attrs else spec.fn
             return BoundKernel(call, spec.name, False)
-    from onnx_prepared.kernels.fallback import bind_fallback
-
     try:
-        call = bind_fallback(node, opsets, functions or {}, implicit)
+        call = bind_fallback(node, opsets, functions or {}, implicit, env)
     except Exception as e:
         raise UnsupportedOpError(
             f"no kernel for node {node.name!r} op {domain or 'ai.onnx'}::{node.op_type} at opset {opset}: "

@@ -1,52 +1,259 @@
 """The one fallback path: run an op through ``onnx.reference``'s implementation.
 
-Every standard op without a fast kernel (control flow included) runs here, so coverage is the whole
-standard op set. The path is named and counted (:data:`FALLBACK_CALLS`), never silent.
+Every standard op without a fast kernel runs here (control flow, sequence/optional ops, function-bodied
+and context-dependent function ops, ``ai.onnx.ml``, ``ai.onnx.preview[.training]``, model-local
+functions), so coverage is the whole op set ``onnx.reference`` knows. The path is named and counted
+(:data:`FALLBACK_CALLS`), never silent.
+
+Binding builds the op's ``OpRun`` instance once (attributes parsed, subgraphs turned into evaluators);
+a call is then one ``_run`` with pre-built keyword arguments, not a graph evaluation. Outer-scope values
+of If/Loop/Scan (the node's ``implicit_inputs``) arrive after the explicit inputs and are handed to the
+op as its ``context``; ops with a body but no context (SequenceMap) get their body wrapped so it sees them.
+Ops whose function body depends on input types (Gelu, GroupNormalization, ...) are instantiated on first
+call, once per input type signature.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpFunction, OpRun, RuntimeContextError
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
 FALLBACK_CALLS: collections.Counter[str] = collections.Counter()
 
+# NOTE: Scatter (opsets 9-10, deprecated) has no reference implementation; its semantics are exactly
+# ScatterElements-11 without a reduction attribute.
+_ALIASES = {("", "Scatter"): "ScatterElements"}
+
+
+def _no_log(*_args: Any) -> None:
+    return None
+
+
+class FallbackEnv:
+    """What every fallback node of one graph shares: opsets, model-local functions, ``run_params``.
+
+    Model-local functions become reference evaluators on first use (most models have none), each
+    seeing the functions it calls. Not thread-safe while being built; read-only afterwards.
+    """
+
+    def __init__(self, opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto]):
+        self.opsets = {("" if d == "ai.onnx" else d): v for d, v in opsets.items()}
+        self._function_protos = dict(functions)
+        self._functions: dict[tuple[str, str], ReferenceEvaluator] | None = None
+        self._run_params: dict[str, Any] | None = None
+
+    @property
+    def functions(self) -> dict[tuple[str, str], ReferenceEvaluator]:
+        if self._functions is None:
+            self._functions = _function_evaluators(self._function_protos)
+        return self._functions
+
+    @property
+    def run_params(self) -> dict[str, Any]:
+        """The ``run_params`` every ``OpRun`` of this graph is built with (subgraphs inherit them)."""
+        if self._run_params is None:
+            self._run_params = {
+                "log": _no_log,
+                "opsets": self.opsets,
+                "verbose": 0,
+                "new_ops": {},
+                "existing_functions": dict(self.functions),
+                "evaluator_cls": ReferenceEvaluator,
+            }
+        return self._run_params
+
+    def has_function(self, domain: str, op_type: str) -> bool:
+        return (domain, op_type) in self._function_protos
+
+    def load(self, node: onnx.NodeProto, input_types: Sequence[onnx.TypeProto] | None = None) -> Callable:
+        """The ``OpRun`` class (or factory) implementing ``node``; RuntimeContextError if it needs types."""
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if (node.domain, node.op_type) in self._function_protos:
+            impl = self.functions[node.domain, node.op_type]
+            return lambda n, rp: OpFunction(n, rp, impl=impl)
+        if domain not in self.opsets:
+            raise ValueError(f"domain {domain!r} is not in the model's opset imports {sorted(self.opsets)}")
+        version = self.opsets[domain]
+        op_type = _ALIASES.get((domain, node.op_type), node.op_type)
+        if domain == "":
+            from onnx.reference.ops import load_op
+
+            if input_types is None:
+                return load_op("", op_type, version, evaluator_cls=ReferenceEvaluator)
+            return load_op("", op_type, version, node=node, input_types=list(input_types),
+                           evaluator_cls=ReferenceEvaluator)
+        if domain == "ai.onnx.ml":
+            from onnx.reference.ops.aionnxml import load_op
+        elif domain == "ai.onnx.preview.training":
+            from onnx.reference.ops.aionnx_preview_training import load_op
+        elif domain == "ai.onnx.preview":
+            from onnx.reference.ops.aionnx_preview import load_op
+        elif domain == "experimental":
+            from onnx.reference.ops.experimental import load_op
+        else:
+            raise NotImplementedError(f"onnx.reference has no domain {domain!r} and the model defines no such "
+                                      f"function (model functions: {sorted(self._function_protos)})")
+        return load_op(domain, op_type, version)
+
+
+def _function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -> dict:
+    """Reference evaluators of model-local functions, built callee-first (any declaration order)."""
+    done: dict[tuple[str, str], ReferenceEvaluator] = {}
+    pending = dict(protos)
+    while pending:
+        n_before = len(pending)
+        failure: tuple[tuple[str, str], Exception] | None = None
+        for key, proto in list(pending.items()):
+            try:
+                done[key] = ReferenceEvaluator(proto, functions=list(done.values()))
+            except Exception as e:  # maybe a callee not built yet: retry once the others are
+                failure = (key, e)
+            else:
+                del pending[key]
+        if failure is not None and len(pending) == n_before:
+            (domain, name), e = failure
+            raise ValueError(f"model function {domain}::{name} cannot be built: {e}") from e
+    return done
+
 
 def bind_fallback(
     node: onnx.NodeProto,
-    opsets: dict[str, int],
-    functions: dict[tuple[str, str], onnx.FunctionProto],
+    opsets: Mapping[str, int],
+    functions: Mapping[tuple[str, str], onnx.FunctionProto],
     implicit: tuple[str, ...],
+    env: FallbackEnv | None = None,
 ) -> Callable[..., tuple]:
     """A callable ``(*inputs, *implicit_values) -> tuple`` evaluating ``node`` with onnx.reference."""
-    n_in = len(node.input)
-    in_names = [f"__in{i}" if name else "" for i, name in enumerate(node.input)]
-    out_names = [f"__out{i}" if name else "" for i, name in enumerate(node.output)]
-    inner = helper.make_node(node.op_type, in_names, out_names, domain=node.domain, name=node.name)
-    inner.attribute.extend(node.attribute)
-    opset_imports = [helper.make_opsetid(d, v) for d, v in opsets.items()]
-    fn = helper.make_function(
-        "onnx_prepared.fallback",
-        "single_node",
-        [n for n in in_names if n] + list(implicit),
-        [n for n in out_names if n],
-        [inner],
-        opset_imports,
-    )
-    ev = ReferenceEvaluator(fn, functions=list(functions.values()) or None)
-    feed_names = [n for n in in_names if n] + list(implicit)
-    key = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+    env = env or FallbackEnv(opsets, functions)
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    key = f"{domain or 'ai.onnx'}::{node.op_type}"
+    try:
+        cls = env.load(node)
+    except RuntimeContextError:
+        return _ContextDependent(node, env, key, implicit)
+    return _make_call(cls(node, env.run_params), key, len(node.input), implicit)
 
-    def call(*args):
-        FALLBACK_CALLS[key] += 1
-        explicit = [a for i, a in enumerate(args[:n_in]) if in_names[i]]
-        feeds = dict(zip(feed_names, explicit + list(args[n_in:])))
-        res = ev.run(None, feeds, attributes={})
-        return tuple(res)
 
-    return call
+def _make_call(op: OpRun, key: str, n_in: int, implicit: tuple[str, ...]) -> Callable[..., tuple]:
+    """The cheapest correct way to call ``op``: its ``_run`` with pre-built keyword arguments if possible."""
+    counter = FALLBACK_CALLS
+    if op.need_context():  # If, Loop, Scan: outer-scope values go in as the op's context
+        run = op.run
+
+        def call_with_context(*args):
+            counter[key] += 1
+            return run(*args[:n_in], context=dict(zip(implicit, args[n_in:])))
+
+        return call_with_context
+    if type(op).run is not OpRun.run or op.has_linked_attribute:
+        # The class customises run() (dtype checks, variadic inputs); keep its contract.
+        run = op.run
+
+        def call_run(*args):
+            counter[key] += 1
+            return run(*args)
+
+        return call_run
+    kwargs = {name: getattr(op, name) for name in op.attributes_names_}
+    if op.has_subgraph:
+        kwargs["attributes"] = None
+    _run = op._run
+    bodies = [name for name, v in kwargs.items() if isinstance(v, ReferenceEvaluator)]
+    if implicit and bodies:
+
+        def call_scoped(*args):
+            counter[key] += 1
+            outer = dict(zip(implicit, args[n_in:]))
+            kw = dict(kwargs)
+            for name in bodies:
+                kw[name] = _OuterScoped(kwargs[name], outer)
+            return _fix_outputs(_run(*args[:n_in], **kw))
+
+        return call_scoped
+    if not kwargs:
+
+        def call_plain(*args):
+            counter[key] += 1
+            return _fix_outputs(_run(*args))
+
+        return call_plain
+
+    def call_kw(*args):
+        counter[key] += 1
+        return _fix_outputs(_run(*args, **kwargs))
+
+    return call_kw
+
+
+def _fix_outputs(res: tuple) -> tuple:
+    """OpRun's output contract, minus its per-call validation: a tuple, scalars as 0-d arrays."""
+    for x in res:
+        if type(x) is not np.ndarray:
+            return tuple(np.array(x) if np.isscalar(x) else x for x in res)
+    return res
+
+
+class _OuterScoped:
+    """A subgraph evaluator that also sees the enclosing scope's values (inner names shadow outer)."""
+
+    __slots__ = ("_ev", "_outer")
+
+    def __init__(self, ev: ReferenceEvaluator, outer: dict):
+        self._ev = ev
+        self._outer = outer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ev, name)
+
+    def run(self, output_names, feeds, attributes=None, **kwargs):
+        return self._ev.run(output_names, {**self._outer, **feeds}, attributes=attributes, **kwargs)
+
+
+class _ContextDependent:
+    """An op whose function body depends on its input types: one bound call per type signature."""
+
+    def __init__(self, node: onnx.NodeProto, env: FallbackEnv, key: str, implicit: tuple[str, ...]):
+        self._node = node
+        self._env = env
+        self._key = key
+        self._implicit = implicit
+        self._n_in = len(node.input)
+        self._calls: dict[tuple, Callable[..., tuple]] = {}
+
+    def __call__(self, *args):
+        explicit = args[: self._n_in]
+        sig = tuple(_type_key(a) for a in explicit)
+        call = self._calls.get(sig)
+        if call is None:
+            types = [_type_proto(a) for a in explicit]
+            cls = self._env.load(self._node, types)
+            call = _make_call(cls(self._node, self._env.run_params), self._key, self._n_in, self._implicit)
+            self._calls[sig] = call  # racing first calls build equal entries; last write wins
+        return call(*args)
+
+
+def _type_key(v: Any) -> tuple | None:
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return ("seq", _type_key(v[0]) if v else None)
+    a = np.asarray(v)
+    return (a.dtype.str, a.ndim)
+
+
+def _type_proto(v: Any) -> onnx.TypeProto:
+    """Element type and rank of a runtime value (dims left symbolic: bodies may not depend on them)."""
+    if v is None:
+        return onnx.TypeProto()
+    if isinstance(v, list):
+        return helper.make_sequence_type_proto(_type_proto(v[0]) if v else onnx.TypeProto())
+    a = np.asarray(v)
+    return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(a.dtype), [None] * a.ndim)

@@ -4,21 +4,28 @@ Values live in a flat list indexed by slot; the plan maps every graph name to a 
 :class:`ExecuteAction` carries its bound kernel, input/output slots and the slots whose last use it is,
 so intermediates are released as soon as nothing later reads them. The replay loop touches no
 protobuf and looks nothing up by name.
+
+Slot :data:`NONE_SLOT` (0) always reads as ``None``: omitted optional inputs read it, omitted optional
+outputs are written to it and the same action clears it again, so the loop needs no branch for either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 from onnx_prepared.errors import KernelError, ModelLoadError
-from onnx_prepared.kernels.binding import BoundKernel, bind_node
+from onnx_prepared.kernels.binding import BoundKernel, bind_node, implicit_inputs_of
+from onnx_prepared.kernels.fallback import FallbackEnv
 
-#: Slot index meaning "optional input omitted".
-ABSENT = -1
+#: Slot that reads as None (omitted optional inputs; omitted outputs are written here and cleared).
+NONE_SLOT = 0
+#: Kept for callers of the first skeleton: an omitted input/output now maps to NONE_SLOT.
+ABSENT = NONE_SLOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +34,8 @@ class ExecuteAction:
 
     node_index: int
     kernel: BoundKernel
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]  # ABSENT for omitted optional outputs
+    inputs: tuple[int, ...]  # explicit inputs, then the kernel's implicit (outer-scope) inputs
+    outputs: tuple[int, ...]
     release: tuple[int, ...]
 
 
@@ -42,107 +49,173 @@ class ExecutionPlan:
     constant_slots: dict[str, int]  # initializer name -> slot
     actions: tuple[ExecuteAction, ...]
     node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
+    # (call, inputs, outputs, release, action) per action: what replay unpacks, nothing else
+    steps: tuple[tuple, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def n_slots(self) -> int:
         return len(self.slot_names)
 
-    def replay(self, values: list, *, on_release: Callable[[int], None] | None = None) -> None:
-        """Execute every action over ``values`` (a per-run list of length ``n_slots``)."""
-        for act in self.actions:
-            args = [values[i] if i >= 0 else None for i in act.inputs]
+    def new_values(self) -> list:
+        """A fresh per-run slot list (all None)."""
+        return [None] * len(self.slot_names)
+
+    def replay(
+        self,
+        values: list,
+        *,
+        on_release: Callable[[int], None] | None = None,
+        on_step: Callable[[ExecuteAction, list], None] | None = None,
+    ) -> None:
+        """Execute every action over ``values`` (a per-run list of length ``n_slots``).
+
+        ``on_step(action, values)`` runs after an action stored its outputs and before it releases
+        anything (peak live memory); ``on_release(slot)`` after each release. Both are for tests and
+        diagnostics; without them the loop is the bare hot path. Thread-safe: the plan is read-only.
+        """
+        if on_release is not None or on_step is not None:
+            return self._replay_traced(values, on_release, on_step)
+        for call, ins, outs, rel, act in self.steps:
+            args = [values[i] for i in ins]
             try:
-                res = act.kernel.call(*args)
+                res = call(*args)
             except Exception as e:
                 raise self.kernel_error(act, args, e) from e
-            for slot, v in zip(act.outputs, res):
-                if slot >= 0:
-                    values[slot] = v
-            for slot in act.release:
+            for slot, v in zip(outs, res):
+                values[slot] = v
+            for slot in rel:
+                values[slot] = None
+        return None
+
+    def _replay_traced(self, values: list, on_release, on_step) -> None:
+        for call, ins, outs, rel, act in self.steps:
+            args = [values[i] for i in ins]
+            try:
+                res = call(*args)
+            except Exception as e:
+                raise self.kernel_error(act, args, e) from e
+            for slot, v in zip(outs, res):
+                values[slot] = v
+            if on_step is not None:
+                on_step(act, values)
+            for slot in rel:
                 values[slot] = None
                 if on_release is not None:
                     on_release(slot)
 
     def kernel_error(self, act: ExecuteAction, args: Sequence, e: BaseException) -> KernelError:
-        sig = ", ".join(
-            "None" if a is None else f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', []))}"
-            for a in args
-        )
+        """The user-facing error for a failed kernel: node, op, kernel and every input's dtype/shape."""
+        sig = ", ".join(_describe(a) for a in args)
         return KernelError(f"node {self.node_labels[act.node_index]} [{act.kernel.name}] failed on inputs ({sig}): "
                            f"{type(e).__name__}: {e}")
+
+
+def _describe(a: object) -> str:
+    if a is None:
+        return "None"
+    if isinstance(a, list):
+        return f"seq[{len(a)}]({', '.join(_describe(x) for x in a[:3])}{', ...' if len(a) > 3 else ''})"
+    if hasattr(a, "dtype") and hasattr(a, "shape"):
+        return f"{a.dtype}{list(a.shape)}"
+    return type(a).__name__
 
 
 def build_execution_plan(
     graph: onnx.GraphProto,
     opsets: dict[str, int],
-    functions: dict[tuple[str, str], onnx.FunctionProto] | None = None,
+    functions: Mapping[tuple[str, str], onnx.FunctionProto] | None = None,
     *,
     bind: Callable[[onnx.NodeProto], BoundKernel] | None = None,
+    outer_names: Sequence[str] = (),
 ) -> ExecutionPlan:
-    """Topologically order ``graph``, bind every node and compute last uses."""
-    bind = bind or (lambda n: bind_node(n, opsets, functions))
-    slots: dict[str, int] = {}
+    """Topologically order ``graph``, bind every node and compute last uses.
+
+    ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots).
+    Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
+    """
+    functions = dict(functions or {})
+    implicit = [implicit_inputs_of(n) for n in graph.node]
+    if bind is None:
+        env = FallbackEnv(opsets, functions)
+
+        def bind(n: onnx.NodeProto, _imp: tuple[str, ...] | None = None) -> BoundKernel:
+            return bind_node(n, opsets, functions, env=env, implicit=_imp)
+
+        bind_with_implicit = True
+    else:
+        bind_with_implicit = False
+    slots: dict[str, int] = {"": NONE_SLOT}
 
     def slot(name: str) -> int:
-        if name not in slots:
-            slots[name] = len(slots)
-        return slots[name]
+        s = slots.get(name)
+        if s is None:
+            s = slots[name] = len(slots)
+        return s
 
     init_names = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
     input_slots = tuple(slot(i.name) for i in graph.input if i.name not in init_names)
     for i in graph.input:  # inputs that also have an initializer default
         slot(i.name)
     constant_slots = {n: slot(n) for n in sorted(init_names)}
-    order = _topological_order(graph, set(slots))
+    for n in outer_names:
+        slot(n)
+    order = _topological_order(graph, implicit, set(slots))
+    labels = tuple(
+        f"{node.name or '#' + str(idx)!r} ({node.domain + '::' if node.domain else ''}{node.op_type})"
+        for idx, node in enumerate(graph.node)
+    )
     bound = []
-    labels = []
-    for idx, node in enumerate(graph.node):
-        labels.append(f"{node.name or '#' + str(idx)!r} ({node.domain + '::' if node.domain else ''}{node.op_type})")
     for idx in order:
         node = graph.node[idx]
-        k = bind(node)
-        ins = tuple(slot(n) if n else ABSENT for n in node.input) + tuple(slot(n) for n in k.implicit_inputs)
-        outs = tuple(slot(n) if n else ABSENT for n in node.output)
+        k = bind(node, implicit[idx]) if bind_with_implicit else bind(node)
+        ins = tuple(slot(n) for n in node.input) + tuple(slot(n) for n in k.implicit_inputs)
+        outs = tuple(slot(n) for n in node.output)
         bound.append((idx, k, ins, outs))
-    output_slots = tuple(slot(o.name) for o in graph.output)
-    keep = set(output_slots) | set(input_slots) | set(constant_slots.values())
+    produced = {s for _, _, _, outs in bound for s in outs}
+    available = produced | set(input_slots) | set(constant_slots.values()) | {slots[i.name] for i in graph.input}
+    available |= {slots[n] for n in outer_names}
+    for o in graph.output:
+        if o.name not in slots or slots[o.name] not in available:
+            raise ModelLoadError(f"graph output {o.name!r} is not produced by any node, input or initializer")
+    output_slots = tuple(slots[o.name] for o in graph.output)
+    keep = set(output_slots) | set(input_slots) | set(constant_slots.values()) | {NONE_SLOT}
+    keep |= {slots[i.name] for i in graph.input} | {slots[n] for n in outer_names}
     last_use: dict[int, int] = {}
     for pos, (_, _, ins, outs) in enumerate(bound):
         for s in ins + outs:
-            if s >= 0:
-                last_use[s] = pos
+            last_use[s] = pos
     releases: dict[int, list[int]] = {}
     for s, pos in last_use.items():
         if s not in keep:
             releases.setdefault(pos, []).append(s)
-    actions = tuple(
-        ExecuteAction(idx, k, ins, outs, tuple(sorted(releases.get(pos, ()))))
-        for pos, (idx, k, ins, outs) in enumerate(bound)
-    )
+    actions = []
+    for pos, (idx, k, ins, outs) in enumerate(bound):
+        rel = sorted(releases.get(pos, ()))
+        if NONE_SLOT in outs:  # an omitted output was written to the none slot: clear it at once
+            rel.append(NONE_SLOT)
+        actions.append(ExecuteAction(idx, k, ins, outs, tuple(rel)))
     names = [""] * len(slots)
     for n, s in slots.items():
         names[s] = n
-    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, actions, tuple(labels))
+    steps = tuple((a.kernel.call, a.inputs, a.outputs, a.release, a) for a in actions)
+    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels, steps)
 
 
-def _topological_order(graph: onnx.GraphProto, available: set[str]) -> list[int]:
+def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:
     """Node indices in an order where every input is produced first (Kahn; stable on file order)."""
     produced_by: dict[str, int] = {}
     for idx, node in enumerate(graph.node):
         for o in node.output:
             if o:
+                if o in produced_by:
+                    raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r}, {node.op_type})")
                 produced_by[o] = idx
     deps: list[set[int]] = []
-    for node in graph.node:
-        names = set(n for n in node.input if n)
-        for a in node.attribute:
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                from onnx_prepared.kernels.binding import implicit_inputs_of
-
-                names |= set(implicit_inputs_of(node))
-                break
+    for idx, node in enumerate(graph.node):
         d = set()
-        for n in names:
+        for n in (*node.input, *implicit[idx]):
+            if not n:
+                continue
             if n in produced_by:
                 d.add(produced_by[n])
             elif n not in available:
@@ -155,8 +228,6 @@ def _topological_order(graph: onnx.GraphProto, available: set[str]) -> list[int]
     for i, ds in enumerate(deps):
         for d in ds:
             users.setdefault(d, []).append(i)
-    import heapq
-
     ready = [i for i, n in enumerate(indeg) if n == 0]
     heapq.heapify(ready)
     order = []
@@ -168,7 +239,8 @@ def _topological_order(graph: onnx.GraphProto, available: set[str]) -> list[int]
             if indeg[u] == 0:
                 heapq.heappush(ready, u)
     if len(order) != len(graph.node):
-        raise ModelLoadError("graph has a cycle")
+        stuck = [graph.node[i].name or f"#{i}" for i in range(len(graph.node)) if indeg[i] > 0]
+        raise ModelLoadError(f"graph has a cycle through nodes {stuck[:5]}")
     return order
 
 

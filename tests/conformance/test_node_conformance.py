@@ -1,0 +1,34 @@
+"""onnx's backend node tests through ``onnx_prepared.InferenceSession``, compared as onnx's runner does.
+
+One pytest case per node test (ids are the test names). Cases in ``known_failures.txt`` are
+``xfail(strict=True)``: fixing one makes the suite fail until its line is removed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import onnx_prepared
+from tests.conformance.node_cases import known_failures, load_cases, run_case
+
+CASES = load_cases()
+KNOWN = known_failures()
+
+
+def _params():
+    for case in CASES:
+        marks = ()
+        if case.name in KNOWN:
+            marks = (pytest.mark.xfail(strict=True, reason=KNOWN[case.name]),)
+        yield pytest.param(case, id=case.name, marks=marks)
+
+
+@pytest.mark.parametrize("case", _params())
+def test_node(case):
+    run_case(onnx_prepared.InferenceSession, case)
+
+
+def test_known_failures_name_real_cases():
+    names = {c.name for c in CASES}
+    assert sorted(set(KNOWN) - names) == []
+    assert len(CASES) > 1800  # the wheel still generates the full node suite
