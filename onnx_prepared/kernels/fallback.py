@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpFunction, OpRun, RuntimeContextError
+from onnx.reference.ops.op_loop import Loop as _RefLoop
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
 FALLBACK_CALLS: collections.Counter[str] = collections.Counter()
@@ -64,9 +65,9 @@ class FallbackEnv:
                 "log": _no_log,
                 "opsets": self.opsets,
                 "verbose": 0,
-                "new_ops": {},
+                "new_ops": dict(_PATCHES),
                 "existing_functions": dict(self.functions),
-                "evaluator_cls": ReferenceEvaluator,
+                "evaluator_cls": _Evaluator,
             }
         return self._run_params
 
@@ -79,6 +80,8 @@ class FallbackEnv:
         if (node.domain, node.op_type) in self._function_protos:
             impl = self.functions[node.domain, node.op_type]
             return lambda n, rp: OpFunction(n, rp, impl=impl)
+        if (domain, node.op_type) in _PATCHES:
+            return _PATCHES[domain, node.op_type]
         if domain not in self.opsets:
             raise ValueError(f"domain {domain!r} is not in the model's opset imports {sorted(self.opsets)}")
         version = self.opsets[domain]
@@ -87,9 +90,9 @@ class FallbackEnv:
             from onnx.reference.ops import load_op
 
             if input_types is None:
-                return load_op("", op_type, version, evaluator_cls=ReferenceEvaluator)
+                return load_op("", op_type, version, evaluator_cls=_Evaluator)
             return load_op("", op_type, version, node=node, input_types=list(input_types),
-                           evaluator_cls=ReferenceEvaluator)
+                           evaluator_cls=_Evaluator)
         if domain == "ai.onnx.ml":
             from onnx.reference.ops.aionnxml import load_op
         elif domain == "ai.onnx.preview.training":
@@ -113,7 +116,7 @@ def _function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -
         failure: tuple[tuple[str, str], Exception] | None = None
         for key, proto in list(pending.items()):
             try:
-                done[key] = ReferenceEvaluator(proto, functions=list(done.values()))
+                done[key] = _Evaluator(proto, functions=list(done.values()))
             except Exception as e:  # maybe a callee not built yet: retry once the others are
                 failure = (key, e)
             else:
@@ -135,6 +138,8 @@ def bind_fallback(
     env = env or FallbackEnv(opsets, functions)
     domain = "" if node.domain == "ai.onnx" else node.domain
     key = f"{domain or 'ai.onnx'}::{node.op_type}"
+    if domain == "" and node.op_type == "Scan" and env.opsets.get("", 0) < 9:
+        return _bind_scan8(node, env, key, implicit)
     try:
         cls = env.load(node)
     except RuntimeContextError:
@@ -142,9 +147,11 @@ def bind_fallback(
     return _make_call(cls(node, env.run_params), key, len(node.input), implicit)
 
 
-def _make_call(op: OpRun, key: str, n_in: int, implicit: tuple[str, ...]) -> Callable[..., tuple]:
+def _make_call(
+    op: OpRun, key: str, n_in: int, implicit: tuple[str, ...], *, counted: bool = True
+) -> Callable[..., tuple]:
     """The cheapest correct way to call ``op``: its ``_run`` with pre-built keyword arguments if possible."""
-    counter = FALLBACK_CALLS
+    counter = FALLBACK_CALLS if counted else collections.Counter()
     if op.need_context():  # If, Loop, Scan: outer-scope values go in as the op's context
         run = op.run
 
@@ -257,3 +264,95 @@ def _type_proto(v: Any) -> onnx.TypeProto:
         return helper.make_sequence_type_proto(_type_proto(v[0]) if v else onnx.TypeProto())
     a = np.asarray(v)
     return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(a.dtype), [None] * a.ndim)
+
+
+# **** onnx.reference fixes ****
+# Subclasses named like the op they replace: bind_fallback uses them directly, and every evaluator we
+# create (subgraphs, function bodies) gets them as ``new_ops``.
+
+
+class _Evaluator(ReferenceEvaluator):
+    """ReferenceEvaluator with our fixes as default ``new_ops`` (propagates to nested subgraphs)."""
+
+    def __init__(self, proto: Any, opsets=None, functions=None, verbose: int = 0, new_ops=None, **kwargs: Any):
+        super().__init__(proto, opsets=opsets, functions=functions, verbose=verbose,
+                         new_ops=new_ops or list(_PATCHES.values()), **kwargs)
+
+
+class Optional(OpRun):
+    """An optional is its value or None, as onnxruntime and onnx's test data have it.
+
+    The reference wraps the value in a one-element list, which then reaches the graph outputs
+    (test_if_opt) and makes OptionalHasElement report an empty optional as present.
+    """
+
+    op_domain = ""
+
+    def run(self, x=None, **_kwargs):
+        return (x,)
+
+    def _run(self, x=None, type=None):
+        return (x,)
+
+
+class Loop(_RefLoop):
+    """Loop whose scan outputs stack along a new axis 0 (the reference's vstack gives [n, 1] for
+    scalar and [n*a, b] for matrix per-iteration values: test_range_*_expanded)."""
+
+    op_domain = ""
+
+    def _run(self, M, cond, *args, context=None, body=None, attributes=None, bindings=None):
+        body = self.body
+        names_in = body.input_names
+        inputs = dict.fromkeys(names_in)
+        for name, val in zip(names_in[2:], args):
+            inputs[name] = val
+        if context is not None:
+            inputs.update({k: v for k, v in context.items() if k not in inputs})
+        scanned: list[list] = [[] for _ in range(self.K)]
+        it = 0
+        outputs = None
+        while (cond is None or bool(cond)) and (M is None or it < M):
+            if names_in[0]:
+                inputs[names_in[0]] = np.array(it, dtype=np.int64 if M is None else M.dtype)
+            if len(names_in) > 1 and names_in[1]:
+                inputs[names_in[1]] = cond
+            outputs = self._run_body(inputs, attributes=attributes, bindings=bindings)
+            for k in range(self.K):
+                scanned[k].append(outputs[1 + self.N + k])
+            cond = outputs[0]
+            for name, value in zip(names_in[2:], outputs[1 : 1 + self.N]):
+                inputs[name] = value
+            it += 1
+        final = [inputs[n] for n in names_in[2:]] if outputs is None else list(outputs[1 : 1 + self.N])
+        final.extend(np.stack(s) if s else np.empty((0,), dtype=np.float32) for s in scanned)
+        return tuple(final)
+
+
+def _bind_scan8(node: onnx.NodeProto, env: FallbackEnv, key: str, implicit: tuple[str, ...]) -> Callable:
+    """Scan-8 as Scan-9 per batch element: its values carry a leading batch axis and an optional
+    ``sequence_lens`` first input (the reference only implements Scan-9+: test_scan_sum)."""
+    from onnx.reference.ops.op_scan import Scan
+
+    inner = onnx.NodeProto()
+    inner.CopyFrom(node)
+    del inner.input[0]
+    for a in inner.attribute:
+        if a.name == "directions":
+            a.name = "scan_input_directions"
+    call9 = _make_call(Scan(inner, env.run_params), key, len(inner.input), implicit, counted=False)
+    n = len(inner.input)
+
+    def call(seq_lens, *args):
+        FALLBACK_CALLS[key] += 1
+        explicit, outer = args[:n], args[n:]
+        length = explicit[-1].shape[1]
+        if seq_lens is not None and np.any(np.asarray(seq_lens) != length):
+            raise NotImplementedError("Scan-8 with sequence_lens shorter than the scanned axis")
+        per_batch = [call9(*(a[b] for a in explicit), *outer) for b in range(explicit[0].shape[0])]
+        return tuple(np.stack([r[k] for r in per_batch]) for k in range(len(per_batch[0])))
+
+    return call
+
+
+_PATCHES: dict[tuple[str, str], type[OpRun]] = {("", "Optional"): Optional, ("", "Loop"): Loop}
