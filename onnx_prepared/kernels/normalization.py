@@ -1,0 +1,114 @@
+"""Layer normalizations: LayerNormalization-17, RMSNormalization-23, onnxruntime's
+SimplifiedLayerNormalization (RMS norm) and the com.microsoft Skip* fusions.
+
+All compute in float32 (stash_type=1, the only value onnxruntime's CPU kernels implement) and cast the
+result back to the input dtype. Statistics outputs have the input's leading dimensions and size 1 on the
+normalized axes, as onnxruntime returns them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels.registry import kernel
+
+
+def _axes(x: np.ndarray, axis: int, op: str) -> tuple[int, ...]:
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a < x.ndim:
+        raise KernelError(f"{op}: axis={axis} out of range for rank {x.ndim}")
+    return tuple(range(a, x.ndim))
+
+
+def _stash(stash_type: int, op: str) -> None:
+    if stash_type != 1:
+        raise KernelError(f"{op}: stash_type={stash_type} is not supported (only 1, float32)")
+
+
+def _rms(x: np.ndarray, scale: np.ndarray, axes: tuple[int, ...], epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    xf = x.astype(np.float32, copy=False)
+    inv = 1.0 / np.sqrt(np.mean(np.square(xf), axis=axes, keepdims=True) + np.float32(epsilon))
+    y = xf * inv
+    y *= scale.astype(np.float32, copy=False)
+    return y, inv.astype(np.float32, copy=False)
+
+
+def _layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axes: tuple[int, ...], epsilon: float):
+    xf = x.astype(np.float32, copy=False)
+    mean = np.mean(xf, axis=axes, keepdims=True)
+    centered = xf - mean
+    inv = 1.0 / np.sqrt(np.mean(np.square(centered), axis=axes, keepdims=True) + np.float32(epsilon))
+    y = centered * inv
+    y *= scale.astype(np.float32, copy=False)
+    if bias is not None:
+        y += bias.astype(np.float32, copy=False)
+    return y, mean, inv.astype(np.float32, copy=False)
+
+
+@kernel("LayerNormalization", since=17)
+def layer_normalization(
+    X: np.ndarray, Scale: np.ndarray, B: np.ndarray | None = None, *, axis: int = -1, epsilon: float = 1e-5,
+    stash_type: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    _stash(stash_type, "LayerNormalization")
+    y, mean, inv = _layer(X, Scale, B, _axes(X, axis, "LayerNormalization"), epsilon)
+    return y.astype(X.dtype, copy=False), mean, inv
+
+
+@kernel("RMSNormalization", since=23)
+def rms_normalization(
+    X: np.ndarray, scale: np.ndarray, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1
+) -> tuple[np.ndarray]:
+    _stash(stash_type, "RMSNormalization")
+    y, _ = _rms(X, scale, _axes(X, axis, "RMSNormalization"), epsilon)
+    return (y.astype(scale.dtype, copy=False),)
+
+
+def simplified_layer_normalization(
+    X: np.ndarray, scale: np.ndarray, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """onnxruntime's RMS norm: ``Y = X / sqrt(mean(X^2) + epsilon) * scale``; also returns inv_std_var."""
+    _stash(stash_type, "SimplifiedLayerNormalization")
+    y, inv = _rms(X, scale, _axes(X, axis, "SimplifiedLayerNormalization"), epsilon)
+    return y.astype(scale.dtype, copy=False), inv
+
+
+# onnxruntime-genai exports put it in the default domain although only onnxruntime defines it there.
+kernel("SimplifiedLayerNormalization", since=1)(simplified_layer_normalization)
+kernel("SimplifiedLayerNormalization", since=1, domain="com.microsoft")(simplified_layer_normalization)
+
+
+def _skip_sum(op: str, input: np.ndarray, skip: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    if input.ndim not in (2, 3):
+        raise KernelError(f"{op}: input must be 2-D or 3-D, got shape {list(input.shape)}")
+    try:
+        h = np.add(input, skip, dtype=np.float32)
+    except ValueError as e:
+        raise KernelError(f"{op}: skip shape {list(skip.shape)} does not broadcast to {list(input.shape)}") from e
+    if h.shape != input.shape:
+        raise KernelError(f"{op}: skip shape {list(skip.shape)} does not broadcast to {list(input.shape)}")
+    if bias is not None:
+        h += bias.astype(np.float32, copy=False)
+    return h
+
+
+@kernel("SkipSimplifiedLayerNormalization", since=1, domain="com.microsoft")
+def skip_simplified_layer_normalization(
+    input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, bias: np.ndarray | None = None, *, epsilon: float = 1e-12
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """RMS norm of ``input + skip (+ bias)``; outputs (output, mean (zeros, unused), inv_std_var, sum)."""
+    h = _skip_sum("SkipSimplifiedLayerNormalization", input, skip, bias)
+    y, inv = _rms(h, gamma, (h.ndim - 1,), epsilon)
+    return y.astype(input.dtype, copy=False), np.zeros_like(inv), inv, h.astype(input.dtype, copy=False)
+
+
+@kernel("SkipLayerNormalization", since=1, domain="com.microsoft")
+def skip_layer_normalization(
+    input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None = None,
+    bias: np.ndarray | None = None, *, epsilon: float = 1e-12,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm of ``input + skip (+ bias)``; outputs (output, mean, inv_std_var, sum)."""
+    h = _skip_sum("SkipLayerNormalization", input, skip, bias)
+    y, mean, inv = _layer(h, gamma, beta, (h.ndim - 1,), epsilon)
+    return y.astype(input.dtype, copy=False), mean, inv, h.astype(input.dtype, copy=False)

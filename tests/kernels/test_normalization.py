@@ -1,0 +1,117 @@
+"""Layer/RMS normalizations and the com.microsoft Skip* fusions against onnxruntime and onnx.reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import normalization as nm
+from onnx_prepared.kernels.registry import lookup
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _model(node, feeds: dict, n_out: int):
+    ins = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()
+    ]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output[:n_out] if o]
+    g = helper.make_graph([node], "g", ins, outs)
+    ops = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(g, opset_imports=ops)
+
+
+def _ort(node, feeds, n_out=1):
+    m = _model(node, feeds, n_out)
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _close(got, want, tol=1e-5):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_simplified_layer_norm_matches_onnxruntime(rng, axis):
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32) * 3
+    g = rng.standard_normal((3, 16) if axis == 1 else 16).astype(np.float32)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y", "inv"], axis=axis, epsilon=1e-6)
+    want = _ort(node, {"x": x, "g": g}, 2)
+    for domain in ("", "com.microsoft"):
+        fn = lookup(domain, "SimplifiedLayerNormalization", 1).fn
+        got = fn(x, g, axis=axis, epsilon=1e-6)
+        _close(got[0], want[0])
+        _close(got[1], want[1])
+
+
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_rms_normalization_matches_reference_and_onnxruntime(rng, axis):
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    s = rng.standard_normal((5, 8) if axis == -2 else 8).astype(np.float32)
+    node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-5)
+    (got,) = nm.rms_normalization(x, s, axis=axis)
+    (ref,) = ReferenceEvaluator(_model(node, {"x": x, "s": s}, 1)).run(None, {"x": x, "s": s})
+    _close(got, ref)
+    _close(got, _ort(node, {"x": x, "s": s})[0])
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_layer_normalization_matches_onnxruntime(rng, with_bias):
+    x = rng.standard_normal((3, 4, 12)).astype(np.float32) + 2
+    s = rng.standard_normal(12).astype(np.float32)
+    b = rng.standard_normal(12).astype(np.float32)
+    feeds = {"x": x, "s": s} | ({"b": b} if with_bias else {})
+    node = helper.make_node("LayerNormalization", list(feeds), ["y", "mean", "inv"], epsilon=1e-5)
+    want = _ort(node, feeds, 3)
+    got = nm.layer_normalization(x, s, b if with_bias else None, epsilon=1e-5)
+    for g, w in zip(got, want):
+        _close(g, w)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("skip_2d", [False, True])
+@pytest.mark.parametrize("simplified", [True, False])
+def test_skip_layer_norms_match_onnxruntime_on_all_outputs(rng, with_bias, skip_2d, simplified):
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    skip = rng.standard_normal((3, 16) if skip_2d else (2, 3, 16)).astype(np.float32)
+    gamma = rng.standard_normal(16).astype(np.float32)
+    beta = rng.standard_normal(16).astype(np.float32)
+    bias = rng.standard_normal(16).astype(np.float32)
+    if simplified:
+        op, names = "SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"] + (["bias"] if with_bias else [])
+        fn = nm.skip_simplified_layer_normalization
+        args = (x, skip, gamma, bias if with_bias else None)
+    else:
+        op, names = "SkipLayerNormalization", ["x", "skip", "gamma", "beta"] + (["bias"] if with_bias else [])
+        fn = nm.skip_layer_normalization
+        args = (x, skip, gamma, beta, bias if with_bias else None)
+    feeds = {"x": x, "skip": skip, "gamma": gamma, "beta": beta, "bias": bias}
+    feeds = {k: feeds[k] for k in names}
+    node = helper.make_node(op, names, ["y", "mean", "inv", "sum"], domain="com.microsoft", epsilon=1e-6)
+    want = _ort(node, feeds, 4)
+    got = fn(*args, epsilon=1e-6)
+    for g, w in zip(got, want):
+        _close(g, w)
+
+
+def test_simplified_layer_norm_float16(rng):
+    x = rng.standard_normal((4, 32)).astype(np.float16)
+    g = rng.standard_normal(32).astype(np.float16)
+    y, _ = nm.simplified_layer_normalization(x, g)
+    assert y.dtype == np.float16
+    ref = x.astype(np.float32) / np.sqrt((x.astype(np.float32) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+    np.testing.assert_allclose(y.astype(np.float32), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_bad_skip_shape_raises_kernel_error(rng):
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    with pytest.raises(KernelError, match="skip shape"):
+        nm.skip_simplified_layer_normalization(x, np.zeros((4, 8), np.float32), np.ones(8, np.float32))
