@@ -32,6 +32,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from onnx_prepared.session import _shape, _type_string
 
     m = load_model(args.model)
+    if args.plan:
+        from onnx_prepared.plan.prepared_plan import build_prepared_plan
+        from onnx_prepared.resolve import resolve_model
+
+        resolved = resolve_model(m)
+        plan = build_prepared_plan(resolved)
+        print(plan.table())
+        n_s, n_i = len(plan.session_tasks), len(plan.invocation_tasks)
+        print(f"\n{len(plan.tasks)} tasks: {n_s} session, {n_i} invocation; "
+              f"{len(plan.execution.actions)} actions; {len(plan.requirements)} prepared requirements; "
+              f"manifest: {len(resolved.manifest.active)} active payloads, {resolved.manifest.active_bytes:,d} bytes; "
+              f"{len(resolved.dead_initializers)} dead initializers, {resolved.removed_nodes} dead nodes removed")
+        return 0
     g = m.graph
     inits = set(m.weights)
     print(f"model: {args.model}")
@@ -83,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts, weight bytes, fallback ops")
     i.add_argument("model")
+    i.add_argument("--plan", action="store_true", help="print the prepared execution plan as a task table")
     i.set_defaults(fn=cmd_inspect)
+    from onnx_prepared.generate import add_generate_parser
+
+    add_generate_parser(sub)
     return p
 
 

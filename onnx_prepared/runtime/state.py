@@ -1,0 +1,113 @@
+"""PreparedExecutionState: everything mutable about one session's prepared execution.
+
+The plan is immutable and shared; this object owns the residency store, the arenas, the payload
+reader and the source buffers in flight. Per-invocation state lives in :class:`ExecutionSubmission`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnx_prepared.memory import Allocation, Arenas
+from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
+from onnx_prepared.prepared import PreparedObjectStore
+from onnx_prepared.resolve import ManifestReader, PreparedKey
+
+
+@dataclass(eq=False)
+class ReadEntry:
+    """One in-flight or buffered read of a source payload, shared by the prepacks attached to it.
+
+    invariant: the buffer is released exactly when ``users`` drops to 0 after the read completed.
+    """
+
+    name: str
+    users: int = 0  # prepack tasks attached and not yet finished
+    value: np.ndarray | None = None
+    allocation: Allocation | None = None
+    task: Any = None  # the scheduler's task for this read (session layer's business)
+
+
+class PreparedExecutionState:
+    """Session-scoped mutable state. Thread-safe through the store's lock and ``_lock`` here."""
+
+    def __init__(self, plan: PreparedExecutionPlan, arenas: Arenas, reader: ManifestReader) -> None:
+        self.plan = plan
+        self.arenas = arenas
+        self.reader = reader
+        self.store = PreparedObjectStore(r.key for r in plan.requirements)
+        self._lock = threading.Lock()
+        self.reads: dict[str, ReadEntry] = {}  # source name -> current shared read
+        self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
+        self._invocation_ids = itertools.count(1)
+
+    def next_invocation_id(self) -> int:
+        return next(self._invocation_ids)
+
+    # ---- session task bodies (scheduler-agnostic; the sequential reference path calls them too) ----
+    def attach_read(self, name: str) -> tuple[ReadEntry, bool]:
+        """Attach one prepack to the current read of ``name``: (entry, caller_must_schedule_read)."""
+        with self._lock:
+            entry = self.reads.get(name)
+            new = entry is None
+            if new:
+                entry = self.reads[name] = ReadEntry(name)
+            entry.users += 1
+            return entry, new
+
+    def read_source(self, name: str, publishes: PreparedKey | None, generation: int | None,
+                    entry: ReadEntry | None) -> None:
+        """Read one payload; publish it directly when it is a raw prepared object."""
+        value = self.reader.read(name)
+        self.counters[f"read:{name}"] += 1
+        nbytes = int(getattr(value, "nbytes", 0))
+        if publishes is not None:
+            alloc = self.arenas.prepared.acquire(nbytes, str(publishes), force=True)
+            self.store.publish(publishes, generation, value, nbytes, alloc)
+        if entry is not None:
+            with self._lock:
+                entry.value = value
+                entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}", force=True)
+
+    def prepack(self, key: PreparedKey, generation: int, entries: list[ReadEntry]) -> None:
+        """Pack the sources of ``key`` and publish the result."""
+        req = self.plan.resolved.requirement(key)
+        self.store.mark_preparing(key, generation)
+        packed = req.spec.pack(*[e.value for e in entries])
+        self.counters[f"prepack:{key}"] += 1
+        nbytes = int(getattr(packed, "nbytes", 0))
+        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        self.store.publish(key, generation, packed, nbytes, alloc)
+
+    def detach_reads(self, entries: list[ReadEntry]) -> None:
+        """A prepack is finished with its reads (success, failure or cancel); free dead buffers."""
+        with self._lock:
+            for e in entries:
+                e.users -= 1
+                if e.users <= 0:
+                    if self.reads.get(e.name) is e:
+                        del self.reads[e.name]
+                    if e.allocation is not None:
+                        e.allocation.release()
+                    e.value = e.allocation = None
+
+
+@dataclass(eq=False)
+class ExecutionSubmission:
+    """One inference: its id, values, pins, progress and errors. Never shared between runs."""
+
+    invocation_id: int
+    values: list
+    context: Any = None
+    pc: int = 0  # next action to execute
+    pinned: list[PreparedKey] = field(default_factory=list)
+    held: set[int] = field(default_factory=set)  # requirement bits pinned by this run
+    hot: bool = False
+    yields: int = 0
+    error: BaseException | None = None
