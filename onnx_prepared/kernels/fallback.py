@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpFunction, OpRun, RuntimeContextError
+from onnx.reference.ops import _op
 from onnx.reference.ops.op_loop import Loop as _RefLoop
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
@@ -160,8 +161,17 @@ def _make_call(
             return run(*args[:n_in], context=dict(zip(implicit, args[n_in:])))
 
         return call_with_context
+    if type(op).run in _CHECK_ONLY_RUNS:
+        # run() only validates dtypes and calls _run(*inputs): call _run directly (half the cost).
+        _run_only = op._run
+
+        def call_unchecked(*args):
+            counter[key] += 1
+            return _fix_outputs(_run_only(*args))
+
+        return call_unchecked
     if type(op).run is not OpRun.run or op.has_linked_attribute:
-        # The class customises run() (dtype checks, variadic inputs); keep its contract.
+        # The class customises run() (variadic Max/Min, linked attributes); keep its contract.
         run = op.run
 
         def call_run(*args):
@@ -198,6 +208,10 @@ def _make_call(
         return _fix_outputs(_run(*args, **kwargs))
 
     return call_kw
+
+
+# run() methods of onnx.reference's base classes that check dtypes and call ``_run(*inputs)``, nothing else.
+_CHECK_ONLY_RUNS = frozenset({_op.OpRunUnary.run, _op.OpRunUnaryNum.run, _op.OpRunBinary.run, _op.OpRunBinaryNum.run})
 
 
 def _fix_outputs(res: tuple) -> tuple:

@@ -26,7 +26,7 @@ def _params():
         yield pytest.param(case, id=case.name, marks=marks)
 
 
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", list(_params()))
 def test_node(case):
     if case.name.startswith("test_image_decoder"):
         pytest.importorskip("PIL", reason="onnx.reference's ImageDecoder needs Pillow")
