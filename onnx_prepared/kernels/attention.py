@@ -1,0 +1,194 @@
+"""com.microsoft GroupQueryAttention (CPU semantics of onnxruntime), float KV cache.
+
+Shapes: query ``[B, S, num_heads * H]`` (or packed QKV ``[B, S, (num_heads + 2 * kv_num_heads) * H]``
+with key/value omitted), key/value ``[B, S, kv_num_heads * H]``, past/present KV ``[B, kv_num_heads, L, H]``
+(BNSH). ``seqlens_k[b]`` is the batch entry's total length minus one; ``total_sequence_length`` is the batch
+maximum. The call is the *first prompt* when ``S == total_sequence_length``: entry ``b`` then has no past
+and ``seqlens_k[b] + 1`` valid (right-padded) tokens. Otherwise entry ``b`` has
+``past_b = seqlens_k[b] + 1 - S`` cached tokens and appends S new ones at ``[past_b, past_b + S)``.
+
+present has ``max(L_past, total_sequence_length)`` positions (genai shares one buffer for past and
+present): the past buffer is copied, then the new K/V written at their positions. Query head ``h`` reads
+KV head ``h // (num_heads // kv_num_heads)``. Scores ``scale * q.k`` (+ attention_bias), then softcap
+``c * tanh(x / c)``, causal (and ``local_window_size``) masking, softmax (``smooth_softmax`` / ``head_sink``
+add a sink logit, 0 or ``head_sink[h]``, to the denominator), then the weighted sum of V.
+
+Unsupported (clear KernelError): quantized KV caches (k_scale/v_scale), ``query_seqlens``,
+``q_norm_weight``/``k_norm_weight`` (onnxruntime's CPU provider rejects them too), ``sliding_window_cache=1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.rotary import apply_rotary
+
+_OP = "GroupQueryAttention"
+
+
+def _fail(msg: str) -> KernelError:
+    return KernelError(f"{_OP}: {msg}")
+
+
+@kernel("GroupQueryAttention", since=1, domain="com.microsoft")
+def group_query_attention(
+    query: np.ndarray,
+    key: np.ndarray | None = None,
+    value: np.ndarray | None = None,
+    past_key: np.ndarray | None = None,
+    past_value: np.ndarray | None = None,
+    seqlens_k: np.ndarray | None = None,
+    total_sequence_length: np.ndarray | None = None,
+    cos_cache: np.ndarray | None = None,
+    sin_cache: np.ndarray | None = None,
+    position_ids: np.ndarray | None = None,
+    attention_bias: np.ndarray | None = None,
+    head_sink: np.ndarray | None = None,
+    k_scale: np.ndarray | None = None,
+    v_scale: np.ndarray | None = None,
+    q_norm_weight: np.ndarray | None = None,
+    k_norm_weight: np.ndarray | None = None,
+    query_seqlens: np.ndarray | None = None,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    do_rotary: int = 0,
+    rotary_interleaved: int = 0,
+    local_window_size: int = -1,
+    smooth_softmax: int = -1,
+    qk_output: int = 0,
+    causal: int = 1,
+    sliding_window_cache: int = 0,
+    kv_cache_bit_width: int = 0,
+    k_quant_type: str = "NONE",
+    v_quant_type: str = "NONE",
+    qk_norm_epsilon: float = 1e-6,
+    q_norm_epsilon: float = 0.0,
+    k_norm_epsilon: float = 0.0,
+) -> tuple[np.ndarray, ...]:
+    """GroupQueryAttention -> (output, present_key, present_value[, output_qk])."""
+    if k_scale is not None or v_scale is not None or k_quant_type != "NONE" or v_quant_type != "NONE":
+        raise _fail("quantized KV caches (k_scale/v_scale, k_quant_type/v_quant_type) are not supported")
+    if q_norm_weight is not None or k_norm_weight is not None:
+        raise _fail("q_norm_weight/k_norm_weight are not supported (nor by onnxruntime's CPU provider)")
+    if query_seqlens is not None:
+        raise _fail("the query_seqlens input (right-padded chunks) is not supported")
+    if sliding_window_cache:
+        raise _fail("sliding_window_cache=1 is not supported")
+    if seqlens_k is None or total_sequence_length is None:
+        raise _fail("seqlens_k and total_sequence_length are required")
+    if num_heads <= 0 or kv_num_heads <= 0 or num_heads % kv_num_heads:
+        raise _fail(f"num_heads={num_heads} must be a positive multiple of kv_num_heads={kv_num_heads}")
+    if query.ndim != 3:
+        raise _fail(f"query must be 3-D [batch, seq, hidden], got shape {list(query.shape)}")
+    b, s, d = query.shape
+    if key is None:  # packed QKV
+        if value is not None:
+            raise _fail("value given without key")
+        h = d // (num_heads + 2 * kv_num_heads)
+        if h * (num_heads + 2 * kv_num_heads) != d:
+            raise _fail(f"packed QKV width {d} is not a multiple of num_heads + 2 * kv_num_heads")
+        q = query[..., : num_heads * h]
+        k = query[..., num_heads * h: (num_heads + kv_num_heads) * h]
+        v = query[..., (num_heads + kv_num_heads) * h:]
+    else:
+        if value is None:
+            raise _fail("key given without value")
+        h = d // num_heads
+        q, k, v = query, key, value
+        if k.shape != (b, s, kv_num_heads * h) or v.shape != k.shape:
+            raise _fail(f"key/value must be [batch, {s}, {kv_num_heads * h}], got {list(k.shape)} {list(v.shape)}")
+    dtype = query.dtype
+    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+    seqlens = np.asarray(seqlens_k).reshape(-1).astype(np.int64)
+    if seqlens.shape[0] != b:
+        raise _fail(f"seqlens_k has {seqlens.shape[0]} entries for batch {b}")
+    first_prompt = s == total
+    past_len = np.zeros(b, np.int64) if first_prompt else seqlens + 1 - s
+    if (past_len < 0).any() or (seqlens + 1 > total).any():
+        raise _fail(f"seqlens_k {seqlens.tolist()} inconsistent with sequence length {s} and total {total}")
+    l_past = 0 if past_key is None else past_key.shape[2]
+    if not first_prompt and (past_len > l_past).any():
+        raise _fail(f"past_key holds {l_past} positions, fewer than the past lengths {past_len.tolist()}")
+    present_len = max(l_past, total)
+
+    qh = q.reshape(b, s, num_heads, h).astype(np.float32)
+    kh = k.reshape(b, s, kv_num_heads, h).astype(np.float32)
+    vh = v.reshape(b, s, kv_num_heads, h).astype(np.float32)
+    if do_rotary:
+        if cos_cache is None or sin_cache is None:
+            raise _fail("do_rotary=1 needs cos_cache and sin_cache")
+        if position_ids is None:
+            pos = past_len[:, None] + np.arange(s, dtype=np.int64)[None, :]
+        elif first_prompt:  # onnxruntime reads only the first element for the first prompt
+            pos = int(np.asarray(position_ids).reshape(-1)[0]) + np.arange(s, dtype=np.int64)[None, :].repeat(b, 0)
+        else:
+            pos = np.asarray(position_ids).astype(np.int64).reshape(b, s)
+        if pos.max(initial=0) >= cos_cache.shape[0]:
+            raise _fail(f"rotary position {int(pos.max())} exceeds the cos/sin cache ({cos_cache.shape[0]} rows)")
+        cos = cos_cache[pos][:, :, None, :]
+        sin = sin_cache[pos][:, :, None, :]
+        qh = apply_rotary(qh, cos, sin, bool(rotary_interleaved))
+        kh = apply_rotary(kh, cos, sin, bool(rotary_interleaved))
+
+    present_k = np.zeros((b, kv_num_heads, present_len, h), dtype)
+    present_v = np.zeros((b, kv_num_heads, present_len, h), dtype)
+    if past_key is not None and l_past:
+        present_k[:, :, :l_past] = past_key
+        present_v[:, :, :l_past] = past_value
+    scale_ = scale if scale else 1.0 / np.sqrt(h)
+    group = num_heads // kv_num_heads
+    out = np.zeros((b, s, num_heads, h), np.float32)
+    want_qk = qk_output in (1, 2)
+    qk_out = np.zeros((b, num_heads, s, total), np.float32) if want_qk else None
+    for i in range(b):
+        p0 = int(past_len[i])
+        t = int(seqlens[i]) + 1
+        n_new = t - p0 if first_prompt else s
+        present_k[i, :, p0: p0 + n_new] = kh[i, :n_new].transpose(1, 0, 2)
+        present_v[i, :, p0: p0 + n_new] = vh[i, :n_new].transpose(1, 0, 2)
+        keys = present_k[i, :, :t].astype(np.float32)  # [kvh, t, h]
+        vals = present_v[i, :, :t].astype(np.float32)
+        qi = qh[i].transpose(1, 0, 2).reshape(kv_num_heads, group * s, h)  # head = kv * group + g
+        scores = (qi @ keys.transpose(0, 2, 1)).reshape(num_heads, s, t) * np.float32(scale_)
+        if attention_bias is not None:
+            bias = np.broadcast_to(attention_bias, (attention_bias.shape[0], attention_bias.shape[1], s, total))
+            scores += bias[min(i, bias.shape[0] - 1), :, :, :t].astype(np.float32)
+        if softcap > 0:
+            scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+        qpos = p0 + np.arange(s)[:, None]
+        kpos = np.arange(t)[None, :]
+        mask = np.zeros((s, t), bool)
+        if causal:
+            mask |= kpos > qpos
+            if local_window_size > 0:
+                mask |= kpos <= qpos - local_window_size
+        if want_qk and qk_output == 1:  # onnxruntime leaves masked entries at 0
+            qk_out[i, :, :, :t] = np.where(mask, np.float32(0), scores)
+        scores = np.where(mask, np.float32(-np.inf), scores)
+        probs = _softmax(scores, head_sink, smooth_softmax > 0)
+        if want_qk and qk_output == 2:
+            qk_out[i, :, :, :t] = probs
+        ctx = probs.reshape(kv_num_heads, group * s, t) @ vals  # [kvh, g*s, h]
+        out[i] = ctx.reshape(num_heads, s, h).transpose(1, 0, 2)
+    res = (out.reshape(b, s, num_heads * h).astype(dtype), present_k, present_v)
+    if want_qk:
+        res += (qk_out.astype(dtype),)
+    return res
+
+
+def _softmax(x: np.ndarray, head_sink: np.ndarray | None, smooth: bool) -> np.ndarray:
+    """Softmax over the last axis of ``[heads, s, t]``; a sink logit adds ``exp(sink)`` to the denominator."""
+    m = np.max(x, axis=-1, keepdims=True)
+    if head_sink is not None or smooth:
+        sink = (np.zeros(x.shape[0], np.float32) if head_sink is None else head_sink.astype(np.float32))
+        sink = sink[:, None, None]
+        m = np.maximum(m, sink)
+        e = np.exp(x - m)
+        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - m))
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
