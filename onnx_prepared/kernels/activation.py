@@ -1,7 +1,7 @@
 """Activations, Softmax/LogSoftmax, Clip, Erf/Gelu and Identity.
 
 Each kernel allocates one output buffer and works in place on it. Half-precision inputs of
-exp-based activations are computed in float32 and cast back, since float16 ``exp`` overflows at 11.
+activations are computed in float32 and cast back (one rounding; float16 ``exp`` overflows at 11).
 numpy has no ``erf``; :func:`_erf` is a float32 rational approximation (max error 7 ulp, computed in
 float32) and float64 inputs use ``math.erf`` exactly.
 """
@@ -41,9 +41,9 @@ def relu(x: np.ndarray) -> tuple[np.ndarray]:
 
 @kernel("LeakyRelu", since=6)
 def leaky_relu(x: np.ndarray, *, alpha: float = 0.01) -> tuple[np.ndarray]:
-    y = np.asarray(np.multiply(x, np.asarray(alpha, dtype=x.dtype)))
-    np.copyto(y, x, where=x >= 0)
-    return (np.asarray(y),)
+    y = _work(x)
+    np.multiply(y, alpha, out=y, where=y < 0)
+    return (_back(y, x.dtype),)
 
 
 @kernel("Elu", since=6)
@@ -58,10 +58,11 @@ def elu(x: np.ndarray, *, alpha: float = 1.0) -> tuple[np.ndarray]:
 
 @kernel("HardSigmoid", since=6)
 def hard_sigmoid(x: np.ndarray, *, alpha: float = 0.2, beta: float = 0.5) -> tuple[np.ndarray]:
-    y = np.asarray(np.multiply(x, np.asarray(alpha, dtype=x.dtype)))
-    y += np.asarray(beta, dtype=x.dtype)
+    y = _work(x)
+    y *= alpha
+    y += beta
     np.clip(y, 0, 1, out=y)
-    return (np.asarray(y),)
+    return (_back(y, x.dtype),)
 
 
 @kernel("Sigmoid", since=6)
