@@ -27,8 +27,9 @@ def _sum(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
 
 
 def _mean(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):  # an empty reduction is NaN, quietly
-        return np.mean(x, axis=axes, keepdims=keep, dtype=_acc(x)).astype(x.dtype, copy=False)
+    if x.size == 0:  # the mean of nothing is NaN; np.mean would also warn
+        return np.full(np.sum(x, axis=axes, keepdims=keep).shape, np.nan, dtype=x.dtype)
+    return np.mean(x, axis=axes, keepdims=keep, dtype=_acc(x)).astype(x.dtype, copy=False)
 
 
 def _prod(x: np.ndarray, axes: tuple[int, ...] | None, keep: bool) -> np.ndarray:
@@ -149,4 +150,8 @@ def reduce_prod_18(
 def reduce_sum_square_18(
     x: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> tuple[np.ndarray]:
-    return _run(_sum_square, x, _axes_input(axes), keepdims, noop_with_empty_axes)
+    """With ``noop_with_empty_axes`` and no axes the result is ``x * x`` (the op's function body; ORT agrees)."""
+    ax = _axes_input(axes)
+    if not ax and noop_with_empty_axes:
+        return (np.asarray(np.square(x)),)
+    return _run(_sum_square, x, ax, keepdims, 0)

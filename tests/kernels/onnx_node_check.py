@@ -53,13 +53,16 @@ def single_node_model(op_type: str, inputs: list[np.ndarray | None], *, opset: i
 
 
 def run_ort(op_type: str, inputs: list[np.ndarray | None], *, opset: int, n_outputs: int = 1,
-            **attrs) -> list[np.ndarray]:
-    """onnxruntime's outputs for a single node (the reference where onnx.reference is wrong)."""
+            out_elem: int | None = None, **attrs) -> list[np.ndarray]:
+    """onnxruntime's outputs for a single node (the reference where onnx.reference is wrong or missing).
+
+    ORT wants typed outputs: ``out_elem`` (default: the first input's element type).
+    """
     import onnxruntime as ort
 
     model = single_node_model(op_type, inputs, opset=opset, n_outputs=n_outputs, **attrs)
-    elem = _value_info("", inputs[0]).type.tensor_type.elem_type
-    for o in model.graph.output:  # ORT wants typed outputs; these ops keep the first input's type
+    elem = out_elem or _value_info("", inputs[0]).type.tensor_type.elem_type
+    for o in model.graph.output:
         o.type.tensor_type.elem_type = elem
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {f"x{i}": v for i, v in enumerate(inputs) if v is not None})
