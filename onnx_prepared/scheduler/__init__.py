@@ -1,0 +1,116 @@
+"""The runtime scheduler: task graphs on I/O, CPU, inline and device resources, with memory admission.
+
+It knows nothing about ONNX; the prepared session builds tasks and submits them. Modules:
+``workers`` (WorkerPool), ``executor`` (CpuExecutor), ``task`` (Task, states, Priority, Resource),
+``memory`` (domains, MemoryBudget, MemoryLease), ``runtime`` (RuntimeScheduler), ``handle``
+(ExecutionHandle), ``trace`` (Chrome trace export).
+
+Terms
+-----
+A *task* is one unit of work, ``fn(task)``, on one resource class. A *submission* wants a set of tasks:
+the ones it names plus every unfinished task they transitively depend on. A task may be wanted by several
+live submissions at once (a shared session task); its *interest* is the set of those submissions.
+A task is *started* once it holds a slot (state RUNNING); tasks are single-use.
+
+Scheduling
+----------
+S1. A task runs when every dependency SUCCEEDED, its resource has a free slot for its priority class,
+    and its memory charge is admitted. Memory is admitted before dispatch and released when the task
+    completes, except bytes it hands to a :class:`MemoryLease` (``task.retain``), which its owner releases.
+S2. Per resource, ``reserved`` slots (default: one CPU slot, one I/O slot) are never used by prefetch or
+    background work, and the memory budget's ``critical_reserve`` is never charged by it; so background
+    work cannot starve or deadlock critical work. Within a resource, more urgent priority classes are
+    dispatched first, FIFO within a class. A memory-blocked task is never overtaken by a task of the same
+    or lower priority class. A charge larger than a limit on its own runs once nothing else holds bytes
+    under that limit (see :class:`MemoryBudget`).
+S3. Priority inheritance: a task's unfinished producers are always at least as urgent as the task. A
+    critical task that depends on a prefetch/background chain promotes the whole chain, including tasks
+    already queued; ``promote(task, priority)`` does the same on demand.
+S4. Dynamic graphs: a running task may ``return task.resume_after(producer, ...)``: it goes back to
+    PENDING, the producers join every submission that wants it and inherit its priority, and it runs
+    again once they all succeeded. ``handle.add(tasks)`` adds tasks to a live submission; naming a task
+    submitted earlier (by anyone) shares it. ``when_done(task, fn)`` calls ``fn(task)`` once, when the
+    task is terminal.
+
+Cancellation (tests/scheduler/test_semantics.py quotes these)
+---------------------------------------------------------------
+C1. Cancellation is cooperative and level-triggered. After ``handle.cancel()`` returns, no task that only
+    this submission wants will start; tasks added to it later are cancelled at once.
+C2. A started task is never abandoned: its token is set (``task.token.cancelled`` is True and
+    ``task.token.check()`` raises :class:`~onnx_prepared.errors.Cancelled`) and the submission waits for
+    it to return before it becomes terminal.
+C3. ``Cancelled`` means the effect did not happen: a body that raises it ends CANCELLED; a body that
+    returns normally after cancellation ends SUCCEEDED (its effect happened).
+C4. ``cancel()`` is idempotent and non-blocking; on a terminal submission it does nothing.
+C5. Cancelling one submission never cancels a task another live submission wants (an eager preparation
+    handle or another inference): it only withdraws its interest. A task is cancelled when its last
+    interested submission cancels. A cancelled submission does not wait for shared tasks it released.
+C6. ``Cancelled`` derives from ``BaseException``, so ``except Exception`` cannot swallow it.
+C7. Cleanup always runs: a cancelled or failed task's slot and memory charge are released; leases it
+    already handed out stay with their owner.
+C8. Dependents of a cancelled task are cancelled (their ``cause`` names it); a terminal task never runs
+    again, so a retry is a new task (a new generation).
+
+Failure
+-------
+F1. A task whose body raises is FAILED. Every task depending on it, transitively, is SUPPRESSED: it never
+    runs and its ``cause`` is the failed task.
+F2. With ``fail_fast=True`` (the default) a submission's first failure also cancels the rest of that
+    submission as in C1/C2/C5 (siblings only it wants never start; started ones are joined). With
+    ``fail_fast=False`` independent work continues: eager preparation uses it so that one bad object
+    fails only its consumers.
+F3. Every submission reaches exactly one terminal state, only after every task it still wants is
+    terminal: FAILED if any of its tasks failed or was suppressed by a failure; otherwise CANCELLED if any
+    of its tasks was cancelled or it released shared tasks by cancelling; otherwise SUCCEEDED.
+F4. ``wait()`` and ``result()`` re-raise the first failure the submission observed (the others are in
+    ``diagnostics.errors``, with the failing tasks, the suppressed tasks and their causes, the cancelled and
+    the released tasks), or raise ``Cancelled`` for a CANCELLED submission. ``TimeoutError`` when the
+    timeout passes first (the submission keeps running).
+F5. Broken internal invariants raise :class:`~onnx_prepared.errors.InternalError`, never a user error.
+
+Handles
+-------
+H1. Dropping or garbage-collecting a live handle waits for its submission, because tasks may still use
+    caller-owned inputs. (On one of this scheduler's own workers it cannot wait safely; it logs a warning
+    instead. Never drop a live handle there.)
+H2. ``with handle:`` waits on exit and re-raises a failure. If the block raises, the exit cancels the
+    submission, waits for it to become terminal, and lets the block's exception propagate (the
+    submission's own Cancelled is stripped: the block caused it).
+H3. ``await handle`` returns ``result()`` without blocking the event loop; cancelling the awaiting
+    asyncio task cancels the submission (as ``asyncio.wrap_future`` does).
+H4. Done callbacks run once, after the terminal state, on the thread that completed the submission and
+    outside the scheduler lock (on the caller's thread if it was already terminal).
+"""
+
+from __future__ import annotations
+
+from onnx_prepared.errors import Cancelled
+from onnx_prepared.scheduler.executor import CpuExecutor
+from onnx_prepared.scheduler.handle import Diagnostics, ExecutionHandle, HandleState
+from onnx_prepared.scheduler.memory import Domain, MemoryBudget, MemoryEstimate, MemoryLease
+from onnx_prepared.scheduler.runtime import RuntimeScheduler
+from onnx_prepared.scheduler.task import CancelToken, Priority, Resource, Resume, Task, TaskState
+from onnx_prepared.scheduler.trace import Trace, TraceRecord
+from onnx_prepared.scheduler.workers import WorkerPool
+
+__all__ = [
+    "CancelToken",
+    "Cancelled",
+    "CpuExecutor",
+    "Diagnostics",
+    "Domain",
+    "ExecutionHandle",
+    "HandleState",
+    "MemoryBudget",
+    "MemoryEstimate",
+    "MemoryLease",
+    "Priority",
+    "Resource",
+    "Resume",
+    "RuntimeScheduler",
+    "Task",
+    "TaskState",
+    "Trace",
+    "TraceRecord",
+    "WorkerPool",
+]

@@ -1,0 +1,261 @@
+"""ExecutionHandle: the one handle type returned by submissions (and later by prepare_async / run_async).
+
+The handle owns a :class:`_Submission`, the scheduler's per-submission state. The scheduler references the
+submission, never the handle, so dropping the last reference to a live handle runs ``__del__``, which
+waits for the submission (the spec's documented choice: tasks may still use caller-owned inputs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from onnx_prepared.errors import Cancelled, InternalError
+from onnx_prepared.scheduler.task import Task
+from onnx_prepared.scheduler.workers import current_pool
+
+if TYPE_CHECKING:
+    from onnx_prepared.scheduler.runtime import RuntimeScheduler
+
+_log = logging.getLogger("onnx_prepared.scheduler")
+
+
+class HandleState(IntEnum):
+    RUNNING = 0
+    CANCELLING = 1  # cancel() was called; started tasks are being joined
+    SUCCEEDED = 2
+    FAILED = 3
+    CANCELLED = 4
+
+    def __str__(self) -> str:
+        return self.name
+
+
+H = HandleState
+_ALLOWED: dict[HandleState, frozenset[HandleState]] = {
+    H.RUNNING: frozenset({H.CANCELLING, H.SUCCEEDED, H.FAILED, H.CANCELLED}),
+    H.CANCELLING: frozenset({H.SUCCEEDED, H.FAILED, H.CANCELLED}),
+    H.SUCCEEDED: frozenset(),
+    H.FAILED: frozenset(),
+    H.CANCELLED: frozenset(),
+}
+_DONE = frozenset({H.SUCCEEDED, H.FAILED, H.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostics:
+    """What happened to one submission (a snapshot; complete once the handle is done)."""
+
+    status: HandleState
+    failed: tuple[Task, ...]  # tasks whose body raised, in the order this submission observed them
+    errors: tuple[BaseException, ...]  # their exceptions, same order; wait() raises errors[0]
+    suppressed: tuple[tuple[Task, Task], ...]  # (never-run task, the failed task that caused it)
+    cancelled: tuple[Task, ...]  # tasks of this submission that ended CANCELLED
+    released: tuple[Task, ...]  # shared tasks this submission stopped waiting for when it was cancelled
+
+    @property
+    def failing_task(self) -> Task | None:
+        return self.failed[0] if self.failed else None
+
+
+class _Submission:
+    """Mutable state of one submission; guarded by the scheduler lock (``done`` and results excepted)."""
+
+    __slots__ = (
+        "attaching",
+        "callbacks",
+        "cancel_requested",
+        "done",
+        "errors",
+        "fail_fast",
+        "failed",
+        "keepalive",
+        "members",
+        "n_cancelled",
+        "pending",
+        "released",
+        "result_lock",
+        "result_memo",
+        "result_spec",
+        "scheduler",
+        "state",
+    )
+
+    def __init__(self, scheduler: RuntimeScheduler, *, fail_fast: bool, result: Any, keepalive: Any):
+        self.scheduler = scheduler
+        self.state = H.RUNNING  # written only by _transition
+        self.members: set[Task] = set()  # every task this submission wanted (closure), terminal or not
+        self.pending = 0  # members not terminal and not released; 0 -> the submission completes
+        self.attaching = False  # completion is deferred while tasks are being attached
+        self.fail_fast = fail_fast
+        self.cancel_requested = False
+        self.failed: list[Task] = []
+        self.errors: list[BaseException] = []
+        self.n_cancelled = 0
+        self.released: list[Task] = []
+        self.done = threading.Event()
+        self.callbacks: list[Callable[[], Any]] = []
+        self.result_spec = result
+        self.result_lock = threading.Lock() if callable(result) and not isinstance(result, Task) else None
+        self.result_memo: tuple[bool, Any] | None = None
+        self.keepalive = keepalive
+
+    def _transition(self, new: HandleState) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise InternalError(f"illegal submission transition {self.state.name} -> {new.name}")
+        self.state = new
+
+
+class ExecutionHandle:
+    """Completion, result, cancellation and diagnostics of one submission.
+
+    >>> h = scheduler.submit([read, pack], result=pack)
+    >>> h.result(timeout=10)          # waits; re-raises the first failure
+    >>> await h                       # from asyncio, without blocking the event loop
+    >>> with scheduler.submit(tasks) as h: ...   # exit waits; an exception in the block cancels first
+
+    Semantics (cancellation, failure, destruction) are stated once in ``onnx_prepared.scheduler``.
+    """
+
+    __slots__ = ("__weakref__", "_sub")
+
+    def __init__(self, sub: _Submission):
+        self._sub = sub
+
+    # **** completion ****
+
+    @property
+    def status(self) -> HandleState:
+        return self._sub.state
+
+    def is_ready(self) -> bool:
+        """True once the submission reached its terminal state (never blocks)."""
+        return self._sub.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until terminal; re-raise the first failure, or Cancelled if it was cancelled.
+
+        ``TimeoutError`` if ``timeout`` seconds pass first (the submission keeps running).
+        """
+        sub = self._sub
+        if not sub.done.wait(timeout):
+            raise TimeoutError(f"submission still {sub.state.name} after {timeout} s")
+        st = sub.state
+        if st is H.FAILED:
+            raise sub.errors[0]
+        if st is H.CANCELLED:
+            raise Cancelled(self._cancel_reason())
+
+    def result(self, timeout: float | None = None) -> Any:
+        """:meth:`wait`, then the designated result: a task's value, or a callable's (called once)."""
+        self.wait(timeout)
+        sub = self._sub
+        spec = sub.result_spec
+        if spec is None:
+            return None
+        if isinstance(spec, Task):
+            return spec.result
+        assert sub.result_lock is not None
+        with sub.result_lock:
+            if sub.result_memo is None:
+                try:
+                    sub.result_memo = (True, spec())
+                except Exception as e:
+                    sub.result_memo = (False, e)
+            ok, value = sub.result_memo
+        if not ok:
+            raise value
+        return value
+
+    def add_done_callback(self, fn: Callable[[ExecutionHandle], Any]) -> None:
+        """Call ``fn(handle)`` once, after the terminal state (now, if already there).
+
+        Callbacks run on the thread that completed the submission, outside the scheduler lock; an
+        exception in one is logged, never propagated into the scheduler.
+        """
+        self._sub.scheduler._add_sub_callback(self._sub, lambda: fn(self))
+
+    # **** control ****
+
+    def cancel(self) -> None:
+        """Request cancellation (idempotent, non-blocking; a no-op once terminal)."""
+        self._sub.scheduler._cancel_submission(self._sub)
+
+    def add(self, tasks: Iterable[Task] | Task) -> None:
+        """Add tasks (with their unfinished dependencies) to this live submission.
+
+        Raises RuntimeError once the submission is terminal. Added to a cancelled submission, they
+        are cancelled at once (cancellation is level-triggered).
+        """
+        self._sub.scheduler._extend(self._sub, tasks)
+
+    @property
+    def diagnostics(self) -> Diagnostics:
+        return self._sub.scheduler._diagnostics(self._sub)
+
+    # **** integration: asyncio, with-blocks, destruction ****
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await handle`` gives ``result()``; cancelling the awaiting task cancels the submission
+        (as ``asyncio.wrap_future`` does for concurrent futures)."""
+        if not self.is_ready():
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+
+            def wake(_h: ExecutionHandle) -> None:
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody is awaiting any more
+                    loop.call_soon_threadsafe(_settle, fut)
+
+            self.add_done_callback(wake)
+            try:
+                yield from fut
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+        return self.result(timeout=0)
+
+    def __enter__(self) -> ExecutionHandle:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        """Without an exception: wait (re-raising a failure). With one: cancel, join, let it propagate."""
+        if exc_type is None:
+            self.wait()
+            return
+        self.cancel()
+        self._sub.done.wait()
+
+    def __del__(self) -> None:
+        sub = getattr(self, "_sub", None)
+        if sub is None or sub.done.is_set() or sys.is_finalizing():
+            return
+        pool = current_pool()
+        if pool is not None and sub.scheduler._owns_pool(pool):
+            # NOTE: blocking here could wait for the very slot this thread holds (deadlock).
+            _log.warning("live ExecutionHandle dropped on a scheduler worker; not waiting for it")
+            return
+        _log.debug("waiting for a live ExecutionHandle that was dropped before completion")
+        sub.done.wait()
+
+    def _cancel_reason(self) -> str:
+        d = self.diagnostics
+        if self._sub.cancel_requested:
+            return "submission was cancelled"
+        roots = {t.cause.name if t.cause is not None else t.name for t in d.cancelled}
+        return f"submission depends on cancelled task(s): {', '.join(sorted(roots))}"
+
+    def __repr__(self) -> str:
+        return f"<ExecutionHandle {self._sub.state.name} tasks={len(self._sub.members)}>"
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
