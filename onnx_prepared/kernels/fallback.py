@@ -25,6 +25,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpFunction, OpRun, RuntimeContextError
 from onnx.reference.ops import _op
+from onnx.reference.ops.op_if import If as _RefIf
 from onnx.reference.ops.op_loop import Loop as _RefLoop
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
@@ -59,6 +60,10 @@ class FallbackEnv:
         return self._functions
 
     @property
+    def function_protos(self) -> dict[tuple[str, str], onnx.FunctionProto]:
+        return self._function_protos
+
+    @property
     def run_params(self) -> dict[str, Any]:
         """The ``run_params`` every ``OpRun`` of this graph is built with (subgraphs inherit them)."""
         if self._run_params is None:
@@ -68,9 +73,21 @@ class FallbackEnv:
                 "verbose": 0,
                 "new_ops": dict(_PATCHES),
                 "existing_functions": dict(self.functions),
-                "evaluator_cls": _Evaluator,
+                "evaluator_cls": self.make_evaluator,
             }
         return self._run_params
+
+    def make_evaluator(self, proto: Any, opsets=None, functions=None, verbose: int = 0, new_ops=None, **kw: Any):
+        """What reference ops build for a body: our plan for a plain subgraph, the reference otherwise.
+
+        Function bodies (FunctionProto) and graphs whose nodes reference function attributes stay with
+        the reference evaluator, which resolves attribute references per call.
+        """
+        if isinstance(proto, onnx.GraphProto) and not _references_attributes(proto):
+            from onnx_prepared.plan.execution_plan import SubgraphEvaluator
+
+            return SubgraphEvaluator(proto, self)
+        return _Evaluator(proto, opsets=opsets, functions=functions, verbose=verbose, new_ops=new_ops, **kw)
 
     def has_function(self, domain: str, op_type: str) -> bool:
         return (domain, op_type) in self._function_protos
@@ -91,9 +108,9 @@ class FallbackEnv:
             from onnx.reference.ops import load_op
 
             if input_types is None:
-                return load_op("", op_type, version, evaluator_cls=_Evaluator)
+                return load_op("", op_type, version, evaluator_cls=self.make_evaluator)
             return load_op("", op_type, version, node=node, input_types=list(input_types),
-                           evaluator_cls=_Evaluator)
+                           evaluator_cls=self.make_evaluator)
         if domain == "ai.onnx.ml":
             from onnx.reference.ops.aionnxml import load_op
         elif domain == "ai.onnx.preview.training":
@@ -106,6 +123,18 @@ class FallbackEnv:
             raise NotImplementedError(f"onnx.reference has no domain {domain!r} and the model defines no such "
                                       f"function (model functions: {sorted(self._function_protos)})")
         return load_op(domain, op_type, version)
+
+
+def _references_attributes(graph: onnx.GraphProto) -> bool:
+    for node in graph.node:
+        for a in node.attribute:
+            if a.ref_attr_name:
+                return True
+            if a.type == onnx.AttributeProto.GRAPH and _references_attributes(a.g):
+                return True
+            if a.type == onnx.AttributeProto.GRAPHS and any(_references_attributes(g) for g in a.graphs):
+                return True
+    return False
 
 
 def _function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -> dict:
@@ -151,16 +180,13 @@ def bind_fallback(
 def _make_call(
     op: OpRun, key: str, n_in: int, implicit: tuple[str, ...], *, counted: bool = True
 ) -> Callable[..., tuple]:
-    """The cheapest correct way to call ``op``: its ``_run`` with pre-built keyword arguments if possible."""
+    """The cheapest correct way to call ``op``: its ``_run`` with pre-built keyword arguments if possible.
+
+    ``OpRun.run`` rebuilds the keyword arguments, logs and validates on every call; we do the first
+    once here and keep only the output normalisation (:func:`_fix_outputs`, which also lets an empty
+    optional, None, through).
+    """
     counter = FALLBACK_CALLS if counted else collections.Counter()
-    if op.need_context():  # If, Loop, Scan: outer-scope values go in as the op's context
-        run = op.run
-
-        def call_with_context(*args):
-            counter[key] += 1
-            return run(*args[:n_in], context=dict(zip(implicit, args[n_in:])))
-
-        return call_with_context
     if type(op).run in _CHECK_ONLY_RUNS:
         # run() only validates dtypes and calls _run(*inputs): call _run directly (half the cost).
         _run_only = op._run
@@ -183,8 +209,15 @@ def _make_call(
     if op.has_subgraph:
         kwargs["attributes"] = None
     _run = op._run
-    bodies = [name for name, v in kwargs.items() if isinstance(v, ReferenceEvaluator)]
-    if implicit and bodies:
+    if op.need_context():  # If, Loop, Scan: outer-scope values go in as the op's context
+
+        def call_with_context(*args):
+            counter[key] += 1
+            return _fix_outputs(_run(*args[:n_in], context=dict(zip(implicit, args[n_in:])), **kwargs))
+
+        return call_with_context
+    bodies = [name for name, v in kwargs.items() if hasattr(v, "output_names") and hasattr(v, "run")]
+    if implicit and bodies:  # SequenceMap: a body without a context argument
 
         def call_scoped(*args):
             counter[key] += 1
@@ -369,4 +402,16 @@ def _bind_scan8(node: onnx.NodeProto, env: FallbackEnv, key: str, implicit: tupl
     return call
 
 
-_PATCHES: dict[tuple[str, str], type[OpRun]] = {("", "Optional"): Optional, ("", "Loop"): Loop}
+class If(_RefIf):
+    """If whose branch may return an empty optional (None); the reference rejects None outputs."""
+
+    op_domain = ""
+
+    def _run(self, cond, context=None, else_branch=None, then_branch=None, attributes=None, bindings=None):
+        if np.size(cond) != 1:
+            raise ValueError(f"If expects a single-element condition, got shape {np.shape(cond)}")
+        branch = self._run_then_branch if np.asarray(cond).item() else self._run_else_branch
+        return tuple(branch(context, attributes=attributes, bindings=bindings))
+
+
+_PATCHES: dict[tuple[str, str], type[OpRun]] = {("", "Optional"): Optional, ("", "Loop"): Loop, ("", "If"): If}

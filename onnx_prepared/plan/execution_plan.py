@@ -127,16 +127,18 @@ def build_execution_plan(
     *,
     bind: Callable[[onnx.NodeProto], BoundKernel] | None = None,
     outer_names: Sequence[str] = (),
+    env: FallbackEnv | None = None,
 ) -> ExecutionPlan:
     """Topologically order ``graph``, bind every node and compute last uses.
 
-    ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots).
+    ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots);
+    ``env`` is the fallback state shared with the enclosing graph (built here when omitted).
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
     implicit = [implicit_inputs_of(n) for n in graph.node]
     if bind is None:
-        env = FallbackEnv(opsets, functions)
+        env = env or FallbackEnv(opsets, functions)
 
         def bind(n: onnx.NodeProto, _imp: tuple[str, ...] | None = None) -> BoundKernel:
             return bind_node(n, opsets, functions, env=env, implicit=_imp)
@@ -242,6 +244,49 @@ def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], 
         stuck = [graph.node[i].name or f"#{i}" for i in range(len(graph.node)) if indeg[i] > 0]
         raise ModelLoadError(f"graph has a cycle through nodes {stuck[:5]}")
     return order
+
+
+class SubgraphEvaluator:
+    """A subgraph (If/Loop/Scan/SequenceMap body) run by its own ExecutionPlan.
+
+    Shaped like the ``ReferenceEvaluator`` that onnx.reference's control-flow ops call
+    (``input_names``, ``output_names``, ``run(None, feeds)``), so those ops keep their semantics while
+    the body's nodes get fast kernels and slot-indexed replay. ``feeds`` holds the body inputs and
+    any outer-scope values; names it lacks read as None. Read-only after construction (thread-safe).
+    """
+
+    has_linked_attribute = False
+
+    def __init__(self, graph: onnx.GraphProto, env: FallbackEnv):
+        from onnx import numpy_helper
+
+        from onnx_prepared.kernels.binding import subgraph_outer_names
+
+        self.graph = graph
+        outer = sorted(subgraph_outer_names(graph))
+        self._plan = plan = build_execution_plan(graph, env.opsets, env.function_protos, outer_names=outer, env=env)
+        self.input_names = [i.name for i in graph.input]
+        self.output_names = [o.name for o in graph.output]
+        self._feed_slots = tuple((n, plan.slot_names.index(n)) for n in dict.fromkeys([*self.input_names, *outer]))
+        self._constants = plan.new_values()
+        for t in graph.initializer:
+            self._constants[plan.constant_slots[t.name]] = numpy_helper.to_array(t)
+        for sp in graph.sparse_initializer:
+            dense = numpy_helper.to_array(sp.values)
+            indices = numpy_helper.to_array(sp.indices)
+            full = np.zeros(int(np.prod(sp.dims)), dtype=dense.dtype)
+            full[np.ravel_multi_index(indices.T, tuple(sp.dims)) if indices.ndim == 2 else indices] = dense
+            self._constants[plan.constant_slots[sp.values.name]] = full.reshape(tuple(sp.dims))
+
+    def run(self, output_names, feeds: Mapping, attributes=None, **_kwargs) -> list:
+        values = list(self._constants)
+        for name, slot in self._feed_slots:
+            values[slot] = feeds.get(name)
+        self._plan.replay(values)
+        if output_names is None:
+            return [values[s] for s in self._plan.output_slots]
+        index = dict(zip(self.output_names, self._plan.output_slots))
+        return [values[index[n]] for n in output_names]
 
 
 def live_bytes(values: list) -> int:
