@@ -1,7 +1,21 @@
 """Model loading: metadata-only parse, weight descriptors, validated on-demand external-data reads."""
 
-from onnx_prepared.model.descriptors import ExternalPayload, InlinePayload, WeightDescriptor
-from onnx_prepared.model.loader import LoadedModel, load_model
+from onnx_prepared.model.checksum import recorded_sha256, sha256_hex, verify_checksum
+from onnx_prepared.model.descriptors import ExternalPayload, InlinePayload, WeightDescriptor, expected_nbytes
+from onnx_prepared.model.loader import LoadedModel, NestedExternal, inline_nested_external, load_model
 from onnx_prepared.model.reader import ExternalDataReader
 
-__all__ = ["ExternalDataReader", "ExternalPayload", "InlinePayload", "LoadedModel", "WeightDescriptor", "load_model"]
+__all__ = [
+    "ExternalDataReader",
+    "ExternalPayload",
+    "InlinePayload",
+    "LoadedModel",
+    "NestedExternal",
+    "WeightDescriptor",
+    "expected_nbytes",
+    "inline_nested_external",
+    "load_model",
+    "recorded_sha256",
+    "sha256_hex",
+    "verify_checksum",
+]

@@ -1,39 +1,60 @@
 """Metadata-only model loading: parse the protobuf, describe every initializer, read no weight byte.
 
-Every external-data entry is validated before anything can read it: the location must resolve inside
-the model's folder (no absolute path, no ``..`` escape, no symlink pointing outside), the file must
-exist, ``offset + length`` must lie within it and ``length`` must match dtype x dims.
+The ``.onnx`` file itself is read whole (graph, metadata and inline tensors live there); external data
+files are only resolved and stat-ed, never opened (``tests/model/test_loader.py::test_load_opens_no_data_file``).
+Every external entry is validated here (see :mod:`onnx_prepared.model.external`), so a reader never
+sees an escaping location or an out-of-bounds range. Errors are :class:`ModelLoadError` (or its
+subclass :class:`ExternalDataError`) naming the model path or the tensor and file, raised ``from None``
+so no protobuf or numpy traceback is the top error.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import Error as ProtobufError
 
-from onnx_prepared.errors import ExternalDataError, ModelLoadError
-from onnx_prepared.model.descriptors import ExternalPayload, InlinePayload, WeightDescriptor
+from onnx_prepared.errors import ModelLoadError
+from onnx_prepared.model.descriptors import (
+    ExternalPayload,
+    InlinePayload,
+    WeightDescriptor,
+    elem_type_name,
+    expected_nbytes,
+)
+from onnx_prepared.model.external import LocationResolver, external_payload
 
-# Element types stored with fewer than 8 bits per element (packed two per byte).
-_SUB_BYTE = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
-for _name in ("FLOAT4E2M1", "INT2", "UINT2"):
-    if hasattr(onnx.TensorProto, _name):
-        _SUB_BYTE.add(getattr(onnx.TensorProto, _name))
-_BITS = {getattr(onnx.TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(onnx.TensorProto, n)}
+__all__ = ["LoadedModel", "NestedExternal", "describe", "expected_nbytes", "inline_nested_external", "load_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class NestedExternal:
+    """An external tensor outside ``graph.initializer``: a subgraph initializer, a node attribute or part
+    of a sparse initializer. Validated like the others; ``inline_nested_external`` reads it on request."""
+
+    where: str
+    tensor: onnx.TensorProto
+    desc: WeightDescriptor
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A parsed model whose external weights are described, not read."""
+    """A parsed model whose external weights are described, not read.
+
+    ``weights`` holds one descriptor per ``graph.initializer`` in graph order. External tensors found
+    anywhere else (subgraphs, Constant attributes, sparse initializers) are in ``nested_external``;
+    evaluators that read those protos directly need ``inline_nested_external`` first.
+    """
 
     path: str
     base_dir: str
     model: onnx.ModelProto
     weights: Mapping[str, WeightDescriptor] = field(default_factory=dict)
+    nested_external: tuple[NestedExternal, ...] = ()
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -48,92 +69,131 @@ class LoadedModel:
         return {(f.domain, f.name): f for f in self.model.functions}
 
 
-def expected_nbytes(elem_type: int, dims: tuple[int, ...]) -> int | None:
-    """Stored byte size of a tensor, or None for types without a fixed size (strings)."""
-    if elem_type == onnx.TensorProto.STRING:
-        return None
-    numel = 1
-    for d in dims:
-        numel *= d
-    if elem_type in _SUB_BYTE:
-        bits = _BITS.get(elem_type, 4)
-        return (numel * bits + 7) // 8
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
-    return numel * itemsize
-
-
 def load_model(path: str | os.PathLike) -> LoadedModel:
-    """Parse ``path`` without loading external data and describe every initializer."""
+    """Parse ``path`` without loading external data and describe every initializer.
+
+    >>> m = load_model("model.onnx")
+    >>> m.weights["W"].payload
+    ExternalPayload(file='/models/m/weights.bin', offset=0, length=16384, checksum=None)
+    """
     path = os.fspath(path)
+    model = _parse(path)
+    base_dir = os.path.dirname(os.path.abspath(path))
+    resolver = LocationResolver(base_dir)
+    weights: dict[str, WeightDescriptor] = {}
+    for t in model.graph.initializer:
+        if t.name in weights:
+            raise ModelLoadError(f"duplicate initializer {t.name!r} in {path!r}")
+        weights[t.name] = describe(t, base_dir, resolver, model_path=path)
+    nested = tuple(
+        NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))
+        for where, t in _nested_tensors(model)
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    )
+    return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested)
+
+
+def _parse(path: str) -> onnx.ModelProto:
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise ModelLoadError(f"model file not found: {path!r}") from None
+    except IsADirectoryError:
+        raise ModelLoadError(f"model path is a directory, not a file: {path!r}") from None
     except OSError as e:
-        raise ModelLoadError(f"cannot read model file {path!r}: {e.strerror}") from None
+        raise ModelLoadError(f"cannot read model file {path!r}: {e.strerror or e}") from None
+    if not data:
+        raise ModelLoadError(f"model file is empty: {path!r}")
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"malformed ONNX protobuf in {path!r}: {e}") from None
+    except (ProtobufError, RuntimeError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"malformed ONNX protobuf in {path!r} (truncated or not an ONNX model): {e}") from None
     if not model.HasField("graph"):
         raise ModelLoadError(f"{path!r} is not an ONNX model (no graph)")
-    base_dir = os.path.dirname(os.path.abspath(path))
-    weights = {}
-    for t in model.graph.initializer:
-        weights[t.name] = describe(t, base_dir)
-    return LoadedModel(path, base_dir, model, MappingProxyType(weights))
+    # opset_import (field 8) is serialized after the graph (field 7): a file cut right after the graph
+    # still parses, and only this check notices (test_truncated_model_every_cut).
+    if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
+        raise ModelLoadError(f"{path!r} declares no opset_import (truncated file or not an ONNX model)")
+    return model
 
 
-def describe(t: onnx.TensorProto, base_dir: str) -> WeightDescriptor:
-    """A validated descriptor for one initializer; raises ExternalDataError naming tensor and file."""
+def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | None = None, *,
+             model_path: str | None = None, name: str | None = None) -> WeightDescriptor:
+    """A validated descriptor for one tensor; raises ExternalDataError (external) or ModelLoadError (inline).
+
+    ``name`` overrides ``t.name`` (nested tensors are often unnamed).
+    """
+    name = name or t.name
     dims = tuple(int(d) for d in t.dims)
-    if t.data_location != onnx.TensorProto.EXTERNAL:
-        return WeightDescriptor(t.name, t.data_type, dims, InlinePayload(t))
-    info = {e.key: e.value for e in t.external_data}
-    location = info.get("location")
-    if not location:
-        raise ExternalDataError("external data entry has no location", tensor=t.name)
-    file = resolve_location(location, base_dir, t.name)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        payload = external_payload(t, resolver or LocationResolver(base_dir), name)
+        return WeightDescriptor(name, t.data_type, dims, payload)
+    where = f" in {model_path!r}" if model_path else ""
+    if t.HasField("segment"):
+        raise ModelLoadError(f"tensor {name!r}{where} uses segments, which are not supported")
     try:
-        offset = int(info.get("offset", 0))
-        size = os.path.getsize(file)
-        length = int(info["length"]) if "length" in info else size - offset
-    except ValueError:
-        raise ExternalDataError("external data offset/length is not an integer", tensor=t.name, file=location) from None
-    if offset < 0 or length < 0:
-        raise ExternalDataError("negative external data offset or length", tensor=t.name, file=location)
-    if offset + length > size:
-        raise ExternalDataError(
-            f"offset {offset} + length {length} runs past the end of the file ({size} bytes)",
-            tensor=t.name,
-            file=location,
-        )
-    want = expected_nbytes(t.data_type, dims)
-    if want is not None and want != length:
-        raise ExternalDataError(
-            f"length {length} does not match {onnx.TensorProto.DataType.Name(t.data_type)} x {list(dims)} "
-            f"= {want} bytes",
-            tensor=t.name,
-            file=location,
-        )
-    return WeightDescriptor(t.name, t.data_type, dims, ExternalPayload(file, offset, length, info.get("checksum")))
+        want = expected_nbytes(t.data_type, dims)
+    except ValueError as e:
+        raise ModelLoadError(f"tensor {name!r}{where}: {e}") from None
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"tensor {name!r}{where} has a negative dimension: {list(dims)}")
+    if t.HasField("raw_data") and len(t.raw_data) != want:
+        kind = "STRING tensors cannot use raw_data" if want is None else f"raw_data holds {len(t.raw_data)} bytes"
+        raise ModelLoadError(f"tensor {name!r}{where}: {kind}; {elem_type_name(t.data_type)} x {list(dims)} "
+                             f"needs {want} bytes")
+    return WeightDescriptor(name, t.data_type, dims, InlinePayload(t))
 
 
-def resolve_location(location: str, base_dir: str, tensor: str) -> str:
-    """Absolute path of ``location`` if it stays inside ``base_dir`` (symlinks resolved)."""
-    if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
-        raise ExternalDataError("external data location must be relative to the model folder",
-                                tensor=tensor, file=location)
-    parts = location.replace("\\", "/").split("/")
-    if ".." in parts:
-        raise ExternalDataError("external data location escapes the model folder", tensor=tensor, file=location)
-    real_base = os.path.realpath(base_dir)
-    real = os.path.realpath(os.path.join(base_dir, location))
-    if os.path.commonpath([real, real_base]) != real_base:
-        raise ExternalDataError("external data location resolves outside the model folder (symlink)",
-                                tensor=tensor, file=location)
-    if not os.path.isfile(real):
-        raise ExternalDataError("external data file is missing", tensor=tensor, file=location)
-    return real
+# ---- tensors outside graph.initializer ----------------------------------------------------------
+
+
+def _nested_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    g = model.graph
+    for sp in g.sparse_initializer:
+        yield f"sparse initializer {sp.values.name!r} values", sp.values
+        yield f"sparse initializer {sp.values.name!r} indices", sp.indices
+    yield from _node_tensors(g.node, "graph")
+    for fn in model.functions:
+        yield from _node_tensors(fn.node, f"function {fn.domain}::{fn.name}")
+
+
+def _node_tensors(nodes, scope: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for node in nodes:
+        for a in node.attribute:
+            here = f"{scope} > node {node.name or node.op_type!r} attribute {a.name!r}"
+            if a.HasField("t"):
+                yield here, a.t
+            yield from ((here, t) for t in a.tensors)
+            sparse = ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors)
+            for sp in sparse:
+                yield f"{here} values", sp.values
+                yield f"{here} indices", sp.indices
+            subgraphs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+            for sub in subgraphs:
+                yield from ((f"{here} initializer", t) for t in sub.initializer)
+                for sp in sub.sparse_initializer:
+                    yield f"{here} sparse initializer values", sp.values
+                    yield f"{here} sparse initializer indices", sp.indices
+                yield from _node_tensors(sub.node, here)
+
+
+def inline_nested_external(loaded: LoadedModel, reader) -> int:
+    """Read every nested external tensor into its proto's ``raw_data`` (as ``onnx.load`` would), so
+    evaluators that read subgraph/attribute protos directly (``onnx.reference``) see plain tensors.
+
+    Idempotent; returns how many tensors it inlined. Mutates ``loaded.model``: call it once, before
+    sharing the model between threads. ``reader`` is an :class:`ExternalDataReader`.
+    """
+    done = 0
+    for n in loaded.nested_external:
+        t = n.tensor
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        assert isinstance(n.desc.payload, ExternalPayload)
+        t.raw_data = reader.read_bytes(n.desc).tobytes()
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
+        done += 1
+    return done

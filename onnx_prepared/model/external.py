@@ -1,0 +1,119 @@
+"""Validation of external-data entries, done at load time before anything can read them.
+
+An entry is accepted only if its ``location`` resolves inside the model's folder (no absolute path,
+no ``..`` component, no symlink leading outside; a symlink inside the folder to a file inside is fine),
+names a regular file, ``offset``/``length`` are non-negative decimal integers, ``offset + length`` lies
+within the file and ``length`` equals the tensor's stored size (packed for sub-byte types; an absent
+``length`` means "to the end of the file" and must match too). Checks use ``stat``/``realpath`` only:
+no data file is opened here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import onnx
+
+from onnx_prepared.errors import ExternalDataError
+from onnx_prepared.model.descriptors import ExternalPayload, elem_type_name, expected_nbytes
+
+
+def _is_absolute(location: str) -> bool:
+    # Windows forms too: a model written on Windows must not reach C:\ or \\server\share here either.
+    return (os.path.isabs(location) or location.startswith(("/", "\\"))
+            or (len(location) > 1 and location[1] == ":"))
+
+
+class LocationResolver:
+    """Resolves and stats each distinct ``location`` once per model (thousands of tensors share a file).
+
+    Not thread-safe; one instance per ``load_model`` call.
+    """
+
+    def __init__(self, base_dir: str) -> None:
+        self.base_dir = base_dir
+        self.real_base = os.path.realpath(base_dir)
+        self._ok: dict[str, tuple[str, int]] = {}  # location -> (real path, size); successes only
+
+    def resolve(self, location: str, tensor: str) -> tuple[str, int]:
+        """(absolute real path, file size) of ``location``; raises ExternalDataError naming ``tensor``."""
+        hit = self._ok.get(location)
+        if hit is not None:
+            return hit
+        if "\0" in location:
+            raise ExternalDataError("external data location contains a NUL byte", tensor=tensor, file=location)
+        if _is_absolute(location):
+            raise ExternalDataError("external data location must be relative to the model folder",
+                                    tensor=tensor, file=location)
+        if ".." in location.replace("\\", "/").split("/"):
+            raise ExternalDataError("external data location escapes the model folder ('..')",
+                                    tensor=tensor, file=location)
+        try:
+            real = os.path.realpath(os.path.join(self.base_dir, location))
+            inside = os.path.commonpath([real, self.real_base]) == self.real_base
+        except (OSError, ValueError) as e:
+            raise ExternalDataError(f"cannot resolve external data location: {e}", tensor=tensor,
+                                    file=location) from None
+        if not inside:
+            raise ExternalDataError("external data location resolves outside the model folder (symlink)",
+                                    tensor=tensor, file=location)
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:
+            raise ExternalDataError("external data file is missing", tensor=tensor, file=location) from None
+        except OSError as e:
+            raise ExternalDataError(f"cannot stat external data file: {e.strerror}", tensor=tensor,
+                                    file=location) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ExternalDataError("external data location is not a regular file", tensor=tensor, file=location)
+        self._ok[location] = (real, st.st_size)
+        return real, st.st_size
+
+
+def _parse_uint(value: str, key: str, tensor: str, location: str) -> int:
+    # Strict: int() would also take " 12", "1_000" and "+3", which no producer writes.
+    if not (value.isascii() and value.isdigit()):
+        raise ExternalDataError(f"external data {key} {value!r} is not a non-negative integer",
+                                tensor=tensor, file=location)
+    return int(value)
+
+
+def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str | None = None) -> ExternalPayload:
+    """The validated payload of external tensor ``t``; raises ExternalDataError naming tensor and file.
+
+    ``name`` replaces ``t.name`` in messages (nested tensors are often unnamed).
+    """
+    name = name or t.name
+    info: dict[str, str] = {}
+    for e in t.external_data:
+        info[e.key] = e.value
+    location = info.get("location", "")
+    if not location:
+        raise ExternalDataError("external data entry has no location", tensor=name)
+    dims = tuple(t.dims)
+    try:
+        want = expected_nbytes(t.data_type, dims)
+    except ValueError as e:
+        raise ExternalDataError(f"external tensor has an invalid element type: {e}", tensor=name,
+                                file=location) from None
+    if want is None:
+        raise ExternalDataError("STRING tensors cannot be stored as external data", tensor=name, file=location)
+    if any(d < 0 for d in dims):
+        raise ExternalDataError(f"negative dimension in {list(dims)}", tensor=name, file=location)
+    file, size = resolver.resolve(location, name)
+    offset = _parse_uint(info["offset"], "offset", name, location) if "offset" in info else 0
+    if offset > size:
+        raise ExternalDataError(f"offset {offset} lies past the end of the file ({size} bytes)",
+                                tensor=name, file=location)
+    length = _parse_uint(info["length"], "length", name, location) if "length" in info else size - offset
+    if offset + length > size:
+        raise ExternalDataError(f"offset {offset} + length {length} runs past the end of the file ({size} bytes)",
+                                tensor=name, file=location)
+    if length != want:
+        raise ExternalDataError(
+            f"length {length} does not match {elem_type_name(t.data_type)} x {list(dims)} = {want} bytes",
+            tensor=name,
+            file=location,
+        )
+    return ExternalPayload(file, offset, length, info.get("checksum") or None)
