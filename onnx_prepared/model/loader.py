@@ -28,7 +28,16 @@ from onnx_prepared.model.descriptors import (
 )
 from onnx_prepared.model.external import LocationResolver, external_payload
 
-__all__ = ["LoadedModel", "NestedExternal", "describe", "expected_nbytes", "inline_nested_external", "load_model"]
+__all__ = [
+    "LoadedModel",
+    "NestedExternal",
+    "describe",
+    "describe_model",
+    "expected_nbytes",
+    "inline_nested_external",
+    "load_model",
+    "load_model_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +86,29 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     ExternalPayload(file='/models/m/weights.bin', offset=0, length=16384, checksum=None)
     """
     path = os.fspath(path)
-    model = _parse(path)
-    base_dir = os.path.dirname(os.path.abspath(path))
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file not found: {path!r}") from None
+    except IsADirectoryError:
+        raise ModelLoadError(f"model path is a directory, not a file: {path!r}") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {path!r}: {e.strerror or e}") from None
+    model = _parse(data, repr(path))
+    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path)
+
+
+def load_model_bytes(data: bytes | bytearray | memoryview, base_dir: str | os.PathLike, *,
+                     name: str = "<memory>") -> LoadedModel:
+    """Like :func:`load_model` for a serialized model held in memory; external data resolves in ``base_dir``."""
+    return describe_model(_parse(bytes(data), name), os.fspath(base_dir), path=name)
+
+
+def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path: str = "<memory>") -> LoadedModel:
+    """Describe (and validate) every initializer of an already parsed ``model`` whose external data lives
+    in ``base_dir``; reads no weight byte. ``path`` only names the model in errors and in the result."""
+    base_dir = os.path.abspath(os.fspath(base_dir))
     resolver = LocationResolver(base_dir)
     weights: dict[str, WeightDescriptor] = {}
     for t in model.graph.initializer:
@@ -93,29 +123,21 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested)
 
 
-def _parse(path: str) -> onnx.ModelProto:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ModelLoadError(f"model file not found: {path!r}") from None
-    except IsADirectoryError:
-        raise ModelLoadError(f"model path is a directory, not a file: {path!r}") from None
-    except OSError as e:
-        raise ModelLoadError(f"cannot read model file {path!r}: {e.strerror or e}") from None
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    """``what`` names the source in errors (a quoted path, or ``<memory>``)."""
     if not data:
-        raise ModelLoadError(f"model file is empty: {path!r}")
+        raise ModelLoadError(f"model file is empty: {what}")
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (ProtobufError, RuntimeError, ValueError, TypeError) as e:
-        raise ModelLoadError(f"malformed ONNX protobuf in {path!r} (truncated or not an ONNX model): {e}") from None
+        raise ModelLoadError(f"malformed ONNX protobuf in {what} (truncated or not an ONNX model): {e}") from None
     if not model.HasField("graph"):
-        raise ModelLoadError(f"{path!r} is not an ONNX model (no graph)")
+        raise ModelLoadError(f"{what} is not an ONNX model (no graph)")
     # opset_import (field 8) is serialized after the graph (field 7): a file cut right after the graph
     # still parses, and only this check notices (test_truncated_model_every_cut).
     if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
-        raise ModelLoadError(f"{path!r} declares no opset_import (truncated file or not an ONNX model)")
+        raise ModelLoadError(f"{what} declares no opset_import (truncated file or not an ONNX model)")
     return model
 
 

@@ -18,8 +18,10 @@ from onnx_prepared.model import (
     ExternalDataReader,
     ExternalPayload,
     InlinePayload,
+    describe_model,
     inline_nested_external,
     load_model,
+    load_model_bytes,
 )
 from tests.model.model_builders import Spec, write_model
 
@@ -102,6 +104,24 @@ def test_matches_onnx_external_data_save(tmp_path, one_file):
     with ExternalDataReader() as r:
         for k, v in vals.items():
             np.testing.assert_array_equal(r.read(m.weights[k]), v)
+
+
+def test_load_from_bytes_and_proto(tmp_path):
+    """In-memory models: external data resolves in the given folder, with the same validation."""
+    v = np.arange(5, dtype=np.int32)
+    path = write_model(tmp_path, [Spec("w", v)])
+    with open(path, "rb") as f:
+        blob = f.read()
+    m = load_model_bytes(blob, tmp_path)
+    assert m.path == "<memory>" and m.base_dir == str(tmp_path)
+    np.testing.assert_array_equal(ExternalDataReader().read(m.weights["w"]), v)
+    m2 = describe_model(onnx.load_from_string(blob), tmp_path, path="mine")
+    assert m2.path == "mine" and m2.weights["w"].payload == m.weights["w"].payload
+    with pytest.raises(ExternalDataError, match="external data file is missing"):
+        load_model_bytes(blob, tmp_path / "elsewhere")
+    with pytest.raises(ModelLoadError) as ei:
+        load_model_bytes(blob[:-3], tmp_path)
+    _assert_clean(ei, "<memory>")
 
 
 # ---- bad model files ----------------------------------------------------------------------------
