@@ -38,6 +38,7 @@ import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels._int4 import unpack_bits
+from onnx_prepared.kernels.prepack import PrepackSpec, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
 #: rows of A up to which the fused GEMV is used (above it: dequantized panels + BLAS)
@@ -122,11 +123,10 @@ def prepack_matmul_nbits(
             f"MatMulNBits B must be uint8 [N={N}, k_blocks={kb}, blob_size={blob}], got {B.dtype} {list(B.shape)}"
         )
     start_accelerator_warmup()
-    q = B.reshape(N, kb, blob)
-    # [N, kb, blob] bytes -> [kb, blob, N] -> group each 4 consecutive bytes of a column into one word
-    words = np.ascontiguousarray(q.transpose(1, 2, 0)).reshape(kb, blob // 4, 4, N)
-    w32 = words.astype(np.uint32)
-    packed = w32[:, :, 0] | (w32[:, :, 1] << 8) | (w32[:, :, 2] << 16) | (w32[:, :, 3] << 24)
+    # Little-endian bytes b0..b3 of a block read as one uint32 are exactly the word layout (values low bits
+    # first), so repacking is one transpose [N, kb, words] -> [kb, words, N].
+    q = np.ascontiguousarray(B).reshape(N, kb, blob).view("<u4")
+    packed = np.ascontiguousarray(q.transpose(1, 2, 0)).astype(np.uint32, copy=False)
     s = _as_blocks(scales, N, kb, "scales").astype(np.float32, copy=False)
     if zero_points is None:
         zp = np.float32(1 << (bits - 1))
@@ -137,7 +137,7 @@ def prepack_matmul_nbits(
         zp = _as_blocks(zero_points, N, kb, "zero_points").astype(np.float32)
     offsets = -(zp * s)
     return PackedNBits(
-        layout_key(bits, block_size), K, N, bits, block_size, np.ascontiguousarray(packed),
+        layout_key(bits, block_size), K, N, bits, block_size, packed,
         np.ascontiguousarray(s.T), np.ascontiguousarray(offsets.T.astype(np.float32)),
     )
 
@@ -262,6 +262,45 @@ def matmul_nbits(
         return (y.astype(out_dtype),)
     packed = prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
     return matmul_nbits_packed(A, packed, bias, accuracy_level=accuracy_level)
+
+
+# **** prepack rule (prepared execution) ****
+
+_NODE_INPUTS = ("A", "B", "scales", "zero_points", "g_idx", "bias")
+
+
+@prepack_rule("MatMulNBits", domain="com.microsoft")
+def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
+    """Pack B, scales and (when present) zero points once per session when they are initializers."""
+    has_zp = len(node.input) > 3 and bool(node.input[3])
+    sources = (1, 2, 3) if has_zp else (1, 2)
+    if not set(sources) <= const_inputs or 0 in const_inputs or attrs.get("weight_prepacked", 0):
+        return None
+    try:
+        K, N, bits, bs = int(attrs["K"]), int(attrs["N"]), int(attrs.get("bits", 4)), int(attrs["block_size"])
+        _check_attrs(K, N, bits, bs)
+    except (KeyError, KernelError):
+        return None  # the plain kernel reports the problem when the node runs
+    if const_shapes[1][1] != "uint8" or int(np.prod(const_shapes[1][0])) == 0:
+        return None
+    # positions of the inputs the packed kernel still receives after A, in node order
+    rest = tuple(i for i in range(1, len(node.input)) if i not in sources)
+    level = int(attrs.get("accuracy_level", 0))
+
+    def pack(B, scales, zero_points=None):
+        return prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=bs)
+
+    def run(packed: PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
+        extra = dict(zip((_NODE_INPUTS[i] for i in rest), others))
+        g_idx = extra.get("g_idx")
+        if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // bs):
+            raise KernelError("MatMulNBits with a non-trivial g_idx (act-order) is not supported")
+        return matmul_nbits_packed(A, packed, extra.get("bias"), accuracy_level=level)
+
+    return PrepackSpec(
+        sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,
+        lambda p: np.frombuffer(p.to_bytes(), np.uint8), PackedNBits.from_bytes,
+    )
 
 
 # **** optional numba accelerator ****

@@ -181,3 +181,41 @@ def test_model_written_by_onnxruntime_quantizer():
     (got,) = mm.matmul_nbits(A, *[inits[n] for n in node.input[1:]], **attrs)
     np.testing.assert_allclose(got, want, **_tol(want))
     np.testing.assert_allclose(got, A @ W, atol=0.3 * np.abs(A @ W).max())  # and it approximates the fp32 MatMul
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_prepack_rule_contract(with_zp, with_bias):
+    """The prepared-execution contract: pack(*sources) once, then kernel(packed, A, *other inputs)."""
+    from onnx_prepared.kernels import prepack
+    from onnx_prepared.kernels.binding import parse_attributes
+
+    rng = np.random.default_rng(9)
+    K, N, bs = 72, 12, 32
+    B, scales, zp = _weights(rng, K, N, 4, bs, "packed" if with_zp else "none", False)
+    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+    names = ["A", "B", "S", "Z" if with_zp else "", "", "bias" if with_bias else ""]
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N, bits=4, block_size=bs)
+    consts = {1: B, 2: scales} | ({3: zp} if with_zp else {}) | ({5: bias} if with_bias else {})
+    shapes = {i: (a.shape, a.dtype.name) for i, a in consts.items()}
+    spec = prepack.match(node, parse_attributes(node), frozenset(consts), shapes)
+    assert spec is not None and spec.layout == f"matmul-nbits-q4-kmajor-u32-block32-k{K}-n{N}"
+    assert spec.source_inputs == ((1, 2, 3) if with_zp else (1, 2))
+    packed = spec.pack(*[consts[i] for i in spec.source_inputs])
+    packed = spec.from_bytes(spec.to_bytes(packed))  # as a persisted cache entry would come back
+    values = {0: rng.standard_normal((2, K)).astype(np.float32)} | consts
+    others = [values.get(i) if n else None for i, n in enumerate(names) if i not in spec.source_inputs]
+    (got,) = spec.kernel(packed, *others)
+    want = _ort(values[0], B, scales, zp, bias, K=K, N=N, bits=4, block_size=bs)
+    np.testing.assert_allclose(got, want, **_tol(want))
+
+
+def test_prepack_rule_declines_non_constant_weights():
+    from onnx_prepared.kernels import prepack
+    from onnx_prepared.kernels.binding import parse_attributes
+
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=32, N=4, block_size=32)
+    shapes = {2: ((4, 1), "float32")}
+    assert prepack.match(node, parse_attributes(node), frozenset(shapes), shapes) is None
