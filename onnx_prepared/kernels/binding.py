@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_prepared.errors import UnsupportedOpError
+from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
 from onnx_prepared.kernels import registry
 from onnx_prepared.kernels.fallback import FallbackEnv, bind_fallback
 
@@ -115,6 +115,8 @@ def bind_node(
             return BoundKernel(call, spec.name, False)
     try:
         call = bind_fallback(node, opsets, functions or {}, implicit, env)
+    except (ModelLoadError, UnsupportedOpError):
+        raise  # a broken or unsupported subgraph: its own error names the inner node
     except Exception as e:
         raise UnsupportedOpError(
             f"no kernel for node {node.name!r} op {domain or 'ai.onnx'}::{node.op_type} at opset {opset}: "

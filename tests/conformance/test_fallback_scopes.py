@@ -255,3 +255,21 @@ def test_fallback_env_builds_model_functions_lazily():
 def test_unknown_op_is_unsupported_at_bind_time(node, opsets, match):
     with pytest.raises(UnsupportedOpError, match=match):
         bind_node(node, opsets)
+
+
+def test_broken_subgraph_is_a_load_error_naming_the_inner_node():
+    body = helper.make_graph([helper.make_node("Neg", ["p"], ["q"], name="in_a"),
+                              helper.make_node("Neg", ["q"], ["p"], name="in_b")],
+                             "then", [], [_vi("q", F, [2])])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)],
+                   [_vi("c", TensorProto.BOOL, [])], [_vi("y", F, [2])])
+    with pytest.raises(onnx_prepared.ModelLoadError, match="cycle"):
+        onnx_prepared.InferenceSession(model)
+
+
+def test_unsupported_op_inside_a_subgraph_names_it():
+    body = helper.make_graph([helper.make_node("NoSuchOp", ["c"], ["q"])], "then", [], [_vi("q", F, [2])])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)],
+                   [_vi("c", TensorProto.BOOL, [])], [_vi("y", F, [2])])
+    with pytest.raises(UnsupportedOpError, match="NoSuchOp"):
+        onnx_prepared.InferenceSession(model)
