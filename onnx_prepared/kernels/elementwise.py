@@ -68,13 +68,13 @@ def mod(a: np.ndarray, b: np.ndarray, *, fmod: int = 0) -> tuple[np.ndarray]:
 def _variadic(ufunc: np.ufunc, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     if len(inputs) == 1:
         return inputs[0]
-    y = ufunc(inputs[0], inputs[1])
+    y = np.asarray(ufunc(inputs[0], inputs[1]))  # fresh (0-d results come back as scalars)
     for x in inputs[2:]:
-        if np.ndim(y) >= np.ndim(x) and np.shape(y) == np.broadcast_shapes(np.shape(y), x.shape):
+        if y.shape == np.broadcast_shapes(y.shape, x.shape):
             ufunc(y, x, out=y)  # y is fresh and already has the final shape: no new buffer
         else:
-            y = ufunc(y, x)
-    return np.asarray(y)
+            y = np.asarray(ufunc(y, x))
+    return y
 
 
 @kernel("Max", since=8)

@@ -166,6 +166,9 @@ def split_18(
 
 
 def _slice(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> np.ndarray:
+    """Python slicing already clamps like ONNX (negative values count from the end) with one exception:
+    a negative step whose start lies before ``-dim``, which ONNX clamps to 0 (element 0 included) and
+    Python to "before 0" (nothing)."""
     if len(starts) != len(ends):
         raise ValueError(f"Slice has {len(starts)} starts but {len(ends)} ends")
     axes = axes or list(range(len(starts)))
@@ -173,19 +176,9 @@ def _slice(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], s
     index = [slice(None)] * x.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps):
         axis = _axis(axis, x.ndim)
-        dim = x.shape[axis]
-        if step == 0:
-            raise ValueError("Slice step cannot be 0")
-        start = start + dim if start < 0 else start
-        end = end + dim if end < 0 else end
-        if step > 0:
-            index[axis] = slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
-        else:
-            # ONNX clamps start to [0, dim-1] and end to [-1, dim-1]; -1 means "before index 0",
-            # which Python spells as None.
-            start = min(max(start, 0), dim - 1)
-            end = min(max(end, -1), dim - 1)
-            index[axis] = slice(start, end if end >= 0 else None, step) if dim else slice(0, 0)
+        if step < 0 and start < -x.shape[axis]:
+            start = 0
+        index[axis] = slice(start, end, step)
     return x[tuple(index)]
 
 
@@ -232,6 +225,16 @@ def range_(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> tuple[np.
     if dtype.kind in "iu":
         return (np.arange(start.item(), limit.item(), delta.item(), dtype=dtype),)
     return (np.arange(start.item(), limit.item(), delta.item()).astype(dtype),)
+
+
+@kernel("Range", since=27)
+def range_27(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, *, stash_type: int = 1) -> tuple[np.ndarray]:
+    """``stash_type`` (float or double) is the compute type for float16/bfloat16 inputs."""
+    if start.dtype.name not in ("float16", "bfloat16"):
+        return range_(start, limit, delta)
+    work = np.float64 if stash_type == onnx.TensorProto.DOUBLE else np.float32
+    values = [work(v.item()) for v in (start, limit, delta)]
+    return (np.arange(*values, dtype=work).astype(start.dtype),)
 
 
 # **** Constant, ConstantOfShape ****

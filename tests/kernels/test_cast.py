@@ -33,7 +33,8 @@ def _values_for(to: int) -> np.ndarray:
 @pytest.mark.parametrize("to", STANDARD, ids=_name)
 @pytest.mark.parametrize("src", [np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])
 def test_cast_standard_types(src, to):
-    x = _values_for(to).astype(src) if np.dtype(src).kind == "f" else np.array([0, 1, 2, 7, 100, 3], dtype=src)
+    with np.errstate(over="ignore"):  # 1e5 becomes inf in float16, on purpose
+        x = _values_for(to).astype(src) if np.dtype(src).kind == "f" else np.array([0, 1, 2, 7, 100, 3], dtype=src)
     check("Cast", [x.reshape(-1, 1)], opset=13, to=to)
 
 
@@ -41,7 +42,8 @@ def test_cast_standard_types(src, to):
 @pytest.mark.parametrize("saturate", [0, 1])
 @pytest.mark.parametrize("src", [np.float32, np.float16])
 def test_cast_float8_saturate(src, to, saturate):
-    x = np.concatenate([FLOATS, SPECIAL, [448.0, 500.0, -1000.0, 57344.0, 60000.0]]).astype(src)
+    with np.errstate(over="ignore"):
+        x = np.concatenate([FLOATS, SPECIAL, [448.0, 500.0, -1000.0, 57344.0, 60000.0]]).astype(src)
     (y,) = check("Cast", [x], opset=19, to=to, saturate=saturate)
     assert y.dtype == helper.tensor_dtype_to_np_dtype(to)
 

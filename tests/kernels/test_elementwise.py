@@ -113,7 +113,9 @@ def test_variadic_same_shape(op, n):
 
 @pytest.mark.parametrize("op", ["Max", "Min", "Sum", "Mean"])
 @pytest.mark.parametrize(
-    "shapes", [[(3, 1, 4), (1, 2, 1)], [(3, 1, 4), (1, 2, 1), (4,)], [(4,), (4,), (2, 4)], [(), (3,), (2, 3), (2, 1)]]
+    "shapes",
+    [[(3, 1, 4), (1, 2, 1)], [(3, 1, 4), (1, 2, 1), (4,)], [(4,), (4,), (2, 4)], [(), (3,), (2, 3), (2, 1)],
+     [(), (), ()]],
 )
 def test_variadic_broadcasting(op, shapes):
     """Multidirectional broadcasting (opset 8+); the result may widen after the first pair.

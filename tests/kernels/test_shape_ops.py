@@ -284,6 +284,15 @@ def test_range(start, limit, delta, dtype):
     assert y.dtype == dtype
 
 
+@pytest.mark.parametrize("stash_type", [None, TensorProto.FLOAT, TensorProto.DOUBLE])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int32])
+def test_range_27_stash_type(stash_type, dtype):
+    attrs = {} if stash_type is None else {"stash_type": stash_type}
+    inputs = [np.array(v, dtype) for v in ((1000, 1010, 3) if dtype == np.int32 else (1000.0, 1010.0, 2.5))]
+    (y,) = check("Range", inputs, opset=27, **attrs)
+    assert y.dtype == dtype
+
+
 # **** Constant / ConstantOfShape ****
 
 
