@@ -94,6 +94,8 @@ class InferenceSession:
         init_names = set(self._model.weights) | {sp.values.name for sp in g.sparse_initializer}
         self._inputs = [NodeArg(i.name, _shape(i.type), _type_string(i.type)) for i in g.input
                         if i.name not in init_names]
+        self._overridable = [NodeArg(i.name, _shape(i.type), _type_string(i.type)) for i in g.input
+                             if i.name in init_names]
         self._input_types = {i.name: i.type for i in g.input}
         self._outputs = [NodeArg(o.name, _shape(o.type), _type_string(o.type)) for o in g.output]
         # Issue 2 runtime core: constants are read once at session creation (prepared execution
@@ -118,7 +120,8 @@ class InferenceSession:
         return list(self._outputs)
 
     def get_overridable_initializers(self) -> list[NodeArg]:
-        return []
+        """Graph inputs with an initializer default: feeding one overrides the initializer."""
+        return list(self._overridable)
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]

@@ -89,9 +89,6 @@ class FallbackEnv:
             return SubgraphEvaluator(proto, self)
         return _Evaluator(proto, opsets=opsets, functions=functions, verbose=verbose, new_ops=new_ops, **kw)
 
-    def has_function(self, domain: str, op_type: str) -> bool:
-        return (domain, op_type) in self._function_protos
-
     def load(self, node: onnx.NodeProto, input_types: Sequence[onnx.TypeProto] | None = None) -> Callable:
         """The ``OpRun`` class (or factory) implementing ``node``; RuntimeContextError if it needs types."""
         domain = "" if node.domain == "ai.onnx" else node.domain

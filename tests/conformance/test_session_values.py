@@ -101,3 +101,17 @@ def test_model_from_bytes_proto_and_path_agree(tmp_path):
 def test_malformed_bytes_are_a_load_error():
     with pytest.raises(ModelLoadError, match="malformed"):
         onnx_prepared.InferenceSession(b"\x0a\xff\xff\xff not a model")
+
+
+def test_initializer_backed_input_is_overridable():
+    w = onnx.numpy_helper.from_array(np.full(2, 10.0, np.float32), "w")
+    x = helper.make_tensor_value_info("x", F, [2])
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [x, helper.make_tensor_value_info("w", F, [2])], [helper.make_tensor_value_info("y", F, [2])],
+                          [w])
+    sess = onnx_prepared.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert [i.name for i in sess.get_inputs()] == ["x"]
+    assert [i.name for i in sess.get_overridable_initializers()] == ["w"]
+    ones = np.ones(2, np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": ones})[0], [11.0, 11.0])
+    np.testing.assert_array_equal(sess.run(None, {"x": ones, "w": ones})[0], [2.0, 2.0])
