@@ -190,7 +190,8 @@ class RuntimeScheduler:
         """Call ``callback(task)`` once the task is terminal (now, on this thread, if it already is).
 
         Otherwise it runs on the thread that finished the task, outside the lock, after the task's
-        dependents were released; exceptions are logged.
+        dependents were released and before any submission it completed is signalled (so ``wait()``
+        returns after it); exceptions are logged.
         """
         with self._lock:
             if task.state not in TERMINAL:
@@ -700,11 +701,11 @@ class RuntimeScheduler:
         while True:
             for t in fx.starts:
                 t._queue.pool.submit(self._drain, t)  # type: ignore[union-attr]
-            for sub in fx.subs:
-                self._finalize(sub)
-            for cbs, t in fx.callbacks:
+            for cbs, t in fx.callbacks:  # before submissions complete: wait() returns after them
                 for cb in cbs:
                     _call_logged(cb, t)
+            for sub in fx.subs:
+                self._finalize(sub)
             inline.extend(fx.inline)
             if not inline:
                 return

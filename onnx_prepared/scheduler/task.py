@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 class Priority(IntEnum):
     """Scheduling class; a lower value is more urgent."""
 
-    def __str__(self) -> str:
-        return self.name
-
     CRITICAL = 0  # inference, and any producer chain an inference is waiting for
     PREFETCH = 1  # preparation inside the look-ahead window
     BACKGROUND = 2  # preparation outside the window, cache writes, optional variants
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Resource(str, Enum):
