@@ -12,6 +12,7 @@ outputs are written to it and the same action clears it again, so the loop needs
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,7 +50,7 @@ class ExecutionPlan:
     constant_slots: dict[str, int]  # initializer name -> slot
     actions: tuple[ExecuteAction, ...]
     node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
-    # (call, inputs, outputs, release, action) per action: what replay unpacks, nothing else
+    # per action, what replay unpacks and nothing else: see _step()
     steps: tuple[tuple, ...] = field(default=(), repr=False, compare=False)
 
     @property
@@ -75,30 +76,37 @@ class ExecutionPlan:
         """
         if on_release is not None or on_step is not None:
             return self._replay_traced(values, on_release, on_step)
-        for call, ins, outs, rel, act in self.steps:
-            args = [values[i] for i in ins]
+        for call, n_in, arg, out, outs, rel, act in self.steps:
             try:
-                res = call(*args)
+                if n_in == 1:
+                    res = call(values[arg])
+                elif n_in:
+                    res = call(*arg(values))
+                else:
+                    res = call()
+                if out >= 0:
+                    values[out] = res[0]
+                else:
+                    for slot, v in zip(outs, res):
+                        values[slot] = v
             except Exception as e:
-                raise self.kernel_error(act, args, e) from e
-            for slot, v in zip(outs, res):
-                values[slot] = v
+                raise self.kernel_error(act, [values[i] for i in act.inputs], e) from e
             for slot in rel:
                 values[slot] = None
         return None
 
     def _replay_traced(self, values: list, on_release, on_step) -> None:
-        for call, ins, outs, rel, act in self.steps:
-            args = [values[i] for i in ins]
+        for act in self.actions:
+            args = [values[i] for i in act.inputs]
             try:
-                res = call(*args)
+                res = act.kernel.call(*args)
+                for slot, v in zip(act.outputs, res):
+                    values[slot] = v
             except Exception as e:
                 raise self.kernel_error(act, args, e) from e
-            for slot, v in zip(outs, res):
-                values[slot] = v
             if on_step is not None:
                 on_step(act, values)
-            for slot in rel:
+            for slot in act.release:
                 values[slot] = None
                 if on_release is not None:
                     on_release(slot)
@@ -108,6 +116,16 @@ class ExecutionPlan:
         sig = ", ".join(_describe(a) for a in args)
         return KernelError(f"node {self.node_labels[act.node_index]} [{act.kernel.name}] failed on inputs ({sig}): "
                            f"{type(e).__name__}: {e}")
+
+
+def _step(act: ExecuteAction) -> tuple:
+    """``(call, n_in, arg, out, outs, release, action)``: arity-specialised so the replay loop avoids
+    building an argument list (``arg`` is the slot for one input, an itemgetter for several) and a zip
+    for the common single output (``out`` is its slot, or -1 when there are several)."""
+    ins = act.inputs
+    arg = ins[0] if len(ins) == 1 else (operator.itemgetter(*ins) if ins else None)
+    out = act.outputs[0] if len(act.outputs) == 1 else -1
+    return (act.kernel.call, len(ins), arg, out, act.outputs, act.release, act)
 
 
 def _describe(a: object) -> str:
@@ -199,7 +217,7 @@ def build_execution_plan(
     names = [""] * len(slots)
     for n, s in slots.items():
         names[s] = n
-    steps = tuple((a.kernel.call, a.inputs, a.outputs, a.release, a) for a in actions)
+    steps = tuple(_step(a) for a in actions)
     return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels, steps)
 
 
