@@ -68,6 +68,27 @@ def test_chain_peak_live_bytes_stays_two_activations():
     np.testing.assert_array_equal(values[plan.output_slots[0]], x * 2.0**n)
 
 
+def test_hot_path_releases_too():
+    # No hooks: the kernels themselves look at the run's value list when they are called.
+    n = 8
+    values_box: list[list] = []
+    seen: list[int] = []
+
+    def spying_double(a):
+        seen.append(live_bytes(values_box[0]))
+        return (a * 2.0,)
+
+    plan = build_execution_plan(_graph(_chain(n)), OPSETS, bind=lambda node: BoundKernel(spying_double, "spy", False))
+    x = np.ones((32, 32), dtype=np.float32)
+    values = plan.new_values()
+    values[plan.input_slots[0]] = x
+    values_box.append(values)
+    plan.replay(values)
+    # at each call: the input x plus at most the one activation being read
+    assert seen == [x.nbytes] + [2 * x.nbytes] * (n - 1)
+    assert live_bytes(values) == 2 * x.nbytes
+
+
 def test_value_is_released_by_its_last_reader():
     # x -> a; a -> b; (a, b) -> y: `a` must live until the third node, `b` is freed there too.
     nodes = [
