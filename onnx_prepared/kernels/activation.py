@@ -77,6 +77,60 @@ def sigmoid(x: np.ndarray) -> tuple[np.ndarray]:
     return (_back(y, x.dtype),)
 
 
+@kernel("PRelu", since=7)
+def prelu(x: np.ndarray, slope: np.ndarray) -> tuple[np.ndarray]:
+    """``slope`` broadcasts unidirectionally to ``x`` (e.g. (C, 1, 1) against NCHW)."""
+    y = np.asarray(np.multiply(x, slope))
+    np.copyto(y, x, where=x >= 0)
+    return (y,)
+
+
+@kernel("Softplus", since=1)
+def softplus(x: np.ndarray) -> tuple[np.ndarray]:
+    """``log(1 + exp(x))`` without overflow."""
+    y = _work(x)
+    np.logaddexp(0, y, out=y)
+    return (_back(y, x.dtype),)
+
+
+@kernel("Softsign", since=1)
+def softsign(x: np.ndarray) -> tuple[np.ndarray]:
+    y = _work(x)
+    d = np.abs(y)
+    d += 1
+    y /= d
+    return (_back(y, x.dtype),)
+
+
+@kernel("Selu", since=6)
+def selu(x: np.ndarray, *, alpha: float = 1.67326319217681884765625,
+         gamma: float = 1.05070102214813232421875) -> tuple[np.ndarray]:
+    y = _work(x)
+    neg = y <= 0
+    np.expm1(y, out=y, where=neg)
+    np.multiply(y, alpha, out=y, where=neg)
+    y *= gamma
+    return (_back(y, x.dtype),)
+
+
+@kernel("ThresholdedRelu", since=10)
+def thresholded_relu(x: np.ndarray, *, alpha: float = 1.0) -> tuple[np.ndarray]:
+    y = np.array(x, copy=True)
+    y[~(x > alpha)] = 0
+    return (y,)
+
+
+@kernel("HardSwish", since=14)
+def hard_swish(x: np.ndarray) -> tuple[np.ndarray]:
+    """``x * max(0, min(1, x / 6 + 1 / 2))``."""
+    w = _work(x)
+    t = w * (1.0 / 6.0)
+    t += 0.5
+    np.clip(t, 0, 1, out=t)
+    t *= w
+    return (_back(t, x.dtype),)
+
+
 @kernel("Tanh", since=6)
 def tanh(x: np.ndarray) -> tuple[np.ndarray]:
     return (np.asarray(np.tanh(x)),)

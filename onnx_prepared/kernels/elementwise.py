@@ -138,6 +138,55 @@ def log(x: np.ndarray) -> tuple[np.ndarray]:
         return (np.asarray(np.log(x)),)
 
 
+@kernel("Sin", since=7)
+def sin(x: np.ndarray) -> tuple[np.ndarray]:
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(np.sin(x)),)
+
+
+@kernel("Cos", since=7)
+def cos(x: np.ndarray) -> tuple[np.ndarray]:
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(np.cos(x)),)
+
+
+@kernel("Floor", since=6)
+def floor(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.floor(x)),)
+
+
+@kernel("Ceil", since=6)
+def ceil(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.ceil(x)),)
+
+
+@kernel("Round", since=11)
+def round_(x: np.ndarray) -> tuple[np.ndarray]:
+    """Halves round to even, as ``np.round`` does."""
+    return (np.asarray(np.round(x)),)
+
+
+@kernel("Sign", since=9)
+def sign(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.sign(x)),)
+
+
+@kernel("IsNaN", since=9)
+def isnan(x: np.ndarray) -> tuple[np.ndarray]:
+    return (np.asarray(np.isnan(x)),)
+
+
+@kernel("IsInf", since=10)
+def isinf(x: np.ndarray, *, detect_negative: int = 1, detect_positive: int = 1) -> tuple[np.ndarray]:
+    if detect_negative and detect_positive:
+        return (np.asarray(np.isinf(x)),)
+    if detect_positive:
+        return (np.asarray(np.isposinf(x)),)
+    if detect_negative:
+        return (np.asarray(np.isneginf(x)),)
+    return (np.zeros(np.shape(x), dtype=bool),)
+
+
 # **** comparison and logic (bool results) ****
 
 

@@ -111,6 +111,13 @@ def tile(x: np.ndarray, repeats: np.ndarray) -> tuple[np.ndarray]:
     return (np.tile(x, reps) if x.ndim else x.copy(),)
 
 
+@kernel("Trilu", since=14)
+def trilu(x: np.ndarray, k: np.ndarray | None = None, *, upper: int = 1) -> tuple[np.ndarray]:
+    """Keep the upper (or lower) triangle of the last two dims, offset by diagonal ``k``."""
+    diagonal = 0 if k is None else int(k.item())
+    return (np.triu(x, diagonal) if upper else np.tril(x, diagonal),)
+
+
 # **** Gather, Concat, Split, Slice ****
 
 

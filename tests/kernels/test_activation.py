@@ -175,3 +175,22 @@ def test_gelu(approximate, dtype):
     assert y.dtype == dtype and y.shape == x.shape
     tol = 2e-3 if dtype == np.float16 else 1e-6
     np.testing.assert_allclose(y.astype(np.float64), _gelu_exact(x, approximate or "none"), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize(
+    ("op", "opset", "attrs"),
+    [("Softplus", 1, {}), ("Softsign", 1, {}), ("Selu", 6, {}), ("Selu", 6, {"alpha": 2.0, "gamma": 3.0}),
+     ("ThresholdedRelu", 10, {}), ("ThresholdedRelu", 10, {"alpha": 0.5}), ("HardSwish", 14, {})],
+)
+def test_more_activations(op, opset, attrs, dtype):
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    check(op, [_rand((3, 7), dtype)], opset=opset, rtol=tol, atol=tol * 1e-3, **attrs)
+    check(op, [np.array([0.0, 50.0, -50.0, 1e4, -1e4], dtype)], opset=opset, rtol=tol, atol=1e-7, **attrs)
+
+
+@pytest.mark.parametrize(("xs", "ss"), [((2, 3, 4, 4), (3, 1, 1)), ((2, 3), (3,)), ((2, 3), ()), ((4,), (4,)),
+                                        ((2, 3, 4), (1, 1, 4))])
+def test_prelu_unidirectional_slope(xs, ss):
+    check("PRelu", [_rand(xs), _rand(ss)], opset=16)
+    check("PRelu", [_rand(xs), _rand(ss)], opset=9)

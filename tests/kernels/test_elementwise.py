@@ -181,3 +181,24 @@ def test_logic(op):
 def test_not():
     check("Not", [RNG.integers(0, 2, (3, 4)).astype(bool)], opset=1)
     check("Not", [np.array(True)], opset=1)
+
+
+@pytest.mark.parametrize(("op", "opset"), [("Sin", 7), ("Cos", 7), ("Floor", 13), ("Ceil", 13), ("Round", 11),
+                                           ("Sign", 13), ("IsNaN", 13), ("IsInf", 10)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_more_unary(op, opset, dtype):
+    x = np.concatenate([_rand((20,), np.float32) * 3, [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0]]).astype(dtype)
+    check(op, [x], opset=opset, rtol=1e-3 if dtype == np.float16 else 1e-6)
+    if op not in ("Sin", "Cos"):
+        check(op, [np.array([np.inf, -np.inf, np.nan, 1.0], dtype)], opset=opset)
+
+
+@pytest.mark.parametrize(("neg", "pos"), [(0, 1), (1, 0), (0, 0)])
+def test_isinf_detect_flags(neg, pos):
+    x = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    check("IsInf", [x], opset=10, detect_negative=neg, detect_positive=pos)
+
+
+def test_sign_integers():
+    check("Sign", [np.array([-3, 0, 5], np.int32)], opset=13)
+    check("Sign", [np.array([0, 7], np.uint8)], opset=13)

@@ -337,3 +337,11 @@ def test_constant_opset9():
 def test_constant_of_shape(shape, value):
     attrs = {} if value is None else {"value": value}
     check("ConstantOfShape", [np.array(shape, I64)], opset=21, **attrs)
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, 0, 1, -1, 5, -5])
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 3), (0, 3)])
+def test_trilu(upper, k, shape):
+    inputs = [_rand(*shape)] + ([] if k is None else [np.array(k, I64)])
+    check("Trilu", inputs, opset=14, upper=upper)
