@@ -2,7 +2,7 @@
 
 Each kernel allocates one output buffer and works in place on it. Half-precision inputs of
 activations are computed in float32 and cast back (one rounding; float16 ``exp`` overflows at 11).
-numpy has no ``erf``; :func:`_erf` is a float32 rational approximation (max error 7 ulp, computed in
+numpy has no ``erf``; :func:`_erf_inplace` is a float32 rational approximation (max error 7 ulp, computed in
 float32) and float64 inputs use ``math.erf`` exactly.
 """
 

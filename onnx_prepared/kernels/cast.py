@@ -33,9 +33,11 @@ def _cast(x: np.ndarray, to: int, saturate: int, round_mode: str) -> np.ndarray:
     if x.dtype == dtype:
         return x
     if to in _FLOAT8 and saturate:
-        return numpy_helper.saturate_cast(x, dtype)
+        return np.asarray(numpy_helper.saturate_cast(x, dtype))  # 0-d inputs come back as scalars
     if to == _E8M0:
-        return numpy_helper.to_float8e8m0(x, bool(saturate), round_mode).astype(dtype)
+        # NOTE: onnx's converter indexes into its masks, which fails for 0-d inputs: convert flat.
+        flat = numpy_helper.to_float8e8m0(x.reshape(-1), bool(saturate), round_mode)
+        return flat.astype(dtype).reshape(x.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         return np.asarray(x.astype(dtype))
 
