@@ -18,6 +18,9 @@ Methods (every copying method reads into a fresh ``np.empty`` buffer per tensor,
   pages are resident (without the touch a view costs nothing and proves nothing); the consumer
   still has to read the bytes later, from the mapping
 
+Figures on the shared 2-core VM are noisy (other jobs, host-side caching behind the virtual disk):
+compare ``vs preadv`` within one run, prefer ``best`` when the machine is busy, and repeat.
+
     python benchmarks/read_path.py [--size-mb 1024] [--rounds 3] [--dir DIR] [--json]
 """
 
@@ -321,6 +324,9 @@ def print_table(res: dict) -> None:
         fr = res["resident_before"][s]
         if fr:
             print(f"  page-cache resident before {s} passes: min {min(fr):.1%} max {max(fr):.1%}")
+    cold = res["resident_before"]["cold"]
+    if cold and max(cold) > 0.05:
+        print("  WARNING: eviction did not work (file still resident before a cold pass): cold figures are warm")
     print(f"{'method':<16} {'cold GB/s':>10} {'(best)':>8} {'vs preadv':>10}   {'warm GB/s':>10} {'(best)':>8} "
           f"{'vs preadv':>10}")
     for m, r in res["methods"].items():

@@ -1,7 +1,7 @@
 """Metadata-only model loading: parse the protobuf, describe every initializer, read no weight byte.
 
 The ``.onnx`` file itself is read whole (graph, metadata and inline tensors live there); external data
-files are only resolved and stat-ed, never opened (``tests/model/test_loader.py::test_load_opens_no_data_file``).
+files are only resolved and stat-ed, never opened (``tests/model/test_model_loader.py::test_load_opens_no_data_file``).
 Every external entry is validated here (see :mod:`onnx_prepared.model.external`), so a reader never
 sees an escaping location or an out-of-bounds range. Errors are :class:`ModelLoadError` (or its
 subclass :class:`ExternalDataError`) naming the model path or the tensor and file, raised ``from None``
@@ -27,6 +27,7 @@ from onnx_prepared.model.descriptors import (
     expected_nbytes,
 )
 from onnx_prepared.model.external import LocationResolver, external_payload
+from onnx_prepared.model.reader import ExternalDataReader
 
 __all__ = [
     "LoadedModel",
@@ -201,12 +202,12 @@ def _node_tensors(nodes, scope: str) -> Iterator[tuple[str, onnx.TensorProto]]:
                 yield from _node_tensors(sub.node, here)
 
 
-def inline_nested_external(loaded: LoadedModel, reader) -> int:
+def inline_nested_external(loaded: LoadedModel, reader: ExternalDataReader) -> int:
     """Read every nested external tensor into its proto's ``raw_data`` (as ``onnx.load`` would), so
     evaluators that read subgraph/attribute protos directly (``onnx.reference``) see plain tensors.
 
     Idempotent; returns how many tensors it inlined. Mutates ``loaded.model``: call it once, before
-    sharing the model between threads. ``reader`` is an :class:`ExternalDataReader`.
+    sharing the model between threads.
     """
     done = 0
     for n in loaded.nested_external:

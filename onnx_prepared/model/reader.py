@@ -1,11 +1,12 @@
 """On-demand reads of one weight's bytes into a numpy array.
 
-``os.preadv`` into a preallocated buffer is the read path. ``benchmarks/read_path.py`` measured it
-against ``readinto``, ``mmap`` (copy out, and zero-copy views) and two parallel preads per tensor on
-a 1 GB file: cold, preadv was about 2x faster than mmap (readahead serves large explicit reads better
-than page faults), and the parallel variants did not beat it; warm, preadv and mmap-copy were equal.
-Only a zero-copy mapping is faster warm, and it would make a file that shrinks after load a SIGBUS
-instead of an :class:`ExternalDataError`, so it is not used.
+``os.preadv`` (one call per tensor) into a preallocated buffer is the read path. ``benchmarks/read_path.py``
+measured it against ``readinto``, ``mmap`` (copy out, and zero-copy views), two parallel preads per
+tensor and ``FADV_SEQUENTIAL`` on a 1 GB file in 4-64 MB tensors: cold, preadv was 2-3x faster than
+either mmap variant (readahead serves large explicit reads better than page faults) and no parallel or
+hinted variant beat it; warm, preadv, readinto and mmap-copy were equal (memcpy-bound). Only a
+zero-copy mapping is faster warm, because it moves no byte; it would also turn a file that shrinks
+after load into a SIGBUS instead of an :class:`ExternalDataError`, so it is not used.
 """
 
 from __future__ import annotations
