@@ -50,8 +50,11 @@ class ExecutionPlan:
     constant_slots: dict[str, int]  # initializer name -> slot
     actions: tuple[ExecuteAction, ...]
     node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
-    # per action, what replay unpacks and nothing else: see _step()
-    steps: tuple[tuple, ...] = field(default=(), repr=False, compare=False)
+    # per action, what replay unpacks and nothing else (derived from actions): see _step()
+    steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(_step(a) for a in self.actions))
 
     @property
     def n_slots(self) -> int:
@@ -217,8 +220,7 @@ def build_execution_plan(
     names = [""] * len(slots)
     for n, s in slots.items():
         names[s] = n
-    steps = tuple(_step(a) for a in actions)
-    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels, steps)
+    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels)
 
 
 def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:

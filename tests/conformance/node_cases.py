@@ -31,6 +31,10 @@ def load_cases() -> tuple:
     return tuple(sorted(cases, key=lambda c: c.name))
 
 
+#: Reason prefix in known_failures.txt for ops with random outputs (never comparable, sometimes equal by chance).
+RANDOM = "random output"
+
+
 def known_failures(path: str = KNOWN_FAILURES_FILE) -> dict[str, str]:
     """``test_name  # reason`` lines -> {name: reason}; blank lines and ``#`` comment lines ignored."""
     out: dict[str, str] = {}
@@ -97,9 +101,21 @@ def _assert_similar(ref: Any, out: Any, rtol: float, atol: float, where: str) ->
     np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=where)
 
 
-def run_case(make_session, case) -> None:
+def assert_same_structure(expected: Sequence[Any], got: Sequence[Any]) -> None:
+    """For random ops: same output count, shapes and dtypes; the values cannot be compared."""
+    assert len(got) == len(expected), f"{len(got)} outputs, expected {len(expected)}"
+    for i, (ref, out) in enumerate(zip(expected, got)):
+        ref = to_value(ref)
+        assert isinstance(out, np.ndarray), f"output {i}: got {type(out).__name__}, expected ndarray"
+        assert (out.shape, out.dtype) == (ref.shape, ref.dtype), f"output {i}: {out.dtype}{out.shape}"
+
+
+def run_case(make_session, case, *, structure_only: bool = False) -> None:
     """Run every data set of ``case`` through ``make_session(model).run(None, feeds)`` and compare."""
     sess = make_session(case.model)
     for inputs, expected in case.data_sets:
         got = sess.run(None, feeds_of(case.model, inputs))
-        assert_similar_outputs(expected, got, case.rtol, case.atol)
+        if structure_only:
+            assert_same_structure(expected, got)
+        else:
+            assert_similar_outputs(expected, got, case.rtol, case.atol)

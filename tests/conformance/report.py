@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a file: make `tests.conformance` importa
 
 import numpy as np
 
-from tests.conformance.node_cases import known_failures, load_cases, run_case
+from tests.conformance.node_cases import RANDOM, known_failures, load_cases, run_case
 
 
 class _OrtSession:
@@ -46,11 +46,18 @@ def _reason(e: BaseException) -> str:
 
 
 def evaluate(make_session, cases) -> dict[str, str | None]:
-    """{case name: None if it passed, else a one-line reason}."""
+    """{case name: None if it passed, else a one-line reason}.
+
+    Random-output cases count as failed for every runtime: their values match only by chance.
+    """
+    known = known_failures()
     out: dict[str, str | None] = {}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         for case in cases:
+            if known.get(case.name, "").startswith(RANDOM):
+                out[case.name] = "random output (values not comparable)"
+                continue
             try:
                 run_case(make_session, case)
             except Exception as e:
