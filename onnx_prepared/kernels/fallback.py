@@ -411,4 +411,17 @@ class If(_RefIf):
         return tuple(branch(context, attributes=attributes, bindings=bindings))
 
 
-_PATCHES: dict[tuple[str, str], type[OpRun]] = {("", "Optional"): Optional, ("", "Loop"): Loop, ("", "If"): If}
+class GlobalLpPool(OpRun):
+    """Missing from onnx.reference: the p-norm over all spatial axes, kept as size-1 axes."""
+
+    op_domain = ""
+
+    def _run(self, x, p=None):
+        axes = tuple(range(2, x.ndim))
+        p = 2 if p is None else p
+        return ((np.sum(np.abs(x) ** p, axis=axes, keepdims=True) ** (1.0 / p)).astype(x.dtype),)
+
+
+_PATCHES: dict[tuple[str, str], type[OpRun]] = {
+    ("", "Optional"): Optional, ("", "Loop"): Loop, ("", "If"): If, ("", "GlobalLpPool"): GlobalLpPool,
+}

@@ -273,3 +273,12 @@ def test_unsupported_op_inside_a_subgraph_names_it():
                    [_vi("c", TensorProto.BOOL, [])], [_vi("y", F, [2])])
     with pytest.raises(UnsupportedOpError, match="NoSuchOp"):
         onnx_prepared.InferenceSession(model)
+
+
+def test_global_lp_pool_missing_from_the_reference_is_provided():
+    model = _model([helper.make_node("GlobalLpPool", ["x"], ["y"], p=3)], [_vi("x", F, [2, 3, 4, 5])],
+                   [_vi("y", F, [2, 3, 1, 1])])
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (y,) = got = _run(model, {"x": x})
+    np.testing.assert_allclose(y, (np.abs(x) ** 3).sum(axis=(2, 3), keepdims=True) ** (1 / 3), rtol=1e-5)
+    _check_against_ort(model, {"x": x}, got)
