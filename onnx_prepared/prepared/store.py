@@ -76,6 +76,7 @@ class PreparedObjectStore:
         self._resident = 0
         self.epoch = 0
         self.hot_epoch = -1 if self._entries else 0
+        self.leases = 0  # run-level pins of the whole resident generation (hot path)
         self.counters = {"claims": 0, "productions": 0, "shared": 0, "published": 0, "evicted": 0, "failed": 0}
 
     # ---- state machine ----
@@ -189,6 +190,23 @@ class PreparedObjectStore:
             e.last_use = max(e.last_use, position)
             return e.value
 
+    def acquire_lease(self, epoch: int) -> bool:
+        """One run-level pin of every resident object, if ``epoch`` is still the hot epoch.
+
+        This is the hot path's only store operation besides :meth:`release_lease`.
+        """
+        with self._lock:
+            if epoch != self.epoch or self.hot_epoch != epoch:
+                return False
+            self.leases += 1
+            return True
+
+    def release_lease(self) -> None:
+        with self._lock:
+            if self.leases <= 0:
+                raise InternalError("release of a run-level lease that was never acquired")
+            self.leases -= 1
+
     def unpin(self, key: Any) -> None:
         with self._lock:
             e = self._entries[key]
@@ -203,13 +221,16 @@ class PreparedObjectStore:
         """
         with self._lock:
             e = self._entries[key]
-            if e.state is not EntryState.RESIDENT or e.pins:
+            if e.state is not EntryState.RESIDENT or e.pins or self.leases:
                 return None
             self._transition(e, EntryState.EVICTING)
             alloc, e.allocation, e.value = e.allocation, None, None
             self._transition(e, EntryState.ABSENT)
             self.counters["evicted"] += 1
             return alloc
+
+    def state(self, key: Any) -> EntryState:
+        return self._entries[key].state
 
     def states(self) -> dict[Any, EntryState]:
         with self._lock:

@@ -108,6 +108,7 @@ class ExecutionSubmission:
     pc: int = 0  # next action to execute
     pinned: list[PreparedKey] = field(default_factory=list)
     held: set[int] = field(default_factory=set)  # requirement bits pinned by this run
+    bound: dict[int, Any] = field(default_factory=dict)  # requirement bit -> producer task bound at submit
     hot: bool = False
     yields: int = 0
     error: BaseException | None = None
