@@ -3,7 +3,7 @@
 :func:`bind_node` parses attributes once, chooses the fast kernel when one exists and understands every
 attribute the node sets, and otherwise the counted ``onnx.reference`` fallback. Nodes whose subgraphs
 read outer-scope values (If, Loop, Scan) list those names as ``implicit_inputs``; the executor passes
-them after the explicit inputs.
+them after the explicit inputs, and the fallback hands them to the subgraph's own plan.
 """
 
 from __future__ import annotations
