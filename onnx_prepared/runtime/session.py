@@ -97,9 +97,39 @@ class RuntimeSession:
         # fail_fast=False: one bad object fails only its consumers, not the rest of preparation.
         return self.scheduler.submit(tasks, fail_fast=False)
 
-    def prepare(self) -> None:
-        """Prepare every object before returning (``prepare_async().wait()``)."""
-        self.prepare_async().wait()
+    def prepare(self, *, sequential: bool = False) -> None:
+        """Prepare every object before returning (``prepare_async().wait()``).
+
+        ``sequential=True`` is the spec's reference path: exactly the same session tasks, run one at a
+        time in plan order on the calling thread (benchmarks compare it with the parallel schedule).
+        """
+        if not sequential:
+            self.prepare_async().wait()
+            return
+        st = self.state
+        order = sorted(range(len(self.plan.requirements)), key=lambda i: self.plan.first_need[i])
+        work = []
+        for i in order:  # claim and attach first, so a source shared by two layouts is read once
+            r = self.plan.requirements[i]
+            gen, produce = self.store.claim(r.key)
+            if produce:
+                work.append((r, gen, [st.attach_read(s)[0] for s in r.sources] if r.spec is not None else []))
+        for r, gen, entries in work:
+            try:
+                if r.spec is None:
+                    st.read_source(r.sources[0], r.key, gen, None)
+                    continue
+                for s, entry in zip(r.sources, entries):
+                    if entry.value is None:
+                        st.read_source(s, None, None, entry)
+                st.prepack(r.key, gen, entries)
+            except BaseException as e:
+                self.store.fail(r.key, gen, e)
+                for rr, gg, _ in work:
+                    self.store.abandon(rr.key, gg)
+                raise
+            finally:
+                st.detach_reads(entries)
 
     def run_async(self, feeds: Mapping[str, Any], context: Any = None) -> ExecutionHandle:
         """Submit one inference; returns at once. ``handle.result()`` is the list of outputs.

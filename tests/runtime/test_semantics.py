@@ -202,3 +202,16 @@ def test_hot_path_dispatches_one_task_and_touches_no_per_node_state(tmp_path):
         new = s.scheduler.trace.records()[n0:]
         assert [r.name for r in new] == [f"I.run-{i}" for i in range(1, 6)]  # one task per run, not per node
         assert s.store.leases == 0
+
+
+def test_sequential_reference_path_runs_the_same_session_tasks(tmp_path, gated_reader):
+    path = gemm_mlp(tmp_path, layers=3, share_b=True)
+    ra, rb = gated_reader(), gated_reader()
+    with RuntimeSession(path, reader=ra) as a, RuntimeSession(path, reader=rb) as b:
+        a.prepare(sequential=True)
+        b.prepare()
+        assert a.state.counters == b.state.counters  # same reads, same prepacks, once each
+        assert a.store.all_resident and b.store.all_resident
+        np.testing.assert_array_equal(a.run({"x": X})[0], b.run({"x": X})[0])
+        assert a.counters["hot_runs"] == 1
+    assert sorted(ra.log) == sorted(rb.log)
