@@ -19,7 +19,6 @@ import pytest
 from onnx import TensorProto
 
 import onnx_prepared
-from onnx_prepared.kernels import registry
 from onnx_prepared.model import load_model
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
@@ -32,19 +31,7 @@ NBITS = ("llama_nbits_sym", "llama_nbits_asym")
 NBITS_GATHER = ("llama_nbits_gather_sym", "llama_nbits_gather_asym")
 
 
-def _needs(domain: str, op_type: str):
-    """xfail while the fast kernel for a contrib op is missing (onnx.reference has no com.microsoft ops)."""
-    missing = registry.lookup(domain, op_type, 1) is None
-    return pytest.mark.xfail(missing, reason=f"needs {op_type} kernel", strict=False)
-
-
-_NEEDS_NBITS = _needs("com.microsoft", "MatMulNBits")
-_NEEDS_GBQ = _needs("com.microsoft", "GatherBlockQuantized")
-ALL = (
-    [pytest.param(n, id=n) for n in FLOAT + QDQ]
-    + [pytest.param(n, id=n, marks=_NEEDS_NBITS) for n in NBITS]
-    + [pytest.param(n, id=n, marks=[_NEEDS_NBITS, _NEEDS_GBQ]) for n in NBITS_GATHER]
-)
+ALL = FLOAT + QDQ + NBITS + NBITS_GATHER
 
 
 def model_path(name: str) -> str:
@@ -125,7 +112,7 @@ def test_dynamic_sequence_prefix_is_causal() -> None:
     np.testing.assert_allclose(short, full[:, :7], atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("name", FLOAT + QDQ + NBITS + NBITS_GATHER)
+@pytest.mark.parametrize("name", ALL)
 def test_fixture_loads_metadata_only(name: str) -> None:
     path = model_path(name)
     loaded = load_model(path)
