@@ -116,6 +116,11 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     if not resolved.complete:
         raise PlanError("the resolved model is incomplete (a node without a kernel or a requirement "
                         "whose source is not an active manifest entry)")
+    if resolved.policy == "require_complete" and resolved.missing_cache_entries:
+        missing = resolved.missing_cache_entries
+        raise PlanError(f"prepared_model_policy=require_complete: the companion model has no compatible entry "
+                        f"for {len(missing)} prepared object(s): {', '.join(str(k) for k in missing[:10])}"
+                        f"{' ...' if len(missing) > 10 else ''}")
     graph = resolved.graph()
     execution = _build_actions(resolved, graph)
     reqs = resolved.requirements
@@ -135,8 +140,17 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     manifest = resolved.manifest.active
     # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
     order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
+    persist = resolved.policy == "build_if_missing"
     for i in order:
         r = reqs[i]
+        if r.cached:
+            tid = f"S.{r.key}.read_packed"
+            producer[r.key] = tid
+            tasks.append(TaskDescriptor(
+                tid, TaskScope.SESSION, TaskKind.READ_PACKED, "io", (), publishes=r.key,
+                estimated_output_bytes=r.active.entry.length, sources=(r.active.name,), result=f"publish {r.key}",
+            ))
+            continue
         for s in r.sources:
             if s in read_task:
                 continue
@@ -159,6 +173,12 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
             publishes=r.key, estimated_input_bytes=r.source_bytes, estimated_output_bytes=r.estimated_bytes,
             peak_temporary_bytes=r.estimated_bytes, sources=r.sources, result=f"publish {r.key}",
         ))
+        if persist and r.spec is not None and r.spec.to_bytes is not None:
+            tasks.append(TaskDescriptor(
+                f"S.{r.key}.persist", TaskScope.SESSION, TaskKind.PERSIST, "io", (tid,),
+                estimated_input_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
+                result="companion-model payload; not required by inference",
+            ))
     # Raw keys are published by their read task; mark it.
     tasks = [
         _with_publish(t, next((r.key for r in reqs if r.key.is_raw and r.sources == t.sources), None))

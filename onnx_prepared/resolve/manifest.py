@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +18,9 @@ class ManifestEntry:
     """One payload the plan may read, and why."""
 
     name: str
-    descriptor: WeightDescriptor
+    descriptor: WeightDescriptor | None  # None for a packed payload of the companion model
     reason: str
+    cache_entry: Any = None  # the companion store's CacheEntry, for packed payloads
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,8 @@ class PayloadManifest:
 
     @property
     def active_bytes(self) -> int:
-        return sum(e.descriptor.nbytes for e in self.active.values())
+        return sum(e.descriptor.nbytes if e.descriptor is not None else e.cache_entry.length
+                   for e in self.active.values())
 
 
 class ManifestReader:
@@ -43,9 +46,17 @@ class ManifestReader:
         self.manifest = manifest
         self.reader = reader or ExternalDataReader()
         self.counts: dict[str, int] = {}
+        self.fallbacks: set[str] = set()
+
+    def allow_fallback(self, name: str) -> None:
+        """Activate a dormant entry because its cheaper recipe failed (e.g. a corrupt cache payload)."""
+        if name in self.manifest.dormant:
+            self.fallbacks.add(name)
 
     def _entry(self, name: str) -> ManifestEntry:
         entry = self.manifest.active.get(name)
+        if entry is None and name in self.fallbacks:
+            entry = self.manifest.dormant[name]
         if entry is None:
             state = "dormant" if name in self.manifest.dormant else "not in the payload manifest"
             raise ManifestError(f"read of payload {name!r} refused: it is {state}")
@@ -53,7 +64,17 @@ class ManifestReader:
         return entry
 
     def read(self, name: str) -> np.ndarray:
-        return self.reader.read(self._entry(name).descriptor)
+        entry = self._entry(name)
+        if entry.descriptor is None:
+            raise ManifestError(f"payload {name!r} is a packed cache entry; read it with read_packed")
+        return self.reader.read(entry.descriptor)
+
+    def read_packed(self, name: str, store: Any) -> np.ndarray:
+        """The bytes of an active packed payload from the companion store (checksum verified there)."""
+        entry = self._entry(name)
+        if entry.cache_entry is None:
+            raise ManifestError(f"payload {name!r} is a source tensor, not a packed cache entry")
+        return store.read_payload(entry.cache_entry)
 
     def close(self) -> None:
         self.reader.close()

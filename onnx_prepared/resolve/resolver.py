@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import onnx
 
@@ -23,14 +24,43 @@ from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 
 
 @dataclass(frozen=True, slots=True)
+class ReadPackedPayload:
+    """Recipe: read the packed bytes from the companion prepared model (no source read, no prepack)."""
+
+    name: str  # manifest entry name: "prepared/<key>"
+    entry: Any  # the companion store's CacheEntry
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSourceAndPrepack:
+    """Recipe: read the source payloads, prepack them (identity for raw objects), publish."""
+
+    sources: tuple[str, ...]
+    layout: str
+
+
+Recipe = ReadPackedPayload | ReadSourceAndPrepack
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequirement:
-    """One prepared object the plan must materialize, its sources and who consumes it."""
+    """One prepared object the plan must materialize, its sources and who consumes it.
+
+    ``recipes`` are ordered cheapest first; ``active`` is the one resolution selected, the others stay
+    dormant fallbacks. Every recipe publishes the same key, so consumers never depend on which ran.
+    """
 
     key: PreparedKey
     sources: tuple[str, ...]
     spec: prepack_mod.PrepackSpec | None  # None: raw (read -> publish)
     consumers: tuple[int, ...]  # node indices, in graph order
     source_bytes: int
+    recipes: tuple[Recipe, ...] = ()
+    active: Recipe | None = None
+
+    @property
+    def cached(self) -> bool:
+        return isinstance(self.active, ReadPackedPayload)
 
     @property
     def estimated_bytes(self) -> int:
@@ -62,6 +92,7 @@ class ResolvedModel:
     manifest: PayloadManifest
     removed_nodes: int
     dead_initializers: tuple[str, ...]
+    policy: str = "disabled"  # the prepared-model policy resolution ran under
 
     def graph(self) -> onnx.GraphProto:
         g = onnx.GraphProto()
@@ -76,8 +107,15 @@ class ResolvedModel:
     def complete(self) -> bool:
         """Every node has a kernel and every requirement's sources are active manifest entries."""
         return len(self.kernel_choices) == self._node_count() and all(
-            s in self.manifest.active for r in self.requirements for s in r.sources
+            (r.active.name in self.manifest.active) if isinstance(r.active, ReadPackedPayload)
+            else all(s in self.manifest.active for s in r.sources)
+            for r in self.requirements
         )
+
+    @property
+    def missing_cache_entries(self) -> list[PreparedKey]:
+        """Prepacked requirements without a compatible companion entry (what require_complete rejects)."""
+        return [r.key for r in self.requirements if not r.key.is_raw and not r.cached]
 
     def _node_count(self) -> int:
         return len(self.graph().node)
@@ -89,8 +127,13 @@ class ResolvedModel:
         raise KeyError(key)
 
 
-def resolve_model(model: LoadedModel) -> ResolvedModel:
-    """Resolve ``model`` metadata-only (no payload is read)."""
+def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "disabled") -> ResolvedModel:
+    """Resolve ``model`` metadata-only (no payload is read).
+
+    ``prepared`` is the companion :class:`~onnx_prepared.prepared.cache.PreparedModelStore` (or None);
+    a compatible entry activates the ReadPackedPayload recipe and leaves the source reads dormant.
+    """
+    sidecar = prepared.source_digest_of if prepared is not None else None
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
     removed = _eliminate_dead_nodes(graph)
@@ -113,7 +156,7 @@ def resolve_model(model: LoadedModel) -> ResolvedModel:
             r["consumers"].append(node_idx)
 
     def raw_key(name: str) -> PreparedKey:
-        return PreparedKey((name,), RAW, "cpu", _digest((name,), weights))
+        return PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
 
     for idx, node in enumerate(graph.node):
         const_pos = frozenset(i for i, n in enumerate(node.input) if n and n in weights)
@@ -128,7 +171,7 @@ def resolve_model(model: LoadedModel) -> ResolvedModel:
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
         if spec is not None:
             sources = tuple(node.input[i] for i in spec.source_inputs)
-            key = PreparedKey(sources, spec.layout, "cpu", _digest(sources, weights))
+            key = PreparedKey(sources, spec.layout, "cpu", _digest(sources, weights, sidecar))
             require(key, sources, spec, idx)
             node_prepacks[idx] = NodePrepack(key, spec)
             choices.append(f"prepacked:{spec.layout}")
@@ -153,19 +196,34 @@ def resolve_model(model: LoadedModel) -> ResolvedModel:
         if o.name in weights:
             require(raw_key(o.name), (o.name,), None, len(graph.node))
 
-    requirements = tuple(
-        PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
-                            sum(weights[s].nbytes for s in v["sources"]))
-        for k, v in reqs.items()
-    )
+    requirements = []
+    for k, v in reqs.items():
+        src = ReadSourceAndPrepack(v["sources"], k.layout)
+        recipes: tuple = (src,)
+        entry = prepared.lookup(k) if prepared is not None and not k.is_raw else None
+        if entry is not None:
+            recipes = (ReadPackedPayload(k.slot_name, entry), src)
+        requirements.append(PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
+                                                sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
+    requirements = tuple(requirements)
     active: dict[str, ManifestEntry] = {}
+    dormant: dict[str, ManifestEntry] = {}
     for r in requirements:
+        if r.cached:
+            active[r.active.name] = ManifestEntry(r.active.name, None, f"cached packed payload of {r.key}",
+                                                  r.active.entry)
+            continue
         for s in r.sources:
             why = f"source of {r.key}" if not r.key.is_raw else "constant input"
             first = graph.node[r.consumers[0]] if r.consumers[0] < len(graph.node) else None
             who = f" of node {first.name or first.op_type!r}" if first is not None else " (graph output)"
             if s not in active:
                 active[s] = ManifestEntry(s, weights[s], why + who)
+    for r in requirements:
+        if r.cached:
+            for s in r.sources:
+                if s not in active and s not in dormant:
+                    dormant[s] = ManifestEntry(s, weights[s], f"dormant source of cached {r.key}")
     if len(choices) != len(graph.node):
         raise InternalError("kernel choice missing for a node")
     return ResolvedModel(
@@ -176,9 +234,10 @@ def resolve_model(model: LoadedModel) -> ResolvedModel:
         requirements=requirements,
         node_prepacks=MappingProxyType(node_prepacks),
         raw_inputs=MappingProxyType({k: tuple(v) for k, v in raw_inputs.items()}),
-        manifest=PayloadManifest(MappingProxyType(active)),
+        manifest=PayloadManifest(MappingProxyType(active), MappingProxyType(dormant)),
         removed_nodes=removed,
         dead_initializers=dead,
+        policy=str(getattr(policy, "value", policy)),
     )
 
 
@@ -189,9 +248,10 @@ def _has_numpy_dtype(d: WeightDescriptor) -> bool:
         return False
 
 
-def _digest(sources: tuple[str, ...], weights: Mapping[str, WeightDescriptor]) -> str | None:
+def _digest(sources: tuple[str, ...], weights: Mapping[str, WeightDescriptor], sidecar=None) -> str | None:
+    """Lineage digest from external-data checksums, else trusted sidecar digests; None when unknown."""
     ds = [weights[s] for s in sources]
-    checksums = [d.payload.checksum if d.is_external else None for d in ds]
+    checksums = [source_checksum(d, sidecar) for d in ds]
     return lineage_digest(checksums, sources, [f"{d.elem_type}:{list(d.dims)}" for d in ds])
 
 
@@ -237,3 +297,13 @@ def _is_topological(graph: onnx.GraphProto) -> bool:
             return False
         produced.update(node.output)
     return True
+
+
+def source_checksum(d: WeightDescriptor, sidecar=None) -> str | None:
+    """A trusted content digest of one source: its external-data sha256, else a sidecar digest."""
+    c = d.checksum if hasattr(d, "checksum") else (d.payload.checksum if d.is_external else None)
+    if c and not c.startswith("sha256:") and len(c) != 64:
+        c = None  # not a sha256 we can trust as content identity
+    if c is None and sidecar is not None:
+        c = sidecar(d.name)
+    return c.removeprefix("sha256:") if c else None

@@ -17,6 +17,7 @@ mutable :class:`PreparedExecutionState`. Both entry points return the scheduler'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -63,12 +64,27 @@ class RuntimeSession:
         reader: ExternalDataReader | None = None,
     ) -> None:
         self.options = options
-        loaded = model if isinstance(model, LoadedModel) else load_model(model)
-        self.resolved: ResolvedModel = resolve_model(loaded)
-        self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
         opt = _opt(options)
+        loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        policy = opt("prepared_model_policy", "disabled")
+        policy = str(getattr(policy, "value", policy))
+        self.prepared_store = None
+        if policy != "disabled":
+            from onnx_prepared.prepared.cache import (
+                PreparedModelStore,
+                default_prepared_path,
+                source_model_digest,
+            )
+
+            self.prepared_store = PreparedModelStore(
+                opt("prepared_model_path", None) or default_prepared_path(loaded.path),
+                source_digest=source_model_digest(loaded.path), policy=policy,
+            )
+        self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
+        self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
         self.arenas = Arenas.create(prepared_limit=opt("prepared_memory_limit", None))
-        self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader))
+        self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader),
+                                            self.prepared_store)
         self.store = self.state.store
         self._owns_scheduler = scheduler is None
         if scheduler is None:
@@ -87,6 +103,9 @@ class RuntimeSession:
         ex = self.plan.execution
         self._input_slots = {ex.slot_names[s]: s for s in ex.input_slots}
         self._internal: set[ExecutionHandle] = set()  # session-owned background submissions
+        self._persist_lock = threading.Lock()
+        self._persists_pending = 0
+        self._persist_tasks: list[Task] = []
         self._closed = False
 
     # ---- public API ----
@@ -105,6 +124,7 @@ class RuntimeSession:
         """
         if not sequential:
             self.prepare_async().wait()
+            self.flush_cache()
             return
         st = self.state
         order = sorted(range(len(self.plan.requirements)), key=lambda i: self.plan.first_need[i])
@@ -181,6 +201,10 @@ class RuntimeSession:
     def close(self) -> None:
         if self._closed:
             return
+        if self._persisting:
+            # NOTE: a cache that cannot be written is a miss next time, not an error
+            with contextlib.suppress(Exception):
+                self.flush_cache()
         self._closed = True
         if self._owns_scheduler:
             self.scheduler.close(cancel=True)
@@ -204,15 +228,23 @@ class RuntimeSession:
             gen, produce = self.store.claim(key)
             if not produce:  # resident or published between the checks
                 return None if self.store.state(key) is EntryState.RESIDENT else self._producers.get(key)
-            t = self._make_producer(key, gen, priority)
+            t, persist = self._make_producer(key, gen, priority)
             self._producers[key] = t
         self.scheduler.when_done(t, lambda task: self._producer_done(task, key, gen))
+        if persist is not None:
+            self._keep(self.scheduler.submit(persist, fail_fast=False))
         return t
 
-    def _make_producer(self, key: PreparedKey, gen: int, priority: Priority) -> Task:
+    def _make_producer(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:
+        """The task chain publishing ``key`` (its last task) and, on a cache miss, its background persist."""
         req = self.resolved.requirement(key)
         st = self.state
         manifest = self.resolved.manifest.active
+        if req.cached:  # companion hit: read packed bytes -> publish (no source read, no prepack)
+            return Task(
+                lambda t: st.read_packed(key, gen), resource=Resource.IO, priority=priority,
+                memory=MemoryEstimate(Domain.PREPARED, output=req.active.entry.length), name=f"S.{key}.read_packed",
+            ), None
         if req.spec is None:  # raw: read -> publish
             name = req.sources[0]
             d = manifest[name].descriptor
@@ -220,7 +252,7 @@ class RuntimeSession:
                 lambda t: st.read_source(name, key, gen, None),
                 resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
                 memory=MemoryEstimate(Domain.PREPARED, output=d.nbytes), name=f"S.{name}.read_source",
-            )
+            ), None
         entries: list[ReadEntry] = []
         for s in req.sources:
             entry, new = st.attach_read(s)
@@ -238,7 +270,44 @@ class RuntimeSession:
             memory=MemoryEstimate(Domain.PREPARED, input=req.source_bytes, output=req.estimated_bytes),
         )
         self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
-        return t
+        persist = None
+        if self._persisting and req.spec.to_bytes is not None:
+            persist = Task(lambda t: st.persist(key), deps=[t], resource=Resource.IO, priority=Priority.BACKGROUND,
+                           memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
+                           name=f"S.{key}.persist")
+            with self._persist_lock:
+                self._persists_pending += 1
+                self._persist_tasks.append(persist)
+            self.scheduler.when_done(persist, self._persist_done)
+        return t, persist
+
+    # ---- companion cache persistence ----
+    @property
+    def _persisting(self) -> bool:
+        store = self.prepared_store
+        return store is not None and store.policy == "build_if_missing"
+
+    def _persist_done(self, task: Task) -> None:
+        with self._persist_lock:
+            self._persists_pending -= 1
+            self._persist_tasks.remove(task)
+            idle = self._persists_pending == 0
+        if idle and not self._closed:
+            # One generation per burst of persists: flush once nothing else is queued behind it.
+            flush = Task(lambda t: self.prepared_store.flush(), resource=Resource.IO, priority=Priority.BACKGROUND,
+                         name="S.cache.flush")
+            self._keep(self.scheduler.submit(flush, fail_fast=False))
+
+    def flush_cache(self) -> int:
+        """Wait for scheduled persists and write the queued entries now; returns entries written."""
+        if self.prepared_store is None:
+            return 0
+        with self._persist_lock:
+            pending = list(self._persist_tasks)
+        if pending:
+            with contextlib.suppress(Exception):  # a failed persist is a miss next time, never a user error
+                self.scheduler.submit(pending, fail_fast=False).wait()
+        return self.prepared_store.flush()
 
     def _producer_done(self, task: Task, key: PreparedKey, gen: int) -> None:
         if task.state is TaskState.SUCCEEDED:

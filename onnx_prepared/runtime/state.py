@@ -18,6 +18,8 @@ from onnx_prepared.memory import Allocation, Arenas
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
 from onnx_prepared.prepared import PreparedObjectStore
 from onnx_prepared.resolve import ManifestReader, PreparedKey
+from onnx_prepared.resolve.keys import lineage_digest
+from onnx_prepared.resolve.resolver import source_checksum
 
 
 @dataclass(eq=False)
@@ -37,13 +39,19 @@ class ReadEntry:
 class PreparedExecutionState:
     """Session-scoped mutable state. Thread-safe through the store's lock and ``_lock`` here."""
 
-    def __init__(self, plan: PreparedExecutionPlan, arenas: Arenas, reader: ManifestReader) -> None:
+    def __init__(self, plan: PreparedExecutionPlan, arenas: Arenas, reader: ManifestReader,
+                 prepared_store: Any = None) -> None:
+        self.prepared_store = prepared_store
         self.plan = plan
         self.arenas = arenas
         self.reader = reader
         self.store = PreparedObjectStore(r.key for r in plan.requirements)
         self._lock = threading.Lock()
         self.reads: dict[str, ReadEntry] = {}  # source name -> current shared read
+        store = prepared_store
+        self._record_digests = store is not None and store.policy == "build_if_missing"
+        self._trusted = {n for n, e in reader.manifest.active.items()
+                         if e.descriptor is not None and source_checksum(e.descriptor, None) is not None}
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
         self._invocation_ids = itertools.count(1)
 
@@ -66,6 +74,8 @@ class PreparedExecutionState:
         """Read one payload; publish it directly when it is a raw prepared object."""
         value = self.reader.read(name)
         self.counters[f"read:{name}"] += 1
+        if self._record_digests and name not in self._trusted:
+            self._record_digest(name, value)
         nbytes = int(getattr(value, "nbytes", 0))
         if publishes is not None:
             alloc = self.arenas.prepared.acquire(nbytes, str(publishes), force=True)
@@ -84,6 +94,59 @@ class PreparedExecutionState:
         nbytes = int(getattr(packed, "nbytes", 0))
         alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
         self.store.publish(key, generation, packed, nbytes, alloc)
+
+    def _record_digest(self, name: str, value: np.ndarray) -> None:
+        """Sidecar digest on first read, so the next process can trust this source without reading it."""
+        import hashlib
+
+        buf = np.ascontiguousarray(value).view(np.uint8) if value.dtype != object else None
+        if buf is not None:
+            self.prepared_store.record_source_digest(name, hashlib.sha256(buf.data).hexdigest())
+
+    def read_packed(self, key: PreparedKey, generation: int) -> None:
+        """Companion hit: read the packed payload and publish it (falls back to the source if corrupt)."""
+        from onnx_prepared.errors import CacheError
+
+        req = self.plan.resolved.requirement(key)
+        try:
+            raw = self.reader.read_packed(req.active.name, self.prepared_store)
+        except CacheError:
+            # NOTE: a corrupt entry is ignored, never trusted: rebuild from the dormant source recipe.
+            self.counters[f"cache_corrupt:{key}"] += 1
+            entries = []
+            for s in req.sources:
+                e = ReadEntry(s, users=1)
+                self.reader.allow_fallback(s)
+                self.read_source(s, None, None, e)
+                entries.append(e)
+            try:
+                self.prepack(key, generation, entries)
+            finally:
+                self.detach_reads(entries)
+            return
+        self.counters[f"read_packed:{key}"] += 1
+        packed = req.spec.from_bytes(raw)
+        nbytes = int(getattr(packed, "nbytes", raw.nbytes))
+        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        self.store.publish(key, generation, packed, nbytes, alloc)
+
+    def persist(self, key: PreparedKey) -> None:
+        """Background: queue the resident packed object's bytes for the companion model."""
+        store = self.prepared_store
+        req = self.plan.resolved.requirement(key)
+        if self.store.state(key).value != "resident":
+            return
+        digest = key.lineage_digest
+        if digest is None:  # computed from sidecar digests recorded by this session's reads
+            manifest = self.reader.manifest
+            ds = [manifest.active[s].descriptor for s in req.sources]
+            digest = lineage_digest([source_checksum(d, store.source_digest_of) for d in ds], req.sources,
+                                    [f"{d.elem_type}:{list(d.dims)}" for d in ds])
+            if digest is None:
+                return
+        packed = self.store.get(key)
+        store.put(PreparedKey(key.lineage, key.layout, key.device, digest), req.spec.to_bytes(packed))
+        self.counters[f"persist:{key}"] += 1
 
     def detach_reads(self, entries: list[ReadEntry]) -> None:
         """A prepack is finished with its reads (success, failure or cancel); free dead buffers."""
