@@ -1,0 +1,464 @@
+"""PreparedModelStore: the companion prepared ONNX model as a persisted cache of packed weights.
+
+On disk (folder of the companion ``<root>.onnx``; ``default_prepared_path`` picks a per-user folder
+keyed by the source model's identity)::
+
+    <root>.onnx               the manifest: a ModelProto with one UINT8 initializer per entry (cache_format)
+    <root>.<16 hex>.data      payload files, one per generation written; payloads 4096-byte aligned
+    <root>.lock               flock-ed: shared while opening, exclusive while publishing
+    .<root>.<16 hex>.*.tmp    files of a write in progress (or of a writer that died)
+
+Opening reads only the manifest (never a payload byte) and opens each referenced data file once, so
+a concurrent writer that deletes an old generation cannot take payloads away from this store.
+
+Corruption rules (spec: "Structural corruption is an error; ordinary incompatibility is a miss"):
+
+* **CacheError at open**, naming the file and entry: a manifest that does not parse, lacks the
+  format/source-digest metadata, or has an entry with missing metadata keys, a non-UINT8/1-D tensor,
+  a non-hex checksum, a name that disagrees with its metadata, a duplicate name, or a location that
+  escapes the folder. A broken manifest was written by no correct writer: silently rebuilding would
+  hide the bug or the attack.
+* **Invalid entry** (``store.invalid[name] = reason``; a miss, and replaced by the next build): its
+  payload file is missing, not a regular file, or shorter than offset + length. Files are separate
+  from the manifest, so one lost or truncated file must not take every other entry with it.
+* **CacheError at read**: ``read_payload`` finds fewer bytes or a different sha256 (a bit flip). The
+  entry is then marked invalid too, so the caller's rebuild replaces it at the next flush.
+* **Miss** (whole companion ignored, ``store.stale_reason``): another container format version or
+  another source model digest; under ``build_if_missing`` the next flush replaces it.
+* **Miss** (per entry, ``explain_miss``): no entry, other lineage or lineage digest (stale), layout,
+  device, kernel ABI or packed-format version. The caller turns a miss into an error under
+  ``require_complete`` (``require``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from enum import Enum
+
+import numpy as np
+
+from onnx_prepared.errors import CacheError
+from onnx_prepared.kernels.prepack import KERNEL_ABI
+from onnx_prepared.prepared import cache_io as io
+from onnx_prepared.prepared.cache_check import info, verify
+from onnx_prepared.prepared.cache_format import (
+    ABI_KEY,
+    FORMAT_VERSION,
+    GENERATION_KEY,
+    SOURCE_MODEL_KEY,
+    CacheEntry,
+    Manifest,
+    encode,
+    entry_name,
+    is_sha256,
+)
+from onnx_prepared.resolve.keys import PreparedKey
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CacheEntry",
+    "PreparedModelPolicy",
+    "PreparedModelStore",
+    "default_prepared_path",
+    "info",
+    "source_model_digest",
+    "verify",
+]
+
+
+class PreparedModelPolicy(str, Enum):
+    DISABLED = "disabled"  # never opened, never written
+    READ_ONLY = "read_only"  # uses compatible entries; never creates or modifies a file
+    BUILD_IF_MISSING = "build_if_missing"  # persists misses (put + flush)
+    REQUIRE_COMPLETE = "require_complete"  # like read_only; the caller fails on a miss
+
+
+def source_model_digest(model_path: str | os.PathLike) -> str:
+    """Identity of the portable model: hex sha256 of the ``.onnx`` file's bytes.
+
+    The file holds the graph, the metadata and the external-data checksums the generator writes, never
+    a path or a timestamp of this machine, so a copied model keeps its identity.
+    """
+    h = hashlib.sha256()
+    try:
+        with open(model_path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError as e:
+        raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: {e}") from None
+    return h.hexdigest()
+
+
+def default_prepared_path(model_path: str | os.PathLike) -> str:
+    """``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/onnx-prepared/prepared/<digest[:16]>/<stem>.prepared.onnx``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    stem = os.path.splitext(os.path.basename(os.fspath(model_path)))[0]
+    return os.path.join(base, "onnx-prepared", "prepared", source_model_digest(model_path)[:16],
+                        f"{stem}.prepared.onnx")
+
+
+def _root(path: str) -> str:
+    name = os.path.basename(path)
+    return name[: -len(".onnx")] if name.endswith(".onnx") and len(name) > 5 else name
+
+
+class PreparedModelStore:
+    """The companion cache of one source model. Every public method is thread-safe.
+
+    >>> store = PreparedModelStore(path, source_digest=source_model_digest("m.onnx"),
+    ...                            policy=PreparedModelPolicy.BUILD_IF_MISSING)
+    >>> entry = store.lookup(key)                 # metadata only
+    >>> raw = store.read_payload(entry) if entry else None
+    >>> store.put(key, packed_bytes); store.flush()
+    """
+
+    def __init__(self, path: str | os.PathLike, *, source_digest: str, policy: PreparedModelPolicy | str,
+                 kernel_abi: str = KERNEL_ABI) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.folder = os.path.dirname(self.path)
+        self.root = _root(self.path)
+        self.source_digest = source_digest
+        self.policy = PreparedModelPolicy(getattr(policy, "value", policy))
+        self.kernel_abi = kernel_abi
+        self.bytes_read = 0
+        self.generation = 0
+        self.invalid: dict[str, str] = {}  # entry name -> reason; such entries always miss
+        self.stale_reason: str | None = None  # set when the whole companion on disk is ignored
+        self._entries: dict[str, CacheEntry] = {}  # replaced whole (never mutated), so readers need no lock
+        self._digests: dict[str, str] = {}
+        self._stamps: dict[str, str] = {}
+        self._fds: dict[str, int] = {}  # data file -> fd, open until close() (a reader may still use it)
+        self._queue: dict[str, tuple[PreparedKey, np.ndarray]] = {}
+        self._queued_digests: dict[str, tuple[str, str | None]] = {}
+        self._lock = threading.Lock()  # guards everything above that changes after __init__
+        self._flush_lock = threading.Lock()  # one flush at a time per store
+        self._closed = False
+        if self.policy is not PreparedModelPolicy.DISABLED:
+            self._load()
+
+    # ---- open ----
+    def _load(self) -> None:
+        lock_fd = io.open_lock(self._lock_path, create=False)
+        try:
+            for _ in range(8):  # without a lock file, retry if a writer replaced the manifest meanwhile
+                with io.flocked(lock_fd, exclusive=False):
+                    m, ino = io.read_manifest(self.path)
+                    if m is None:
+                        return
+                    self.stale_reason = _stale_reason(m, self.source_digest)
+                    if self.stale_reason is not None:
+                        return
+                    _raise_problems(m)
+                    fds, invalid = io.open_files(m.entries.values())
+                    if lock_fd is not None or io.inode(self.path) == ino:
+                        break
+                    io.close_all(fds)
+            else:
+                raise CacheError(f"companion prepared model {self.path!r} keeps changing while it is opened")
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+        self._entries, self._fds, self.invalid = m.entries, fds, invalid
+        self._digests, self._stamps, self.generation = dict(m.source_digests), dict(m.source_stamps), m.generation
+
+    @property
+    def _lock_path(self) -> str:
+        return os.path.join(self.folder, f"{self.root}.lock")
+
+    # ---- lookup ----
+    def entries(self) -> dict[str, CacheEntry]:
+        """Every entry of the manifest, compatible or not (name -> entry)."""
+        return dict(self._entries)
+
+    def lookup(self, key: PreparedKey) -> CacheEntry | None:
+        """The compatible entry for ``key``, or None (a miss). Metadata only; reads no payload."""
+        return self._match(key)[0]
+
+    def explain_miss(self, key: PreparedKey) -> str | None:
+        """Why ``lookup(key)`` misses (None on a hit), for logs and ``require_complete`` errors."""
+        return self._match(key)[1]
+
+    def require(self, key: PreparedKey) -> CacheEntry:
+        """``lookup`` that raises CacheError naming the companion and the reason on a miss (require_complete)."""
+        entry, why = self._match(key)
+        if entry is None:
+            raise CacheError(f"companion prepared model {self.path!r} has no compatible entry for "
+                             f"{entry_name(key.lineage, key.layout, key.device)!r}: {why}")
+        return entry
+
+    def _match(self, key: PreparedKey) -> tuple[CacheEntry | None, str | None]:
+        if self.policy is PreparedModelPolicy.DISABLED:
+            return None, "the prepared model policy is disabled"
+        if self.stale_reason is not None:
+            return None, self.stale_reason
+        name = entry_name(tuple(key.lineage), key.layout, key.device)
+        e = self._entries.get(name)
+        if e is None:
+            return None, "no entry (never built)"
+        why = self.invalid.get(name)
+        if why is not None:
+            return None, f"entry invalid: {why}"
+        if key.lineage_digest is None:
+            return None, "the source lineage digest is unknown (sources carry no checksum): entry unverifiable"
+        for what, have, want in (
+            ("source lineage", e.lineage, tuple(key.lineage)),
+            ("source lineage digest (stale: sources changed)", e.lineage_digest, key.lineage_digest),
+            ("layout", e.layout, key.layout),
+            ("device", e.device, key.device),
+            ("kernel ABI", e.kernel_abi, self.kernel_abi),
+            ("packed format version", e.format_version, FORMAT_VERSION),
+        ):
+            if have != want:
+                return None, f"{what} differs: cached {have!r}, needed {want!r}"
+        return e, None
+
+    # ---- payloads ----
+    def read_payload(self, entry: CacheEntry, out: np.ndarray | None = None) -> np.ndarray:
+        """The payload of ``entry`` as a 1-D uint8 array (into ``out[:length]`` when given).
+
+        Verifies length and sha256; a mismatch raises CacheError and marks the entry invalid.
+        """
+        if out is not None:
+            if out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"out must be a writable 1-D C-contiguous uint8 array, got {out.dtype} {out.shape}")
+            if out.size < entry.length:
+                raise ValueError(f"out holds {out.size} bytes, entry {entry.key_name!r} needs {entry.length}")
+            buf = out[: entry.length]
+        else:
+            buf = np.empty(entry.length, dtype=np.uint8)
+        try:
+            fd = self._fd(entry)
+            got = io.pread_into(fd, buf, entry.offset)
+        except OSError as e:
+            raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
+        if got != entry.length:
+            raise self._corrupt(entry, f"payload truncated: {got} of {entry.length} bytes at offset {entry.offset}")
+        if hashlib.sha256(buf).hexdigest() != entry.checksum:
+            raise self._corrupt(entry, "payload checksum mismatch (corrupt bytes)")
+        with self._lock:
+            self.bytes_read += entry.length
+        return buf
+
+    def _fd(self, entry: CacheEntry) -> int:
+        fd = self._fds.get(entry.file)
+        if fd is not None:
+            return fd
+        with self._lock:
+            if self._closed:
+                raise OSError("store is closed")
+            fd = self._fds.get(entry.file)
+            if fd is None:
+                fd, _, why = io.open_payload_file(entry.file)
+                if fd is None:
+                    raise OSError(why)
+                self._fds[entry.file] = fd
+        return fd
+
+    def _corrupt(self, entry: CacheEntry, why: str) -> CacheError:
+        with self._lock:
+            if self._entries.get(entry.key_name) == entry:
+                self.invalid[entry.key_name] = why
+        return CacheError(f"corrupt prepared-cache entry {entry.key_name!r} in {self.path!r} "
+                          f"(file {entry.file!r}): {why}")
+
+    # ---- building ----
+    @property
+    def writable(self) -> bool:
+        return self.policy is PreparedModelPolicy.BUILD_IF_MISSING
+
+    def put(self, key: PreparedKey, payload: np.ndarray) -> None:
+        """Queue ``key``'s packed bytes for the next ``flush`` (no I/O here).
+
+        A no-op unless the policy is build_if_missing and ``key.lineage_digest`` is known, or when a
+        compatible entry already exists. The store keeps a reference to ``payload`` (a copy only if it
+        is not contiguous): do not mutate it afterwards (prepared objects are immutable).
+        """
+        if not self.writable or key.lineage_digest is None or self.lookup(key) is not None:
+            return
+        arr = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+        with self._lock:
+            self._queue[entry_name(tuple(key.lineage), key.layout, key.device)] = (key, arr)
+
+    @property
+    def pending(self) -> int:
+        """Entries queued by ``put`` and not yet flushed."""
+        return len(self._queue)
+
+    def record_source_digest(self, name: str, sha256: str, *, stamp: str | None = None) -> None:
+        """Remember a source tensor's content digest (computed on its first read); persisted at flush.
+
+        ``stamp`` (e.g. ``f"{size}:{mtime_ns}"`` of its data file) only detects change: a later lookup
+        with another stamp distrusts the digest. It is never identity.
+        """
+        sha256 = sha256.lower().removeprefix("sha256:")
+        if not is_sha256(sha256):
+            raise ValueError(f"source digest of {name!r} is not a hex sha256: {sha256!r}")
+        with self._lock:
+            if self._digests.get(name) == sha256 and self._stamps.get(name) == stamp:
+                return
+            self._digests[name] = sha256
+            if stamp is None:
+                self._stamps.pop(name, None)
+            else:
+                self._stamps[name] = stamp
+            if self.writable:
+                self._queued_digests[name] = (sha256, stamp)
+
+    def source_digest_of(self, name: str, *, stamp: str | None = None) -> str | None:
+        """The recorded digest of source ``name`` for this model identity, or None if unknown (or its
+        recorded stamp differs from ``stamp``)."""
+        d = self._digests.get(name)
+        if d is not None and stamp is not None and self._stamps.get(name, stamp) != stamp:
+            return None
+        return d
+
+    @property
+    def source_digests(self) -> dict[str, str]:
+        return dict(self._digests)
+
+    def flush(self) -> int:
+        """Persist queued payloads and digests as one new generation; returns the entries written.
+
+        Merges with the manifest on disk under the inter-process lock, so concurrent builders all
+        contribute. No-op (0) unless build_if_missing. On failure the queue is kept for a retry.
+        """
+        if not self.writable:
+            return 0
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return 0
+                queue, self._queue = self._queue, {}
+                digests, self._queued_digests = self._queued_digests, {}
+            if not queue and not digests:
+                return 0
+            try:
+                self._write_generation(queue, digests)
+            except BaseException:
+                with self._lock:
+                    self._queue = {**queue, **self._queue}
+                    self._queued_digests = {**digests, **self._queued_digests}
+                raise
+            return len(queue)
+
+    def _write_generation(self, queue: dict[str, tuple[PreparedKey, np.ndarray]],
+                          digests: dict[str, tuple[str, str | None]]) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        lock_fd = io.open_lock(self._lock_path, create=True)
+        tmp = tmp_fd = None
+        try:
+            gen_id = io.new_id()
+            new: dict[str, CacheEntry] = {}
+            if queue:
+                with io.flocked(lock_fd, exclusive=False):  # a cleaner must not see it before it is flock-ed
+                    tmp, tmp_fd = io.create_temp_data(self.folder, self.root, gen_id)
+                names = list(queue)
+                records = io.write_payloads(tmp_fd, [queue[n][1] for n in names])
+                location = f"{self.root}.{gen_id}.data"
+                file = os.path.join(self.folder, location)
+                for n, (off, length, sha) in zip(names, records):
+                    k = queue[n][0]
+                    new[n] = CacheEntry(n, tuple(k.lineage), k.lineage_digest, k.layout, k.device, self.kernel_abi,
+                                        FORMAT_VERSION, file, off, length, sha, location)
+                io.checkpoint("data_written")
+            with io.flocked(lock_fd, exclusive=True):
+                io.checkpoint("locked")
+                if tmp is not None:
+                    os.rename(tmp, os.path.join(self.folder, f"{self.root}.{gen_id}.data"))
+                    tmp = None
+                    io.fsync_dir(self.folder)
+                    io.checkpoint("data_published")
+                self._publish(new, digests)
+        finally:
+            if tmp_fd is not None:
+                os.close(tmp_fd)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            os.close(lock_fd)
+
+    def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> None:
+        """Merge ``new`` into the manifest on disk and replace it. Caller holds the exclusive lock."""
+        disk, _ = io.read_manifest(self.path)
+        kept: dict[str, CacheEntry] = {}
+        src, stamps, gen = {}, {}, 0
+        if disk is not None and _stale_reason(disk, self.source_digest) is None:
+            _raise_problems(disk)
+            src, stamps, gen = dict(disk.source_digests), dict(disk.source_stamps), disk.generation
+            with self._lock:
+                known_bad = {n for n in self.invalid if self._entries.get(n) == disk.entries.get(n)}
+            kept = {n: e for n, e in disk.entries.items() if n not in new and n not in known_bad}
+        for n, (d, s) in digests.items():
+            src[n] = d
+            if s is None:
+                stamps.pop(n, None)
+            else:
+                stamps[n] = s
+        fds, invalid = io.open_files(list(kept.values()) + list(new.values()))
+        merged = {n: e for n, e in {**kept, **new}.items() if n not in invalid}  # lost files: dropped
+        meta = {SOURCE_MODEL_KEY: self.source_digest, ABI_KEY: self.kernel_abi, GENERATION_KEY: str(gen + 1)}
+        model = encode(meta, list(merged.values()), src, stamps)
+        try:
+            io.write_atomic(self.path, model.SerializeToString(), self.root)
+        except BaseException:
+            io.close_all(fds)
+            raise
+        io.checkpoint("manifest_replaced")
+        io.cleanup(self.folder, self.root, {e.location for e in merged.values()})
+        with self._lock:
+            for f, fd in fds.items():
+                if f in self._fds:
+                    os.close(fd)
+                else:
+                    self._fds[f] = fd
+            self.invalid = {n: r for n, r in self.invalid.items() if n in merged and merged[n] == self._entries.get(n)}
+            self._entries = merged
+            self._digests.update(src)
+            self._stamps = {**stamps}
+            self.stale_reason = None
+            self.generation = gen + 1
+
+    # ---- lifetime ----
+    def close(self) -> None:
+        """Close payload files; queued puts not flushed are dropped. Idempotent."""
+        with self._lock:
+            self._closed = True
+            fds, self._fds = list(self._fds.values()), {}
+            self._queue.clear()
+            self._queued_digests.clear()
+        for fd in fds:
+            os.close(fd)
+
+    def __enter__(self) -> PreparedModelStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PreparedModelStore({self.path!r}, policy={self.policy.value}, entries={len(self._entries)}, "
+                f"invalid={len(self.invalid)}, pending={len(self._queue)}, generation={self.generation})")
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _stale_reason(m: Manifest, source_digest: str) -> str | None:
+    if m.format_version is not None and m.format_version != FORMAT_VERSION:
+        return f"companion format version {m.format_version!r} is not {FORMAT_VERSION!r}"
+    if m.source_model_digest is not None and m.source_model_digest != source_digest:
+        return f"companion belongs to another source model (digest {m.source_model_digest[:16]}...)"
+    return None
+
+
+def _raise_problems(m: Manifest) -> None:
+    if m.problems:
+        name, msg = m.problems[0]
+        where = f" entry {name!r}:" if name else ""
+        more = f" (and {len(m.problems) - 1} more problems; run `onnx-prepared cache verify`)" if len(
+            m.problems) > 1 else ""
+        raise CacheError(f"corrupt companion prepared model {m.path!r}:{where} {msg}{more}")
+

@@ -1,0 +1,290 @@
+"""File operations of the companion cache: locks, aligned payload files, atomic publication, cleanup.
+
+Crash safety comes from ordering, not from recovery code (spec: "an interrupted update leaves either
+the previous complete generation or the new complete generation visible"):
+
+1. payloads go to a temporary data file (``.<root>.<id>.data.tmp``), flock-ed by its writer so a
+   cleaner can tell a live writer from a dead one, and are fsync-ed;
+2. under the exclusive inter-process lock (``<root>.lock``) the data file is renamed to its final
+   name (``<root>.<id>.data``), then a temporary manifest is written, fsync-ed and ``os.replace``-d
+   over the companion; the folder is fsync-ed after each rename;
+3. still under the lock, data files no longer referenced are deleted (only names matching this
+   cache's patterns), as are temporary files left by writers that died.
+
+A SIGKILL anywhere leaves the old manifest pointing at old, untouched data files, plus at worst an
+orphan file that step 3 of the next writer removes. ``checkpoint`` marks each step for the crash
+tests (tests/prepared/test_cache_processes.py); it does nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from onnx_prepared.errors import CacheError
+from onnx_prepared.prepared.cache_format import (
+    ALIGNMENT,
+    CacheEntry,
+    Manifest,
+    data_file_pattern,
+    decode,
+    parse,
+    temp_file_pattern,
+)
+
+try:
+    import fcntl
+except ImportError:  # NOTE: not POSIX (Windows): no inter-process locking, single writer assumed
+    fcntl = None  # type: ignore[assignment]
+
+_RD = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_CHUNK = 16 << 20
+
+
+def checkpoint(stage: str) -> None:
+    """Hook between the steps of a flush; crash and race tests replace it (no-op in production)."""
+
+
+# ---- locks -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def flocked(fd: int | None, exclusive: bool) -> Iterator[None]:
+    """Hold ``flock`` on ``fd`` (shared or exclusive) for the block; a None fd locks nothing."""
+    if fd is None or fcntl is None:
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def open_lock(path: str, *, create: bool) -> int | None:
+    """The lock file's descriptor; None if it does not exist and ``create`` is False (read-only use)."""
+    try:
+        return os.open(path, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        if create:
+            raise
+        return None
+
+
+def _try_lock(fd: int) -> bool:
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+# ---- payload files ---------------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def create_temp_data(folder: str, root: str, gen_id: str) -> tuple[str, int]:
+    """Create and flock a new temporary data file; (path, fd). Call under the shared cache lock."""
+    path = os.path.join(folder, f".{root}.{gen_id}.data.tmp")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
+    return path, fd
+
+
+def write_payloads(fd: int, payloads: list[np.ndarray]) -> list[tuple[int, int, str]]:
+    """Write ``payloads`` at ALIGNMENT-aligned offsets, fsync; [(offset, length, sha256)] per payload."""
+    out, pos = [], 0
+    for arr in payloads:
+        mv = memoryview(arr).cast("B")
+        n, done = len(mv), 0
+        while done < n:
+            done += os.pwrite(fd, mv[done:done + _CHUNK], pos + done)
+        out.append((pos, n, hashlib.sha256(mv).hexdigest()))
+        pos += -(-n // ALIGNMENT) * ALIGNMENT
+    if out and out[-1][1] == 0:  # keep the file size covering every offset (an empty last payload)
+        os.ftruncate(fd, max(os.fstat(fd).st_size, out[-1][0]))
+    os.fsync(fd)
+    return out
+
+
+def fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, root: str) -> None:
+    """Replace ``path`` by ``data``: temporary file, fsync, ``os.replace``, fsync the folder."""
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f".{root}.{new_id()}.onnx.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        mv, done = memoryview(data), 0
+        while done < len(mv):
+            done += os.write(fd, mv[done:])
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    checkpoint("manifest_written")
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(folder)
+
+
+def open_payload_file(file: str) -> tuple[int | None, int, str]:
+    """(fd, size, problem) for a data file: fd None and a reason if it is missing or not a regular file."""
+    try:
+        fd = os.open(file, _RD)
+    except FileNotFoundError:
+        return None, 0, "payload file is missing"
+    except OSError as e:
+        return None, 0, f"cannot open payload file: {e.strerror or e}"
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None, 0, "payload file is not a regular file"
+    return fd, st.st_size, ""
+
+
+def pread_into(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Fill ``buf`` from ``offset``; returns bytes read (less than ``buf.size`` only at end of file)."""
+    mv, got = memoryview(buf), 0
+    while got < len(mv):
+        n = os.preadv(fd, [mv[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def sha256_range(fd: int, offset: int, length: int) -> tuple[str, int]:
+    """(hex sha256, bytes read) of ``length`` bytes at ``offset``, read in bounded chunks (for verify)."""
+    h, buf, done = hashlib.sha256(), np.empty(min(length, _CHUNK), dtype=np.uint8), 0
+    while done < length:
+        n = min(length - done, buf.size)
+        got = pread_into(fd, buf[:n], offset + done)
+        h.update(buf[:got])
+        done += got
+        if got < n:
+            break
+    return h.hexdigest(), done
+
+
+# ---- cleanup ---------------------------------------------------------------------------------------
+
+
+def cleanup(folder: str, root: str, referenced: set[str]) -> list[str]:
+    """Delete this cache's unreferenced data files and dead writers' temporary files; returns names removed.
+
+    Call only under the exclusive cache lock: a live writer's temporary data file is flock-ed (skipped),
+    and temporary manifests exist only inside the lock, so any seen here belongs to a dead writer.
+    """
+    own, temp, removed = data_file_pattern(root), temp_file_pattern(root), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        if own.fullmatch(name) and name not in referenced:
+            pass
+        elif (m := temp.fullmatch(name)) is not None:
+            if m.group(1) == "data" and not _dead_writer(path):
+                continue
+        else:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(name)
+    return removed
+
+
+def _dead_writer(path: str) -> bool:
+    try:
+        fd = os.open(path, _RD)
+    except OSError:
+        return False
+    try:
+        return _try_lock(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- manifest and payload files, read side -------------------------------------------------------
+
+
+def inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def read_manifest(path: str) -> tuple[Manifest | None, int | None]:
+    """(decoded manifest, its inode); (None, None) if there is no companion. Raises CacheError if it
+    cannot be parsed."""
+    try:
+        with open(path, "rb") as f:
+            ino = os.fstat(f.fileno()).st_ino
+            data = f.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        raise CacheError(f"cannot read companion prepared model {path!r}: {e.strerror or e}") from None
+    try:
+        model = parse(data, path)
+    except ValueError as e:
+        raise CacheError(str(e)) from None
+    return decode(model, path), ino
+
+
+def open_files(entries: Iterable[CacheEntry]) -> tuple[dict[str, int], dict[str, str]]:
+    """Open each data file once: (file -> fd, entry name -> reason for entries whose bytes are not there)."""
+    fds: dict[str, int] = {}
+    sizes: dict[str, tuple[int, str]] = {}
+    invalid: dict[str, str] = {}
+    for e in entries:
+        if e.file not in sizes:
+            fd, size, why = open_payload_file(e.file)
+            sizes[e.file] = (size, why)
+            if fd is not None:
+                fds[e.file] = fd
+        size, why = sizes[e.file]
+        if why:
+            invalid[e.key_name] = f"{why}: {e.location or e.file}"
+        elif e.offset + e.length > size:
+            invalid[e.key_name] = (f"payload file truncated: {e.location or e.file} has {size} bytes, the entry "
+                                   f"needs {e.offset}..{e.offset + e.length}")
+    return fds, invalid
+
+
+def close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
