@@ -139,17 +139,14 @@ def write_atomic(path: str, data: bytes, root: str) -> None:
     tmp = os.path.join(folder, f".{root}.{new_id()}.onnx.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        mv, done = memoryview(data), 0
-        while done < len(mv):
-            done += os.write(fd, mv[done:])
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    checkpoint("manifest_written")
-    try:
+        try:
+            mv, done = memoryview(data), 0
+            while done < len(mv):
+                done += os.write(fd, mv[done:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        checkpoint("manifest_written")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

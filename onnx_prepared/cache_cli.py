@@ -1,0 +1,133 @@
+"""``onnx-prepared cache build | verify | info``: build, check and describe a companion prepared model.
+
+Hooked into ``cli.py`` with ``add_cache_parser(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def cmd_cache_build(args: argparse.Namespace) -> int:
+    """Prepare every object of MODEL eagerly and persist the packed ones (build_if_missing)."""
+    from onnx_prepared.prepared.cache import default_prepared_path, info
+    from onnx_prepared.prepared.store import EntryState
+    from onnx_prepared.runtime import RuntimeSession
+
+    out = args.out or default_prepared_path(args.model)
+    sess = RuntimeSession(args.model, {"prepared_model_policy": "build_if_missing", "prepared_model_path": out})
+    try:
+        total = len(sess.plan.requirements)
+        bar = _progress(total, "prepare", quiet=args.quiet)
+        handle = sess.prepare_async()
+        while True:
+            try:
+                handle.wait(timeout=0.2)  # re-raises a preparation failure
+                break
+            except TimeoutError:
+                bar(sum(s is EntryState.RESIDENT for s in sess.store.states().values()))
+        bar(total, done=True)
+        sess.prepare()  # everything is resident: this only waits for the persists and flushes
+    finally:
+        sess.close()
+    summary = info(out)
+    print(f"{out}: {summary['entries']} entries, {summary['total_bytes']:,d} bytes "
+          f"(generation {summary['generation']}, kernel ABI {summary['kernel_abi']})")
+    return 0
+
+
+def cmd_cache_verify(args: argparse.Namespace) -> int:
+    """Check every entry (metadata, files, checksums); exit 1 on any problem."""
+    from onnx_prepared.prepared.cache import source_model_digest, verify
+
+    digest = source_model_digest(args.model) if args.model else None
+    problems = verify(args.path, source_digest=digest)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.path}: OK")
+    return 0
+
+
+def cmd_cache_info(args: argparse.Namespace) -> int:
+    """Entries, bytes, layouts, devices, kernel ABI and source digest of a companion (metadata only)."""
+    from onnx_prepared.prepared.cache import info
+
+    summary = info(args.path)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    print(f"companion: {summary['path']}")
+    print(f"format version: {summary['format_version']}   generation: {summary['generation']}")
+    print(f"source model digest: {summary['source_model_digest']}")
+    print(f"kernel ABI (writer): {summary['kernel_abi']}")
+    print(f"entries: {summary['entries']}   payload bytes: {summary['total_bytes']:,d}   "
+          f"source digests: {summary['source_digests']}")
+    for title, key in (("layouts", "layouts"), ("devices", "devices"), ("kernel ABIs", "kernel_abis")):
+        print(f"{title}: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary[key].items())))
+    for f, size in summary["data_files"].items():
+        print(f"  data file {f}: {'missing' if size is None else f'{size:,d} bytes'}")
+    if args.entries:
+        for e in summary["entry_list"]:
+            print(f"  {e['bytes']:14,d}  {e['name']}  ({e['device']}, {e['kernel_abi']}, {e['file']}@{e['offset']})")
+    for p in summary["problems"]:
+        print(f"problem: {p}")
+    return 0
+
+
+def add_cache_parser(subparsers: Any) -> None:
+    """Register ``cache build|verify|info`` on the CLI's subparsers (each sets ``fn``)."""
+    c = subparsers.add_parser("cache", help="build, verify or describe a companion prepared model")
+    sub = c.add_subparsers(dest="cache_cmd", required=True)
+    b = sub.add_parser("build", help="prepare MODEL eagerly and persist its packed weights")
+    b.add_argument("model")
+    b.add_argument("--out", default=None, help="companion path (default: the per-user cache folder)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(fn=cmd_cache_build)
+    v = sub.add_parser("verify", help="check every entry's metadata, files and checksums (exit 1 on a problem)")
+    v.add_argument("path")
+    v.add_argument("--model", default=None, help="also check the companion belongs to this source model")
+    v.set_defaults(fn=cmd_cache_verify)
+    i = sub.add_parser("info", help="entries, bytes, layouts, devices, kernel ABI (metadata only)")
+    i.add_argument("path")
+    i.add_argument("--entries", action="store_true", help="list every entry")
+    i.add_argument("--json", action="store_true", help="one JSON object")
+    i.set_defaults(fn=cmd_cache_info)
+
+
+def _progress(total: int, desc: str, *, quiet: bool):
+    """``update(n, done=False)``: tqdm when installed and stderr is a terminal, else one rewritten stderr line."""
+    if quiet or total == 0:
+        return lambda n, done=False: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        bar = tqdm(total=total, desc=desc, unit="obj", file=sys.stderr)
+
+        def update_tqdm(n: int, done: bool = False) -> None:
+            bar.update(max(0, n - bar.n))
+            if done:
+                bar.close()
+
+        return update_tqdm
+    tty = sys.stderr.isatty()
+    last = [-1]
+
+    def update_line(n: int, done: bool = False) -> None:
+        if n == last[0] and not done:
+            return
+        last[0] = n
+        if tty or done:
+            end = "\n" if done else ""
+            sys.stderr.write(f"\r{desc}: {n}/{total} prepared objects{end}")
+            sys.stderr.flush()
+
+    return update_line
+
