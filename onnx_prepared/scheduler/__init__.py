@@ -10,7 +10,7 @@ Terms
 A *task* is one unit of work, ``fn(task)``, on one resource class. A *submission* wants a set of tasks:
 the ones it names plus every unfinished task they transitively depend on. A task may be wanted by several
 live submissions at once (a shared session task); its *interest* is the set of those submissions.
-A task is *started* once it holds a slot (state RUNNING); tasks are single-use.
+A task is *started* once it holds a slot (state RUNNING).
 
 Scheduling
 ----------
@@ -48,8 +48,11 @@ C5. Cancelling one submission never cancels a task another live submission wants
 C6. ``Cancelled`` derives from ``BaseException``, so ``except Exception`` cannot swallow it.
 C7. Cleanup always runs: a cancelled or failed task's slot and memory charge are released; leases it
     already handed out stay with their owner.
-C8. Dependents of a cancelled task are cancelled (their ``cause`` names it); a terminal task never runs
-    again, so a retry is a new task (a new generation).
+C8. Dependents of a cancelled task are cancelled (their ``cause`` names it). A cancelled task is revived,
+    with a fresh token, when a later submission wants it (names it or depends on it): its effect did not
+    happen, so it runs again; a session may therefore keep handing out a generation that an inference's
+    cancel just withdrew, without a race. Succeeded, failed and suppressed tasks never run again: a retry
+    after a failure is a new task (a new generation).
 
 Failure
 -------
@@ -78,8 +81,9 @@ H2. ``with handle:`` waits on exit and re-raises a failure. If the block raises,
     submission's own Cancelled is stripped: the block caused it).
 H3. ``await handle`` returns ``result()`` without blocking the event loop; cancelling the awaiting
     asyncio task cancels the submission (as ``asyncio.wrap_future`` does).
-H4. Done callbacks run once, after the terminal state, on the thread that completed the submission and
-    outside the scheduler lock (on the caller's thread if it was already terminal).
+H4. Done callbacks run once, after the terminal state and after ``wait()`` callers were released, on the
+    thread that completed the submission and outside the scheduler lock (on the caller's thread if it was
+    already terminal). ``when_done`` task callbacks run before the submissions they complete are released.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ class _Submission:
         "attaching",
         "callbacks",
         "cancel_requested",
+        "diagnostics",
         "done",
         "errors",
         "fail_fast",
@@ -91,7 +92,7 @@ class _Submission:
     def __init__(self, scheduler: RuntimeScheduler, *, fail_fast: bool, result: Any, keepalive: Any):
         self.scheduler = scheduler
         self.state = H.RUNNING  # written only by _transition
-        self.members: set[Task] = set()  # every task this submission wanted (closure), terminal or not
+        self.members: dict[Task, None] = {}  # every task it wanted (closure), dependencies first
         self.pending = 0  # members not terminal and not released; 0 -> the submission completes
         self.attaching = False  # completion is deferred while tasks are being attached
         self.fail_fast = fail_fast
@@ -100,6 +101,7 @@ class _Submission:
         self.errors: list[BaseException] = []
         self.n_cancelled = 0
         self.released: list[Task] = []
+        self.diagnostics: Diagnostics | None = None  # frozen at the terminal state
         self.done = threading.Event()
         self.callbacks: list[Callable[[], Any]] = []
         self.result_spec = result

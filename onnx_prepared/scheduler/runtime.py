@@ -28,6 +28,7 @@ from onnx_prepared.scheduler.task import (
     IN_READY,
     IN_WAIT,
     TERMINAL,
+    CancelToken,
     Priority,
     Resource,
     Resume,
@@ -40,6 +41,7 @@ from onnx_prepared.scheduler.workers import WorkerPool, _log
 S = TaskState
 _PENDING, _READY, _RUNNING = S.PENDING, S.READY, S.RUNNING
 _SUCCEEDED, _FAILED, _SUPPRESSED, _CANCELLED = S.SUCCEEDED, S.FAILED, S.SUPPRESSED, S.CANCELLED
+_FINAL = frozenset({_SUCCEEDED, _FAILED, _SUPPRESSED})  # terminal for good (CANCELLED can be revived)
 _OK, _FAIL, _CANCEL, _RESUME = 0, 1, 2, 3
 _OUTCOME = ("succeeded", "failed", "cancelled", "resumed")
 _UNBOUNDED = 1 << 30
@@ -283,10 +285,13 @@ class RuntimeScheduler:
 
     def _diagnostics(self, sub: _Submission) -> Diagnostics:
         with self._lock:
-            suppressed = [(t, t.cause) for t in sub.members if t.state is _SUPPRESSED and t.cause is not None]
-            cancelled = [t for t in sub.members if t.state is _CANCELLED]
-            return Diagnostics(sub.state, tuple(sub.failed), tuple(sub.errors), tuple(suppressed),
-                               tuple(cancelled), tuple(sub.released))
+            return sub.diagnostics if sub.diagnostics is not None else self._snapshot(sub)
+
+    def _snapshot(self, sub: _Submission) -> Diagnostics:
+        suppressed = [(t, t.cause) for t in sub.members if t.state is _SUPPRESSED and t.cause is not None]
+        cancelled = [t for t in sub.members if t.state is _CANCELLED]
+        return Diagnostics(sub.state, tuple(sub.failed), tuple(sub.errors), tuple(suppressed),
+                           tuple(cancelled), tuple(sub.released))
 
     def _retain(self, task: Task, nbytes: int) -> MemoryLease:
         with self._lock:
@@ -320,7 +325,7 @@ class RuntimeScheduler:
                 continue
             self._check_attachable(root)
             seen.add(root)
-            stack = [(root, iter(root._deps) if root.state not in TERMINAL else iter(()))]
+            stack = [(root, iter(root._deps) if root.state not in _FINAL else iter(()))]
             while stack:
                 t, it = stack[-1]
                 for d in it:
@@ -328,24 +333,27 @@ class RuntimeScheduler:
                         continue
                     self._check_attachable(d)
                     seen.add(d)
-                    stack.append((d, iter(d._deps) if d.state not in TERMINAL else iter(())))
+                    stack.append((d, iter(d._deps) if d.state not in _FINAL else iter(())))
                     break
                 else:
                     stack.pop()
                     order.append(t)
         # Nothing mutated above: a bad task raises before the submission changes.
-        members.update(order)
+        members.update(dict.fromkeys(order))  # ordered: dependencies first, so cancels cascade with causes
         sub.attaching = True
         fresh: list[Task] = []
         try:
             for t in order:
-                if t.state in TERMINAL:
+                st = t.state
+                if st is _CANCELLED:  # wanted again: C8 revives it with a fresh token
+                    self._revive(t)
+                elif st in TERMINAL:
                     self._observe(sub, t)
                     continue
                 t._subs.append(sub)
                 sub.pending += 1
-                if t._sched is None:
-                    self._first_attach(t, fresh, fx)
+                if t._sched is None or st is _CANCELLED:
+                    self._register(t, fresh, fx)
             if priority is not None:
                 for r in roots:
                     self._promote(r, priority, fx)
@@ -374,7 +382,15 @@ class RuntimeScheduler:
             raise ValueError(f"task {t.name!r} uses unknown resource {t.resource!r}; this scheduler has "
                              f"{', '.join(self._queues)}")
 
-    def _first_attach(self, t: Task, fresh: list[Task], fx: _Effects) -> None:
+    def _revive(self, t: Task) -> None:
+        t._transition(_PENDING)
+        t.token = CancelToken(t.name)
+        t.cause = None
+        for d in t._deps:  # edges from the previous life would count twice (test_properties found this)
+            if d._dependents:
+                d._dependents = [x for x in d._dependents if x is not t]
+
+    def _register(self, t: Task, fresh: list[Task], fx: _Effects) -> None:
         """Register ``t``'s dependency edges (its dependencies were attached before it: post-order)."""
         t._sched = self
         t._queue = self._queues[t.resource]
@@ -421,7 +437,8 @@ class RuntimeScheduler:
                 self.memory.release(t.memory.domain, t._held)
                 t._held = 0
             t._where = IN_NONE
-            t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
+            if state is not _CANCELLED:  # a cancelled task keeps its body: C8 may revive it
+                t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
             dependents = t._dependents
             t._dependents = []
             if state is _SUCCEEDED:
@@ -438,7 +455,9 @@ class RuntimeScheduler:
                         work.append((d, dstate, None, root))
             done.append(t)
         for t in done:
-            for sub in t._subs:
+            subs = t._subs
+            t._subs = []
+            for sub in subs:
                 self._notify(sub, t, fx)
             if t._callbacks is not None:
                 fx.callbacks.append((t._callbacks, t))
@@ -496,6 +515,7 @@ class RuntimeScheduler:
         else:
             st = HandleState.SUCCEEDED
         sub._transition(st)
+        sub.diagnostics = self._snapshot(sub)  # final: a revived task must not rewrite history
         self._live.discard(sub)
         fx.subs.append(sub)
 

@@ -51,7 +51,7 @@ class TaskState(IntEnum):
     SUCCEEDED = 3
     FAILED = 4  # its body raised
     SUPPRESSED = 5  # never ran: a dependency failed (``cause`` names the failed task)
-    CANCELLED = 6  # never ran, or raised Cancelled after cancellation
+    CANCELLED = 6  # never ran, or raised Cancelled after cancellation; revivable (C8)
 
     def __str__(self) -> str:
         return self.name
@@ -65,7 +65,9 @@ _ALLOWED: dict[TaskState, frozenset[TaskState]] = {
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.SUPPRESSED: frozenset(),
-    S.CANCELLED: frozenset(),
+    # Revived when a later submission wants it: it never started, or raised Cancelled; either way its
+    # effect did not happen, so running it again is safe (C8).
+    S.CANCELLED: frozenset({S.PENDING}),
 }
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.SUPPRESSED, S.CANCELLED})
 
@@ -110,7 +112,8 @@ class Task:
     ...             memory=MemoryEstimate(Domain.PREPARATION, output=nbytes), name="read W0")
     >>> pack = Task(lambda t: prepack(read.result), deps=[read], name="prepack W0")
 
-    Tasks are single-use: a terminal task never runs again (a retry is a new task, a new generation).
+    A succeeded, failed or suppressed task never runs again (a retry is a new task, a new generation);
+    a cancelled one is revived if a later submission wants it.
     """
 
     __slots__ = (
