@@ -9,7 +9,9 @@ from onnx_prepared.errors import (
     OnnxPreparedError,
     UnsupportedOpError,
 )
-from onnx_prepared.session import InferenceSession, NodeArg, SessionOptions
+from onnx_prepared.options import SessionOptions
+from onnx_prepared.runtime import RuntimeSession
+from onnx_prepared.session import InferenceSession, NodeArg
 
 __version__ = "0.1.0"
 
@@ -22,6 +24,7 @@ __all__ = [
     "ModelLoadError",
     "NodeArg",
     "OnnxPreparedError",
+    "RuntimeSession",
     "SessionOptions",
     "UnsupportedOpError",
 ]

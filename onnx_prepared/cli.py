@@ -29,7 +29,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from onnx_prepared.kernels import registry
     from onnx_prepared.model import load_model
-    from onnx_prepared.session import _shape, _type_string
+    from onnx_prepared.runtime.feeds import shape_of as _shape
+    from onnx_prepared.runtime.feeds import type_string as _type_string
 
     m = load_model(args.model)
     if args.plan:

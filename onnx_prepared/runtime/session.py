@@ -25,11 +25,14 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from onnx_prepared.errors import InvalidFeedError
 from onnx_prepared.memory import Arenas
 from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
+from onnx_prepared.model.loader import inline_nested_external
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.resolve import ManifestReader, PreparedKey, ResolvedModel, resolve_model
+from onnx_prepared.runtime.feeds import check_value, sparse_to_dense
 from onnx_prepared.runtime.state import ExecutionSubmission, PreparedExecutionState, ReadEntry
 from onnx_prepared.scheduler import (
     CpuExecutor,
@@ -45,6 +48,27 @@ from onnx_prepared.scheduler import (
 )
 
 _FAILED = (TaskState.FAILED, TaskState.SUPPRESSED)
+
+_DEFAULT: RuntimeScheduler | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_scheduler() -> RuntimeScheduler:
+    """The process-wide scheduler shared by sessions that bring none (like onnxruntime's global pools).
+
+    Its CPU executor has one slot reserved for inference and one for preparation on a 2-core machine.
+    Created on first use; closed at interpreter exit.
+    """
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            import atexit
+
+            workers = min(2, os.cpu_count() or 1)
+            _DEFAULT = RuntimeScheduler(cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
+                                        io_workers=4, name="onnx-prepared")
+            atexit.register(_DEFAULT.close, cancel=True)
+        return _DEFAULT
 
 
 class RuntimeSession:
@@ -66,6 +90,11 @@ class RuntimeSession:
         self.options = options
         opt = _opt(options)
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        if loaded.nested_external:
+            # NOTE: external tensors inside subgraphs/attributes are read now (onnx.reference-style
+            # evaluators read those protos directly); top-level initializers stay metadata-only.
+            with ExternalDataReader() as r:
+                inline_nested_external(loaded, r)
         policy = opt("prepared_model_policy", "disabled")
         policy = str(getattr(policy, "value", policy))
         self.prepared_store = None
@@ -86,22 +115,39 @@ class RuntimeSession:
         self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader),
                                             self.prepared_store)
         self.store = self.state.store
-        self._owns_scheduler = scheduler is None
+        # A session gets its own scheduler only when asked for non-default resources or a trace;
+        # otherwise it shares the process-wide one (thread start-up is not free, and N sessions must
+        # not mean N thread pools).
+        custom = any(opt(k, d) != d for k, d in (("intra_op_num_threads", 0), ("io_workers", 4),
+                                                  ("memory_limit", None), ("trace", False)))
+        self._owns_scheduler = scheduler is None and custom
         if scheduler is None:
-            workers = opt("intra_op_num_threads", 0) or min(2, os.cpu_count() or 1)
-            scheduler = RuntimeScheduler(
-                cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
-                io_workers=opt("io_workers", 4),
-                memory=MemoryBudget(opt("memory_limit", None)),
-                trace=bool(opt("trace", False)),
-            )
+            if custom:
+                workers = opt("intra_op_num_threads", 0) or min(2, os.cpu_count() or 1)
+                scheduler = RuntimeScheduler(
+                    cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
+                    io_workers=opt("io_workers", 4),
+                    memory=MemoryBudget(opt("memory_limit", None)),
+                    trace=bool(opt("trace", False)),
+                )
+            else:
+                scheduler = default_scheduler()
         self.scheduler = scheduler
         self._lock = threading.Lock()
         self._producers: dict[PreparedKey, Task] = {}  # current generation's publishing task
         self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields", "dispatches"
         ex = self.plan.execution
-        self._input_slots = {ex.slot_names[s]: s for s in ex.input_slots}
+        g = loaded.graph
+        self._slot_of = {n: i for i, n in enumerate(ex.slot_names)}
+        self._required_inputs = [ex.slot_names[s] for s in ex.input_slots]
+        self._input_types = {i.name: i.type for i in g.input}
+        self._bit_of_slot = {s: b for b, s in enumerate(self.plan.requirement_slots) if s >= 0}
+        # Values that are part of the plan itself, not weights: sparse initializers (inline, tiny).
+        self._constants = ex.new_values()
+        for sp in g.sparse_initializer:
+            if sp.values.name in self._slot_of:
+                self._constants[self._slot_of[sp.values.name]] = sparse_to_dense(sp)
         self._internal: set[ExecutionHandle] = set()  # session-owned background submissions
         self._persist_lock = threading.Lock()
         self._persists_pending = 0
@@ -157,11 +203,15 @@ class RuntimeSession:
         ``context`` carries caller-owned mutable bindings (e.g. a KV cache); it belongs to this
         submission only and is kept alive until it is terminal.
         """
-        values = self._bind_feeds(feeds)
+        values, overridden = self._bind_feeds(feeds)
         sub = ExecutionSubmission(self.state.next_invocation_id(), values, context)
+        sub.held.update(overridden)
         epoch = self.store.epoch
         if self.store.hot_epoch == epoch and self.store.acquire_lease(epoch):
             sub.hot = True
+            for s, v in enumerate(self._hot_template()):
+                if v is not None and values[s] is None:
+                    values[s] = v
             self.counters["hot_runs"] += 1
             task = Task(lambda t: self._run_hot(t, sub), resource=Resource.CPU, priority=Priority.CRITICAL,
                         name=f"I.run-{sub.invocation_id}")
@@ -173,6 +223,8 @@ class RuntimeSession:
         # Start every producer this run needs now, so reads and prepacks overlap the first nodes.
         # The run binds to the generation current now (spec: RunAsync step 4).
         for b, r in enumerate(self.plan.requirements):
+            if b in sub.held:
+                continue
             p = self._ensure(r.key, Priority.PREFETCH)
             if p is not None:
                 sub.bound[b] = p
@@ -318,40 +370,29 @@ class RuntimeSession:
             self.store.abandon(key, gen)
 
     # ---- invocation ----
-    def _bind_feeds(self, feeds: Mapping[str, Any]) -> list:
-        from onnx_prepared.session import _check_value  # NOTE: lazy: session.py builds on this module
-
-        ex = self.plan.execution
-        values = ex.new_values()
-        types = self._graph_input_types()
+    def _bind_feeds(self, feeds: Mapping[str, Any]) -> tuple[list, frozenset[int]]:
+        """A fresh value list with the checked feeds, and the requirement bits the caller overrode."""
+        values = list(self._constants)
+        types = self._input_types
+        for name in self._required_inputs:
+            if name not in feeds:
+                raise InvalidFeedError(f"missing input {name!r}; expected inputs: {self._required_inputs}")
+        overridden = []
         for name, v in feeds.items():
-            slot = self._input_slots.get(name)
-            if slot is None and name not in types:
-                from onnx_prepared.errors import InvalidFeedError
-
-                raise InvalidFeedError(f"unknown input {name!r}; expected inputs: {list(self._input_slots)}")
-            values[slot if slot is not None else ex.slot_names.index(name)] = _check_value(name, types[name], v)
-        missing = [n for n, s in self._input_slots.items() if values[s] is None]
-        if missing:
-            from onnx_prepared.errors import InvalidFeedError
-
-            raise InvalidFeedError(f"missing input {missing[0]!r}; expected inputs: {list(self._input_slots)}")
-        return values
-
-    def _graph_input_types(self) -> dict:
-        types = getattr(self, "_input_types", None)
-        if types is None:
-            types = self._input_types = {i.name: i.type for i in self.resolved.source.graph.input}
-        return types
+            tp = types.get(name)
+            if tp is None:
+                raise InvalidFeedError(f"unknown input {name!r}; expected inputs: {self._required_inputs}")
+            slot = self._slot_of[name]
+            values[slot] = check_value(name, tp, v)
+            b = self._bit_of_slot.get(slot)
+            if b is not None:  # an initializer-backed input the caller overrides
+                overridden.append(b)
+        return values, frozenset(overridden)
 
     def _run_hot(self, task: Task, sub: ExecutionSubmission) -> None:
         """The hot path: one lease (taken at submission), direct replay, release."""
         try:
-            values = sub.values
-            for s, v in enumerate(self._hot_template()):
-                if v is not None:
-                    values[s] = v
-            self.plan.execution.replay(values)
+            self.plan.execution.replay(sub.values)
         finally:
             self.store.release_lease()
 
@@ -410,7 +451,6 @@ class RuntimeSession:
         for key in sub.pinned:
             self.store.unpin(key)
         sub.pinned.clear()
-        sub.held.clear()
 
     def _outputs(self, sub: ExecutionSubmission) -> list:
         vals = sub.values

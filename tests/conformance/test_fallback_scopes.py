@@ -124,7 +124,7 @@ def test_if_inside_loop_reads_values_from_both_enclosing_scopes():
     (v,) = got = _run(model, {"x": x})
     np.testing.assert_allclose(v, x)  # iteration 0 subtracts w, iteration 1 adds it back
     _check_against_ort(model, {"x": x}, got)
-    plan = onnx_prepared.InferenceSession(model)._plan
+    plan = onnx_prepared.InferenceSession(model).runtime.plan.execution
     (loop,) = [a for a in plan.actions if a.kernel.name.endswith("Loop-17")]
     assert loop.kernel.implicit_inputs == ("w",)
 

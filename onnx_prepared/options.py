@@ -1,0 +1,32 @@
+"""SessionOptions: onnxruntime's options object plus the prepared-execution settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SessionOptions:
+    """Settings of a session. Unknown onnxruntime options are accepted and ignored, so ORT code runs as is.
+
+    >>> so = SessionOptions()
+    >>> so.prepared_model_policy = "build_if_missing"   # persist prepacked weights for the next process
+    >>> sess = InferenceSession("model.onnx", so)
+    """
+
+    #: CPU workers of the session scheduler (0: one per core, at most 2 by default).
+    intra_op_num_threads: int = 0
+    #: bounded I/O workers for external-data and cache reads
+    io_workers: int = 4
+    #: companion prepared model: "disabled", "read_only", "build_if_missing" or "require_complete"
+    prepared_model_policy: str = "disabled"
+    #: companion model path (default: a per-user cache folder keyed by the model's identity)
+    prepared_model_path: str | None = None
+    #: bytes of resident prepared objects (PreparedArena); None = unlimited
+    prepared_memory_limit: int | None = None
+    #: global byte budget of the scheduler's memory admission; None = unlimited
+    memory_limit: int | None = None
+    #: record a per-task trace (``session.scheduler.trace``), exportable to Perfetto
+    trace: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
