@@ -1,0 +1,220 @@
+"""Time to first output against onnxruntime: process start to the first prefill's logits.
+
+Each measurement is a fresh process, started right after the model's files were evicted from the page
+cache (``cold``, checked with ``mincore``) or read once (``warm``). Runtimes, interleaved in rotating
+order within each repetition, on the same model and feeds (a prefill of ``--prompts`` tokens):
+
+- ``ort``: ``import onnxruntime``, ``InferenceSession(path, providers=["CPUExecutionProvider"])`` (default
+  options), ``run(None, feeds)``
+- ``ours``: ``import onnx_prepared.runtime.session``, ``RuntimeSession(path)``, ``run(feeds)`` (cold path:
+  the run streams weights in while it executes), with the numba accelerator as installed
+- ``ours-nonumba``: the same with ``ONNX_PREPARED_NUMBA=0``
+
+Phases (ms, from the process's spawn): interpreter start, ``import numpy``, import of the runtime,
+feeds, session creation, first run; TTFO is their sum (spawn -> logits). For ``ours`` the first run is
+split further from its scheduler trace: time the run continuation computed, time it waited for
+prepared objects, and the summed read / prepack task durations. Goals (issue): on the medium and large
+presets, cold TTFO <= 0.5x onnxruntime's with 16 tokens and <= 0.7x with 128 tokens.
+
+    python benchmarks/ttfo.py [--presets medium,large] [--prompts 16,128] [--reps 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import _common as C
+
+RUNTIMES = ("ort", "ours", "ours-nonumba")
+GOALS = {16: 0.5, 128: 0.7}
+_PHASES = ("interp_ms", "numpy_ms", "import_ms", "feeds_ms", "session_ms", "run_ms")
+
+
+# **** child process ****
+
+
+def child(a: argparse.Namespace) -> None:
+    t_main = time.perf_counter()
+    import numpy as np
+
+    t_np = time.perf_counter()
+    if a.child == "ort":
+        import onnxruntime as ort
+
+        t_imp = time.perf_counter()
+        feeds = C.llm_prefill_feeds(a.model, a.tokens)
+        t_feeds = time.perf_counter()
+        sess = ort.InferenceSession(a.model, providers=["CPUExecutionProvider"])
+        t_sess = time.perf_counter()
+        out = sess.run(None, feeds)
+        t_out = time.perf_counter()
+        extra: dict = {}
+    else:
+        from onnx_prepared.runtime.session import RuntimeSession
+
+        t_imp = time.perf_counter()
+        feeds = C.llm_prefill_feeds(a.model, a.tokens)
+        t_feeds = time.perf_counter()
+        sess = RuntimeSession(a.model, {"trace": True})
+        t_sess = time.perf_counter()
+        out = sess.run(feeds)
+        t_out = time.perf_counter()
+        extra = _ours_breakdown(sess, t_sess, t_out)
+        sess.close()
+    logits = np.asarray(out[0])[0, -1]
+    C.child_print({
+        "runtime": a.child,
+        "interp_ms": (t_main - a.spawn) * 1e3,
+        "numpy_ms": (t_np - t_main) * 1e3,
+        "import_ms": (t_imp - t_np) * 1e3,
+        "feeds_ms": (t_feeds - t_imp) * 1e3,
+        "session_ms": (t_sess - t_feeds) * 1e3,
+        "run_ms": (t_out - t_sess) * 1e3,
+        "ttfo_ms": (t_out - a.spawn) * 1e3,
+        "peak_rss_mb": C.max_rss_mb(),
+        "argmax": int(logits.argmax()),
+        "logits_head": [float(x) for x in logits[:4]],
+        **extra,
+    })
+
+
+def _ours_breakdown(sess, t0: float, t1: float) -> dict:
+    """Split the first run: continuation compute vs waiting, and the loading work done meanwhile."""
+    from onnx_prepared.kernels.matmul_nbits import accelerator_state
+
+    recs = [r for r in sess.scheduler.trace.records() if r.started <= t1]
+    runs = sorted((r for r in recs if r.name.startswith("I.run")), key=lambda r: r.started)
+    reads = [r for r in recs if r.name.endswith(".read_source")]
+    packs = [r for r in recs if r.name.endswith(".prepack")]
+    busy = sum(r.finished - r.started for r in runs)
+    return {
+        "run_compute_ms": busy * 1e3,
+        "run_wait_ms": ((t1 - t0) - busy) * 1e3,
+        "yields": sess.counters["yields"],
+        "read_sum_ms": sum(min(r.finished, t1) - r.started for r in reads) * 1e3,
+        "prepack_sum_ms": sum(min(r.finished, t1) - r.started for r in packs) * 1e3,
+        "reads_done": sum(1 for r in reads if r.finished <= t1),
+        "prepacks_done": sum(1 for r in packs if r.finished <= t1),
+        "accelerator_at_output": accelerator_state().name.lower(),
+    }
+
+
+# **** parent ****
+
+
+def bench(a: argparse.Namespace) -> dict:
+    me = os.path.abspath(__file__)
+    env_of = {"ort": {}, "ours": {}, "ours-nonumba": {"ONNX_PREPARED_NUMBA": "0"}}
+    res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS,
+                 "numba_installed": _numba_installed(), "cases": []}
+    raw: dict[tuple, list[dict]] = {}
+    resident: dict[str, list[float]] = {"cold": [], "warm": []}
+    paths = {p: C.tiny_llm_path(a.models_dir, p) for p in a.presets}
+    for rep in range(a.reps):
+        for preset in a.presets:
+            files = C.model_files(paths[preset])
+            for tokens in a.prompts:
+                for cache in a.caches:
+                    for rt in C.rotate(list(a.runtimes), rep):
+                        frac = C.set_cache(files, cache)
+                        if frac is not None:
+                            resident[cache].append(frac)
+                        r = C.run_child([me, "--child", rt, "--model", paths[preset], "--tokens", str(tokens)],
+                                        env_of[rt])
+                        raw.setdefault((preset, tokens, cache, rt), []).append(r)
+    for (preset, tokens, cache, rt), runs in raw.items():
+        row: dict = {"preset": preset, "tokens": tokens, "cache": cache, "runtime": rt, "n": len(runs)}
+        for k, v in runs[0].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "argmax":
+                row[k] = C.median([r[k] for r in runs])
+        row["argmax"] = runs[0]["argmax"]
+        row["accelerator_at_output"] = sorted({r.get("accelerator_at_output", "") for r in runs} - {""}) or None
+        res["cases"].append(row)
+    by = {(r["preset"], r["tokens"], r["cache"], r["runtime"]): r for r in res["cases"]}
+    for r in res["cases"]:
+        base = by.get((r["preset"], r["tokens"], r["cache"], "ort"))
+        if base is not None and r["runtime"] != "ort":
+            r["vs_ort"] = r["ttfo_ms"] / base["ttfo_ms"]
+            r["goal"] = GOALS.get(r["tokens"])
+            r["meets_goal"] = r["vs_ort"] <= r["goal"] if r["goal"] and r["cache"] == "cold" else None
+            r["same_argmax"] = r["argmax"] == base["argmax"]
+            r["delta_ms"] = {p: r[p] - base[p] for p in _PHASES}
+    res["resident_before"] = {k: ([round(min(v), 4), round(max(v), 4)] if v else None) for k, v in resident.items()}
+    return res
+
+
+def _numba_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
+
+
+def print_table(res: dict) -> None:
+    m = res["machine"]
+    print(f"time to first output, process start -> first prefill logits (medians of {res['reps']} fresh processes, "
+          f"interleaved; cpus={m['cpu_count']} load={m['load_avg']}; numba installed: {res['numba_installed']})")
+    rb = res["resident_before"]
+    if rb.get("cold"):
+        print(f"page cache resident before cold runs: {rb['cold'][0]:.1%}..{rb['cold'][1]:.1%}"
+              + ("  WARNING: eviction did not work" if rb["cold"][1] > 0.05 else ""))
+    for r in res["cases"]:
+        r["case"] = f"{r['preset']} {r['tokens']}tok {r['cache']}"
+    print(C.table(res["cases"], [
+        ("case", "case", ""), ("runtime", "runtime", ""), ("interp", "interp_ms", ".0f"), ("numpy", "numpy_ms", ".0f"),
+        ("import", "import_ms", ".0f"), ("session", "session_ms", ".0f"), ("first run", "run_ms", ".0f"),
+        ("TTFO ms", "ttfo_ms", ".0f"), ("vs ort", "vs_ort", ".2f"), ("goal", "goal", ".1f"),
+        ("meets", "meets_goal", ""), ("same argmax", "same_argmax", ""), ("peak RSS MB", "peak_rss_mb", ".0f"),
+    ]))
+    ours = [r for r in res["cases"] if r["runtime"] != "ort"]
+    if ours:
+        print("\nour first run, split (from its trace): continuation compute vs waiting for prepared objects; "
+              "loading work done before the output")
+        for r in ours:
+            d = r.get("delta_ms") or {}
+            r["d_import"], r["d_session"], r["d_run"] = d.get("import_ms"), d.get("session_ms"), d.get("run_ms")
+            acc = r.get("accelerator_at_output")
+            r["accel"] = ",".join(acc) if acc else None
+        print(C.table(ours, [
+            ("case", "case", ""), ("runtime", "runtime", ""), ("run compute", "run_compute_ms", ".0f"),
+            ("run wait", "run_wait_ms", ".0f"), ("yields", "yields", ".0f"), ("read sum", "read_sum_ms", ".0f"),
+            ("prepack sum", "prepack_sum_ms", ".0f"), ("numba at output", "accel", ""),
+            ("vs ort: import", "d_import", "+.0f"), ("session", "d_session", "+.0f"), ("first run", "d_run", "+.0f"),
+        ]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models-dir", default=C.MODELS_DIR)
+    ap.add_argument("--presets", type=C.parse_list, default=["medium", "large"],
+                    help="comma-separated tiny-llm presets (default medium,large)")
+    ap.add_argument("--prompts", type=lambda s: [int(x) for x in C.parse_list(s)], default=[16, 128],
+                    help="prompt lengths (default 16,128)")
+    ap.add_argument("--caches", type=C.parse_list, default=["cold", "warm"])
+    ap.add_argument("--runtimes", type=C.parse_list, default=list(RUNTIMES))
+    ap.add_argument("--reps", type=int, default=3, help="fresh processes per row (median reported)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ap.add_argument("--child", choices=["ort", "ours", "ours-nonumba"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--spawn", type=float, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        child(a)
+        return 0
+    bad = [c for c in a.caches if c not in ("cold", "warm")] + [r for r in a.runtimes if r not in RUNTIMES]
+    if bad or a.reps < 1 or not a.prompts or min(a.prompts) < 1:
+        ap.error(f"bad caches/runtimes {bad} or non-positive reps/prompts")
+    if "ort" in a.runtimes:
+        import importlib.util
+
+        if importlib.util.find_spec("onnxruntime") is None:
+            ap.error("onnxruntime is not installed (pip install onnxruntime), or pass --runtimes ours,ours-nonumba")
+    C.emit(bench(a), a.json, print_table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
