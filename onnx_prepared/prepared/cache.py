@@ -92,12 +92,15 @@ def source_model_digest(model_path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def default_prepared_path(model_path: str | os.PathLike) -> str:
-    """``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/onnx-prepared/prepared/<digest[:16]>/<stem>.prepared.onnx``."""
+def default_prepared_path(model_path: str | os.PathLike, *, digest: str | None = None) -> str:
+    """``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/onnx-prepared/prepared/<digest[:16]>/<stem>.prepared.onnx``.
+
+    Pass ``digest`` (``source_model_digest(model_path)``) when already computed, to hash the model once.
+    """
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     stem = os.path.splitext(os.path.basename(os.fspath(model_path)))[0]
-    return os.path.join(base, "onnx-prepared", "prepared", source_model_digest(model_path)[:16],
-                        f"{stem}.prepared.onnx")
+    digest = digest or source_model_digest(model_path)
+    return os.path.join(base, "onnx-prepared", "prepared", digest[:16], f"{stem}.prepared.onnx")
 
 
 def _root(path: str) -> str:
@@ -416,8 +419,11 @@ class PreparedModelStore:
                     self._fds[f] = fd
             self.invalid = {n: r for n, r in self.invalid.items() if n in merged and merged[n] == self._entries.get(n)}
             self._entries = merged
-            self._digests.update(src)
-            self._stamps = {**stamps}
+            for n, d in src.items():  # a digest recorded since the snapshot is newer than the disk's
+                if n not in self._queued_digests:
+                    self._digests[n] = d
+                    if n in stamps:
+                        self._stamps[n] = stamps[n]
             self.stale_reason = None
             self.generation = gen + 1
 

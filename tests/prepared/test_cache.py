@@ -77,9 +77,9 @@ def data_files(folder) -> list[str]:
 
 def test_round_trip_put_flush_reopen_lookup_read(tmp_path):
     path = tmp_path / "m.prepared.onnx"
-    a, b = key("W"), key("A+B", "nbits:q4:b32")
+    a, b, z = key("W"), key("A+B", "nbits:q4:b32"), key("Z")
     pa, pb = payload(1, 10_000), payload(2, 33)
-    s = build(path, {a: pa, b: pb})
+    s = build(path, {a: pa, b: pb, z: np.zeros(0, np.uint8)})
     assert s.lookup(a) is not None  # the writer sees its own generation at once
     s.close()
     r = PreparedModelStore(path, source_digest=SRC, policy=RO)
@@ -91,8 +91,14 @@ def test_round_trip_put_flush_reopen_lookup_read(tmp_path):
     got = r.read_payload(eb, out=out)
     np.testing.assert_array_equal(got, pb)
     assert got.base is out or np.shares_memory(got, out)
+    assert r.read_payload(r.lookup(z)).shape == (0,)
     assert r.bytes_read == 10_033
-    assert set(r.entries()) == {"prepared/W@gemm_b:t1", "prepared/A+B@nbits:q4:b32"}
+    assert set(r.entries()) == {"prepared/W@gemm_b:t1", "prepared/A+B@nbits:q4:b32", "prepared/Z@gemm_b:t1"}
+    # any dtype is stored as its bytes
+    f = np.linspace(0, 1, 7, dtype=np.float32)
+    build(path, {key("F"): f}).close()
+    assert r.read_payload(PreparedModelStore(path, source_digest=SRC, policy=RO).lookup(key("F"))).view(
+        np.float32).tolist() == f.tolist()
     assert r.generation == 1 and r.invalid == {} and r.stale_reason is None
 
 
@@ -145,8 +151,8 @@ def test_source_model_digest_and_default_path(tmp_path, monkeypatch):
     os.utime(copy, (1, 1))
     assert source_model_digest(copy) == d  # identity ignores path and timestamps
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_prepared_path(model) == str(tmp_path / "xdg" / "onnx-prepared" / "prepared" / d[:16] /
-                                               "tiny.prepared.onnx")
+    want = str(tmp_path / "xdg" / "onnx-prepared" / "prepared" / d[:16] / "tiny.prepared.onnx")
+    assert default_prepared_path(model) == default_prepared_path(model, digest=d) == want
     with pytest.raises(CacheError, match=r"missing\.onnx"):
         source_model_digest(tmp_path / "missing.onnx")
 
