@@ -111,6 +111,16 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
         def empty_task():
             return sched.submit(Task(lambda t: None, resource=Resource.CPU, priority=Priority.CRITICAL)).result()
 
+        def inline_task():  # the same submission on Resource.INLINE: runs on the caller, no hand-off
+            return sched.submit(Task(lambda t: None, resource=Resource.INLINE, priority=Priority.CRITICAL)).result()
+
+        def template_fill():  # what _run_hot does before replay: a loop over every slot of the template
+            values = ex.new_values()
+            for s, v in enumerate(template):
+                if v is not None:
+                    values[s] = v
+            return values
+
         fake_sub = type("Sub", (), {})
 
         def outputs_only():
@@ -129,7 +139,8 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             for o in outs.values()
         )
         variants = {"direct": direct, "run": run, "run_async": run_async, "direct_thread": direct_thread,
-                    "bind_feeds": bind_only, "empty_task": empty_task, "outputs": outputs_only}
+                    "bind_feeds": bind_only, "empty_task": empty_task, "inline_task": inline_task,
+                    "template_fill": template_fill, "outputs": outputs_only}
         # Batch size from one calibration pass of the slowest variant.
         for _ in range(3):
             run()
@@ -165,6 +176,8 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             "bind_feeds_us": round(med["bind_feeds"], 2),
             "empty_task_us": round(med["empty_task"], 2),
             "outputs_us": round(med["outputs"], 2),
+            "inline_task_us": round(med["inline_task"], 2),
+            "template_fill_us": round(med["template_fill"], 2),
             "direct_thread_us": round(med["direct_thread"], 2),
             "thread_extra_us": round(med["direct_thread"] - med["direct"], 2),
             "direct_min_us": round(min(times["direct"]), 2),
@@ -195,11 +208,13 @@ def print_table(res: dict) -> None:
         ("extra us", "extra_us", ".1f"), ("run_async us", "run_async_us", ".1f"), ("async/run", "async_ratio", ".3f"),
         ("identical", "identical", ""), ("all hot", "all_hot", ""),
     ]))
-    print("\nwhere the extra goes (same batches): feed binding, one empty CRITICAL task round-trip, output "
+    print("\nwhere the extra goes (same batches): feed binding, one empty CRITICAL task round-trip on the CPU "
+          "workers\n(and on Resource.INLINE: no thread hand-off), the hot path's slot-template loop, output "
           "bookkeeping;\nfor scale: the direct replay handed to a plain ThreadPoolExecutor thread and waited for")
     print(C.table(res["cases"], [
         ("case", "case", ""), ("extra us", "extra_us", ".1f"), ("bind_feeds us", "bind_feeds_us", ".1f"),
-        ("empty task us", "empty_task_us", ".1f"), ("outputs us", "outputs_us", ".1f"),
+        ("empty task us", "empty_task_us", ".1f"), ("inline task us", "inline_task_us", ".1f"),
+        ("template fill us", "template_fill_us", ".1f"), ("outputs us", "outputs_us", ".1f"),
         ("replay on a thread: extra us", "thread_extra_us", ".1f"),
         ("accelerator", "accelerator", ""),
     ]))
