@@ -30,7 +30,8 @@ S4. Dynamic graphs: a running task may ``return task.resume_after(producer, ...)
     PENDING, the producers join every submission that wants it and inherit its priority, and it runs
     again once they all succeeded. ``handle.add(tasks)`` adds tasks to a live submission; naming a task
     submitted earlier (by anyone) shares it. ``when_done(task, fn)`` calls ``fn(task)`` once, when the
-    task is terminal.
+    task is terminal. A task body must never block on a handle (a worker would hold a slot while waiting
+    for work that may need it): it yields with ``resume_after`` instead.
 
 Cancellation (tests/scheduler/test_semantics.py quotes these)
 ---------------------------------------------------------------

@@ -65,6 +65,37 @@ class Diagnostics:
         return self.failed[0] if self.failed else None
 
 
+class _Latch:
+    """A one-shot event on a single lock (``threading.Event`` builds a Condition per submission).
+
+    The lock is held from creation until :meth:`set`; waiters acquire and release it in turn.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        """Open the latch (called once, by the scheduler)."""
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        ok = self._lock.acquire() if timeout is None else self._lock.acquire(timeout=max(0.0, timeout))
+        if ok:
+            self._lock.release()
+        return ok or self._set
+
+
 class _Submission:
     """Mutable state of one submission; guarded by the scheduler lock (``done`` and results excepted)."""
 
@@ -102,7 +133,7 @@ class _Submission:
         self.n_cancelled = 0
         self.released: list[Task] = []
         self.diagnostics: Diagnostics | None = None  # frozen at the terminal state
-        self.done = threading.Event()
+        self.done = _Latch()
         self.callbacks: list[Callable[[], Any]] = []
         self.result_spec = result
         self.result_lock = threading.Lock() if callable(result) and not isinstance(result, Task) else None

@@ -41,6 +41,7 @@ from onnx_prepared.scheduler.workers import WorkerPool, _log
 S = TaskState
 _PENDING, _READY, _RUNNING = S.PENDING, S.READY, S.RUNNING
 _SUCCEEDED, _FAILED, _SUPPRESSED, _CANCELLED = S.SUCCEEDED, S.FAILED, S.SUPPRESSED, S.CANCELLED
+_NONE: Any = ()  # shared empty edge/interest list of terminal tasks
 _FINAL = frozenset({_SUCCEEDED, _FAILED, _SUPPRESSED})  # terminal for good (CANCELLED can be revived)
 _OK, _FAIL, _CANCEL, _RESUME = 0, 1, 2, 3
 _OUTCOME = ("succeeded", "failed", "cancelled", "resumed")
@@ -166,16 +167,17 @@ class RuntimeScheduler:
         ``keepalive`` is held until the submission is terminal (borrowed contexts, inputs).
         Never blocks, except that ready inline tasks run on the calling thread.
         """
-        roots = (tasks,) if isinstance(tasks, Task) else tuple(tasks)
-        if isinstance(result, Task) and all(result is not r for r in roots):
+        roots = (tasks,) if tasks.__class__ is Task else tuple(tasks)  # type: ignore[arg-type]
+        if result is not None and result.__class__ is Task and all(result is not r for r in roots):
             roots = (*roots, result)
         sub = _Submission(self, fail_fast=fail_fast, result=result, keepalive=keepalive)
         fx = _Effects()
         with self._lock:
             if self._closed:
                 raise RuntimeError("RuntimeScheduler is closed")
-            self._live.add(sub)
-            self._attach(sub, roots, None if priority is None else int(priority), fx)
+            self._attach(sub, roots, None if priority is None else int(priority), fx)  # may raise: nothing changed
+            if sub.state not in _DONE:
+                self._live.add(sub)
             self._dispatch(fx, None)
         self._after(fx)
         return ExecutionHandle(sub)
@@ -193,7 +195,8 @@ class RuntimeScheduler:
 
         Otherwise it runs on the thread that finished the task, outside the lock, after the task's
         dependents were released and before any submission it completed is signalled (so ``wait()``
-        returns after it); exceptions are logged.
+        returns after it); exceptions are logged. A callback fires at the task's next terminal state: a
+        cancelled task that a later submission revives (C8) fires callbacks registered after that.
         """
         with self._lock:
             if task.state not in TERMINAL:
@@ -325,7 +328,16 @@ class RuntimeScheduler:
                 continue
             self._check_attachable(root)
             seen.add(root)
-            stack = [(root, iter(root._deps) if root.state not in _FINAL else iter(()))]
+            if root.state in _FINAL:
+                order.append(root)
+                continue
+            for d in root._deps:  # fast path: dependencies already known (a whole graph in topological order)
+                if d not in seen and d not in members:
+                    break
+            else:
+                order.append(root)
+                continue
+            stack = [(root, iter(root._deps))]
             while stack:
                 t, it = stack[-1]
                 for d in it:
@@ -386,6 +398,8 @@ class RuntimeScheduler:
         t._transition(_PENDING)
         t.token = CancelToken(t.name)
         t.cause = None
+        t._subs = []
+        t._dependents = []
         for d in t._deps:  # edges from the previous life would count twice (test_properties found this)
             if d._dependents:
                 d._dependents = [x for x in d._dependents if x is not t]
@@ -440,7 +454,7 @@ class RuntimeScheduler:
             if state is not _CANCELLED:  # a cancelled task keeps its body: C8 may revive it
                 t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
             dependents = t._dependents
-            t._dependents = []
+            t._dependents = _NONE  # terminal tasks get no edges (revival gives it a list again)
             if state is _SUCCEEDED:
                 for d in dependents:
                     if d.state is _PENDING:
@@ -456,7 +470,7 @@ class RuntimeScheduler:
             done.append(t)
         for t in done:
             subs = t._subs
-            t._subs = []
+            t._subs = _NONE
             for sub in subs:
                 self._notify(sub, t, fx)
             if t._callbacks is not None:
@@ -515,7 +529,8 @@ class RuntimeScheduler:
         else:
             st = HandleState.SUCCEEDED
         sub._transition(st)
-        sub.diagnostics = self._snapshot(sub)  # final: a revived task must not rewrite history
+        if sub.n_cancelled:  # freeze: reviving a cancelled member (C8) must not rewrite this record
+            sub.diagnostics = self._snapshot(sub)
         self._live.discard(sub)
         fx.subs.append(sub)
 
@@ -688,9 +703,27 @@ class RuntimeScheduler:
         if t._held:
             self.memory.release(t.memory.domain, t._held)
             t._held = 0
-        if outcome == _OK:
+        if outcome == _OK:  # the hot path: _terminate's SUCCEEDED branch without the cascade machinery
             t._value = payload
-            self._terminate(t, _SUCCEEDED, fx)
+            t._transition(_SUCCEEDED)
+            t.fn = None
+            dependents = t._dependents
+            if dependents:
+                t._dependents = _NONE
+                for d in dependents:
+                    if d.state is _PENDING:
+                        d._waiting -= 1
+                        if d._waiting == 0:
+                            self._make_ready(d, fx)
+            subs = t._subs
+            t._subs = _NONE
+            for sub in subs:
+                sub.pending -= 1
+                if sub.pending == 0 and not sub.attaching and sub.state not in _DONE:
+                    self._complete_sub(sub, fx)
+            if t._callbacks is not None:
+                fx.callbacks.append((t._callbacks, t))
+                t._callbacks = None
         elif outcome == _FAIL:
             self._terminate(t, _FAILED, fx, error=payload)
         elif outcome == _CANCEL:
@@ -712,26 +745,37 @@ class RuntimeScheduler:
             with lock:
                 t = self._finish(t, outcome, payload, q, fx, q)  # type: ignore[arg-type]
             if fx.starts or fx.subs or fx.callbacks or fx.inline:
-                self._after(fx)
-                fx = _Effects()
+                self._after(fx)  # leaves fx empty for reuse
 
     def _after(self, fx: _Effects) -> None:
-        """Outside the lock: wake workers, finish submissions, call callbacks, run inline tasks."""
-        inline: deque[Task] = deque()
+        """Outside the lock: wake workers, call callbacks, finish submissions, run inline tasks.
+
+        Leaves ``fx`` empty, so callers may reuse it.
+        """
+        inline: deque[Task] | None = None
         while True:
-            for t in fx.starts:
-                t._queue.pool.submit(self._drain, t)  # type: ignore[union-attr]
-            for cbs, t in fx.callbacks:  # before submissions complete: wait() returns after them
-                for cb in cbs:
-                    _call_logged(cb, t)
-            for sub in fx.subs:
-                self._finalize(sub)
-            inline.extend(fx.inline)
+            if fx.starts:
+                for t in fx.starts:
+                    t._queue.pool.submit(self._drain, t)  # type: ignore[union-attr]
+                fx.starts.clear()
+            if fx.callbacks:  # before submissions complete: wait() returns after them
+                for cbs, t in fx.callbacks:
+                    for cb in cbs:
+                        _call_logged(cb, t)
+                fx.callbacks.clear()
+            if fx.subs:
+                for sub in fx.subs:
+                    self._finalize(sub)
+                fx.subs.clear()
+            if fx.inline:
+                if inline is None:
+                    inline = deque()
+                inline.extend(fx.inline)
+                fx.inline.clear()
             if not inline:
                 return
             t = inline.popleft()
             outcome, payload = self._run(t)
-            fx = _Effects()
             with self._lock:
                 self._finish(t, outcome, payload, self._inline, fx, None)
 

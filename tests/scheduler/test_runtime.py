@@ -85,6 +85,7 @@ def test_unknown_resource_and_foreign_task_are_rejected_before_anything_changes(
         s2.submit([u])
     with pytest.raises(TypeError):
         s1.submit([lambda t: 1])  # type: ignore[list-item]
+    assert s1.stats()["live_submissions"] == 0  # a rejected submission leaves nothing behind (close won't wait)
 
 
 def test_task_rejects_bad_arguments():
