@@ -99,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.add_argument("--plan", action="store_true", help="print the prepared execution plan as a task table")
     i.set_defaults(fn=cmd_inspect)
+    from onnx_prepared.cache_cli import add_cache_parser
     from onnx_prepared.generate import add_generate_parser
 
     add_generate_parser(sub)
+    add_cache_parser(sub)
     return p
 
 

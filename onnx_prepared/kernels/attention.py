@@ -116,9 +116,10 @@ def group_query_attention(
         raise _fail(f"past_key holds {l_past} positions, fewer than the past lengths {past_len.tolist()}")
     present_len = max(l_past, total)
 
-    qh = q.reshape(b, s, num_heads, h).astype(np.float32)
-    kh = k.reshape(b, s, kv_num_heads, h).astype(np.float32)
-    vh = v.reshape(b, s, kv_num_heads, h).astype(np.float32)
+    # NOTE: copy=False throughout: the float32 path (every LLM export) must not copy the KV cache per call.
+    qh = q.reshape(b, s, num_heads, h).astype(np.float32, copy=False)
+    kh = k.reshape(b, s, kv_num_heads, h).astype(np.float32, copy=False)
+    vh = v.reshape(b, s, kv_num_heads, h).astype(np.float32, copy=False)
     if do_rotary:
         if cos_cache is None or sin_cache is None:
             raise _fail("do_rotary=1 needs cos_cache and sin_cache")
@@ -135,14 +136,18 @@ def group_query_attention(
         qh = apply_rotary(qh, cos, sin, bool(rotary_interleaved))
         kh = apply_rotary(kh, cos, sin, bool(rotary_interleaved))
 
-    present_k = np.zeros((b, kv_num_heads, present_len, h), dtype)
-    present_v = np.zeros((b, kv_num_heads, present_len, h), dtype)
+    # present = past buffer, zeros after it, then the new K/V at their positions (np.empty: each byte once)
+    present_k = np.empty((b, kv_num_heads, present_len, h), dtype)
+    present_v = np.empty((b, kv_num_heads, present_len, h), dtype)
     if past_key is not None and l_past:
         present_k[:, :, :l_past] = past_key
         present_v[:, :, :l_past] = past_value
-    scale_ = scale if scale else 1.0 / np.sqrt(h)
+    if present_len > l_past:
+        present_k[:, :, l_past:] = 0
+        present_v[:, :, l_past:] = 0
+    scale_ = np.float32(scale if scale else 1.0 / np.sqrt(h))
     group = num_heads // kv_num_heads
-    out = np.zeros((b, s, num_heads, h), np.float32)
+    out = np.empty((b, s, num_heads, h), np.float32)
     want_qk = qk_output in (1, 2)
     qk_out = np.zeros((b, num_heads, s, total), np.float32) if want_qk else None
     for i in range(b):
@@ -151,44 +156,53 @@ def group_query_attention(
         n_new = t - p0 if first_prompt else s
         present_k[i, :, p0: p0 + n_new] = kh[i, :n_new].transpose(1, 0, 2)
         present_v[i, :, p0: p0 + n_new] = vh[i, :n_new].transpose(1, 0, 2)
-        keys = present_k[i, :, :t].astype(np.float32)  # [kvh, t, h]
-        vals = present_v[i, :, :t].astype(np.float32)
+        keys = present_k[i, :, :t].astype(np.float32, copy=False)  # [kvh, t, h]
+        vals = present_v[i, :, :t].astype(np.float32, copy=False)
         qi = qh[i].transpose(1, 0, 2).reshape(kv_num_heads, group * s, h)  # head = kv * group + g
-        scores = (qi @ keys.transpose(0, 2, 1)).reshape(num_heads, s, t) * np.float32(scale_)
+        scores = np.matmul(qi, keys.transpose(0, 2, 1)).reshape(num_heads, s, t)
+        scores *= scale_
         if attention_bias is not None:
             bias = np.broadcast_to(attention_bias, (attention_bias.shape[0], attention_bias.shape[1], s, total))
             scores += bias[min(i, bias.shape[0] - 1), :, :, :t].astype(np.float32)
         if softcap > 0:
             scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-        qpos = p0 + np.arange(s)[:, None]
-        kpos = np.arange(t)[None, :]
-        mask = np.zeros((s, t), bool)
-        if causal:
-            mask |= kpos > qpos
-            if local_window_size > 0:
+        # Query j sits at p0 + j; a decode step (s == 1, key t - 1 = p0) masks nothing unless a window does.
+        windowed = causal and local_window_size > 0 and p0 + s - 1 >= local_window_size
+        mask = None
+        if causal and (s > 1 or windowed):
+            qpos = p0 + np.arange(s)[:, None]
+            kpos = np.arange(t)[None, :]
+            mask = kpos > qpos
+            if windowed:
                 mask |= kpos <= qpos - local_window_size
         if want_qk and qk_output == 1:  # onnxruntime leaves masked entries at 0
-            qk_out[i, :, :, :t] = np.where(mask, np.float32(0), scores)
-        scores = np.where(mask, np.float32(-np.inf), scores)
+            qk_out[i, :, :, :t] = scores if mask is None else np.where(mask, np.float32(0), scores)
+        if mask is not None:
+            scores[:, mask] = -np.inf
         probs = _softmax(scores, head_sink, smooth_softmax > 0)
         if want_qk and qk_output == 2:
             qk_out[i, :, :, :t] = probs
-        ctx = probs.reshape(kv_num_heads, group * s, t) @ vals  # [kvh, g*s, h]
+        ctx = np.matmul(probs.reshape(kv_num_heads, group * s, t), vals)  # [kvh, g*s, h]
         out[i] = ctx.reshape(num_heads, s, h).transpose(1, 0, 2)
-    res = (out.reshape(b, s, num_heads * h).astype(dtype), present_k, present_v)
+    res = (out.reshape(b, s, num_heads * h).astype(dtype, copy=False), present_k, present_v)
     if want_qk:
-        res += (qk_out.astype(dtype),)
+        res += (qk_out.astype(dtype, copy=False),)
     return res
 
 
 def _softmax(x: np.ndarray, head_sink: np.ndarray | None, smooth: bool) -> np.ndarray:
-    """Softmax over the last axis of ``[heads, s, t]``; a sink logit adds ``exp(sink)`` to the denominator."""
+    """Softmax over the last axis of ``[heads, s, t]``, in place; a sink logit adds ``exp(sink)`` to the
+    denominator."""
     m = np.max(x, axis=-1, keepdims=True)
     if head_sink is not None or smooth:
         sink = (np.zeros(x.shape[0], np.float32) if head_sink is None else head_sink.astype(np.float32))
         sink = sink[:, None, None]
         m = np.maximum(m, sink)
-        e = np.exp(x - m)
-        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - m))
-    e = np.exp(x - m)
-    return e / np.sum(e, axis=-1, keepdims=True)
+        x -= m
+        np.exp(x, out=x)
+        x /= np.sum(x, axis=-1, keepdims=True) + np.exp(sink - m)
+        return x
+    x -= m
+    np.exp(x, out=x)
+    x /= np.sum(x, axis=-1, keepdims=True)
+    return x

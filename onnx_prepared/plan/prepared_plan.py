@@ -68,6 +68,8 @@ class PreparedExecutionPlan:
     requirement_slots: tuple[int, ...]  # slot holding requirement i during a run
     action_requirements: tuple[tuple[int, ...], ...]  # per action: requirement bits it reads
     first_need: tuple[int, ...]  # per requirement: first action index that needs it
+    last_need: tuple[int, ...]  # per requirement: last action index that needs it (unpin after it)
+    need_positions: tuple[tuple[int, ...], ...]  # per requirement: every action index that reads it
     producer: Mapping[PreparedKey, str]  # key -> id of the session task that publishes it
     by_id: Mapping[str, TaskDescriptor]
 
@@ -78,6 +80,15 @@ class PreparedExecutionPlan:
     @property
     def invocation_tasks(self) -> tuple[TaskDescriptor, ...]:
         return tuple(t for t in self.tasks if t.scope is TaskScope.INVOCATION)
+
+    def next_need(self, bit: int, position: int) -> int:
+        """Actions from ``position`` until requirement ``bit`` is next read, wrapping into the next run."""
+        n = len(self.execution.actions)
+        for p in self.need_positions[bit]:
+            if p >= position:
+                return p - position
+        first = self.need_positions[bit]
+        return (n - position + first[0]) if first else 2 * n
 
     def session_closure(self, task_ids: list[str]) -> list[str]:
         """Session tasks ``task_ids`` transitively depend on (including themselves), dependencies first."""
@@ -129,10 +140,12 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     slot_bit = {s: i for i, s in enumerate(req_slots) if s >= 0}
     action_reqs = tuple(tuple(sorted({slot_bit[s] for s in a.inputs if s in slot_bit})) for a in execution.actions)
     n_actions = len(execution.actions)
-    first_need = [n_actions] * len(reqs)
-    for pos in range(n_actions - 1, -1, -1):
-        for b in action_reqs[pos]:
-            first_need[b] = pos
+    need_positions: list[list[int]] = [[] for _ in reqs]
+    for pos, bits in enumerate(action_reqs):
+        for b in bits:
+            need_positions[b].append(pos)
+    first_need = [p[0] if p else n_actions for p in need_positions]
+    last_need = [p[-1] if p else n_actions for p in need_positions]
 
     tasks: list[TaskDescriptor] = []
     producer: dict[PreparedKey, str] = {}
@@ -192,7 +205,8 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
         raise InternalError("duplicate task id in plan")
     _validate(tasks, by_id)
     return PreparedExecutionPlan(
-        resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need),
+        resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need), tuple(last_need),
+        tuple(tuple(p) for p in need_positions),
         MappingProxyType(producer), MappingProxyType(by_id),
     )
 

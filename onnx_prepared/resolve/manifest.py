@@ -47,14 +47,19 @@ class ManifestReader:
         self.reader = reader or ExternalDataReader()
         self.counts: dict[str, int] = {}
         self.fallbacks: set[str] = set()
+        self.session_entries: dict[str, ManifestEntry] = {}
 
     def allow_fallback(self, name: str) -> None:
         """Activate a dormant entry because its cheaper recipe failed (e.g. a corrupt cache payload)."""
         if name in self.manifest.dormant:
             self.fallbacks.add(name)
 
+    def add_session_entry(self, name: str, cache_entry: Any) -> None:
+        """A packed payload this session persisted itself (the restore tier of eviction) becomes readable."""
+        self.session_entries[name] = ManifestEntry(name, None, "persisted by this session", cache_entry)
+
     def _entry(self, name: str) -> ManifestEntry:
-        entry = self.manifest.active.get(name)
+        entry = self.manifest.active.get(name) or self.session_entries.get(name)
         if entry is None and name in self.fallbacks:
             entry = self.manifest.dormant[name]
         if entry is None:

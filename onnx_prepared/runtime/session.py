@@ -17,6 +17,7 @@ mutable :class:`PreparedExecutionState`. Both entry points return the scheduler'
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -30,24 +31,20 @@ from onnx_prepared.memory import Arenas
 from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
 from onnx_prepared.model.loader import inline_nested_external
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
-from onnx_prepared.prepared import EntryState
 from onnx_prepared.resolve import ManifestReader, PreparedKey, ResolvedModel, resolve_model
+from onnx_prepared.runtime import continuation
 from onnx_prepared.runtime.feeds import check_value, sparse_to_dense
-from onnx_prepared.runtime.state import ExecutionSubmission, PreparedExecutionState, ReadEntry
+from onnx_prepared.runtime.producers import REFUSED, Producers
+from onnx_prepared.runtime.state import ExecutionSubmission, PreparedExecutionState
 from onnx_prepared.scheduler import (
     CpuExecutor,
-    Domain,
     ExecutionHandle,
     MemoryBudget,
-    MemoryEstimate,
     Priority,
     Resource,
     RuntimeScheduler,
     Task,
-    TaskState,
 )
-
-_FAILED = (TaskState.FAILED, TaskState.SUPPRESSED)
 
 _DEFAULT: RuntimeScheduler | None = None
 _DEFAULT_LOCK = threading.Lock()
@@ -105,9 +102,10 @@ class RuntimeSession:
                 source_model_digest,
             )
 
+            digest = source_model_digest(loaded.path)
             self.prepared_store = PreparedModelStore(
-                opt("prepared_model_path", None) or default_prepared_path(loaded.path),
-                source_digest=source_model_digest(loaded.path), policy=policy,
+                opt("prepared_model_path", None) or default_prepared_path(loaded.path, digest=digest),
+                source_digest=digest, policy=policy,
             )
         self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
         self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
@@ -134,9 +132,18 @@ class RuntimeSession:
                 scheduler = default_scheduler()
         self.scheduler = scheduler
         self._lock = threading.Lock()
-        self._producers: dict[PreparedKey, Task] = {}  # current generation's publishing task
+        self._internal: set[ExecutionHandle] = set()  # session-owned background submissions
+        self._closed = False
+        self.producers = Producers(self.plan, self.state, scheduler, self._keep,
+                                   opt("prepared_memory_limit", None), opt("eviction_policy", "auto"))
+        self.producers.on_evict = self._evicted
         self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
-        self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields", "dispatches"
+        self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
+        # look-ahead window (requirements ahead of the run) used under a residency budget
+        self.window = 8
+        firsts = self.plan.first_need
+        self.need_order = tuple(sorted(range(len(firsts)), key=lambda b: (firsts[b], b)))
+        self._need_firsts = [firsts[b] for b in self.need_order]
         ex = self.plan.execution
         g = loaded.graph
         self._slot_of = {n: i for i, n in enumerate(ex.slot_names)}
@@ -148,54 +155,38 @@ class RuntimeSession:
         for sp in g.sparse_initializer:
             if sp.values.name in self._slot_of:
                 self._constants[self._slot_of[sp.values.name]] = sparse_to_dense(sp)
-        self._internal: set[ExecutionHandle] = set()  # session-owned background submissions
-        self._persist_lock = threading.Lock()
-        self._persists_pending = 0
-        self._persist_tasks: list[Task] = []
-        self._closed = False
 
     # ---- public API ----
     def prepare_async(self) -> ExecutionHandle:
-        """Submit every session task not already resident (read -> prepack -> publish), eagerly."""
-        order = sorted(range(len(self.plan.requirements)), key=lambda i: self.plan.first_need[i])
-        tasks = [t for i in order if (t := self._ensure(self.plan.requirements[i].key, Priority.PREFETCH))]
+        """Submit every session task not already resident (read -> prepack -> publish), eagerly.
+
+        Under a residency budget only what fits is prepared (the rest is restored on demand).
+        """
+        tasks = []
+        for b in self.need_order:
+            t = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH)
+            if t is REFUSED:
+                break
+            if t is not None:
+                tasks.append(t)
         # fail_fast=False: one bad object fails only its consumers, not the rest of preparation.
         return self.scheduler.submit(tasks, fail_fast=False)
 
     def prepare(self, *, sequential: bool = False) -> None:
-        """Prepare every object before returning (``prepare_async().wait()``).
+        """Prepare every object before returning (``prepare_async().wait()``), and flush the cache.
 
         ``sequential=True`` is the spec's reference path: exactly the same session tasks, run one at a
         time in plan order on the calling thread (benchmarks compare it with the parallel schedule).
         """
-        if not sequential:
+        if sequential:
+            self.state.prepare_sequential([self.plan.requirements[b] for b in self.need_order])
+        else:
             self.prepare_async().wait()
-            self.flush_cache()
-            return
-        st = self.state
-        order = sorted(range(len(self.plan.requirements)), key=lambda i: self.plan.first_need[i])
-        work = []
-        for i in order:  # claim and attach first, so a source shared by two layouts is read once
-            r = self.plan.requirements[i]
-            gen, produce = self.store.claim(r.key)
-            if produce:
-                work.append((r, gen, [st.attach_read(s)[0] for s in r.sources] if r.spec is not None else []))
-        for r, gen, entries in work:
-            try:
-                if r.spec is None:
-                    st.read_source(r.sources[0], r.key, gen, None)
-                    continue
-                for s, entry in zip(r.sources, entries):
-                    if entry.value is None:
-                        st.read_source(s, None, None, entry)
-                st.prepack(r.key, gen, entries)
-            except BaseException as e:
-                self.store.fail(r.key, gen, e)
-                for rr, gg, _ in work:
-                    self.store.abandon(rr.key, gg)
-                raise
-            finally:
-                st.detach_reads(entries)
+        self.producers.flush()
+
+    def flush_cache(self) -> int:
+        """Write every pending companion-cache entry now; returns how many were written."""
+        return self.producers.flush()
 
     def run_async(self, feeds: Mapping[str, Any], context: Any = None) -> ExecutionHandle:
         """Submit one inference; returns at once. ``handle.result()`` is the list of outputs.
@@ -213,32 +204,53 @@ class RuntimeSession:
                 if v is not None and values[s] is None:
                     values[s] = v
             self.counters["hot_runs"] += 1
-            task = Task(lambda t: self._run_hot(t, sub), resource=Resource.CPU, priority=Priority.CRITICAL,
-                        name=f"I.run-{sub.invocation_id}")
+            task = Task(lambda t: continuation.run_hot(self, t, sub), resource=Resource.CPU,
+                        priority=Priority.CRITICAL, name=f"I.run-{sub.invocation_id}")
             return self.scheduler.submit(task, result=lambda: self._outputs(sub), keepalive=sub)
         self.counters["cold_runs"] += 1
-        task = Task(lambda t: self._run_cold(t, sub), resource=Resource.CPU, priority=Priority.CRITICAL,
-                    name=f"I.run-{sub.invocation_id}")
-        self.scheduler.when_done(task, lambda t: self._release_pins(sub))
-        # Start every producer this run needs now, so reads and prepacks overlap the first nodes.
-        # The run binds to the generation current now (spec: RunAsync step 4).
-        for b, r in enumerate(self.plan.requirements):
-            if b in sub.held:
-                continue
-            p = self._ensure(r.key, Priority.PREFETCH)
-            if p is not None:
-                sub.bound[b] = p
-        producers = list(dict.fromkeys(sub.bound.values()))
-        handle = self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
-        if producers:
-            # Not added to the run's submission: a run waits only at the consuming node (resume_after),
-            # and cancelling it must not cancel preparation another consumer may still want.
-            self._keep(self.scheduler.submit(producers, fail_fast=False))
-        return handle
+        task = Task(lambda t: continuation.run_cold(self, t, sub), resource=Resource.CPU,
+                    priority=Priority.CRITICAL, name=f"I.run-{sub.invocation_id}")
+        self.scheduler.when_done(task, lambda t: continuation.release_run(self, sub))
+        # Start the producers this run needs now, so reads and prepacks overlap the first nodes; the run
+        # binds to the generations current now (spec: RunAsync step 4) and waits only at the consuming
+        # node. Under a budget only the look-ahead window is started.
+        if self.producers.residency.limited:
+            continuation.prefetch(self, sub, 0)
+        else:
+            for b, r in enumerate(self.plan.requirements):
+                if b not in sub.held:
+                    p = self.producers.ensure(r.key, Priority.PREFETCH)
+                    if p is not None:
+                        sub.bound[b] = p
+        return self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
 
     def run(self, feeds: Mapping[str, Any], context: Any = None) -> list:
         """``run_async(feeds, context).result()``."""
         return self.run_async(feeds, context).result()
+
+    def close(self) -> None:
+        """Flush the companion cache (when persisting) and release the session's resources."""
+        if self._closed:
+            return
+        if self.producers.persisting:
+            # NOTE: a cache that cannot be written is a miss next time, not an error
+            with contextlib.suppress(Exception):
+                self.producers.flush()
+        self._closed = self.producers.closed = True
+        if self._owns_scheduler:
+            self.scheduler.close(cancel=True)
+        self.state.reader.close()
+
+    def __enter__(self) -> RuntimeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----
+    def need_index(self, position: int) -> int:
+        """Index in ``need_order`` of the first requirement first needed at or after ``position``."""
+        return bisect.bisect_left(self._need_firsts, position)
 
     def _keep(self, handle: ExecutionHandle) -> None:
         """Own a session-internal handle until it is terminal (dropping a live handle would wait)."""
@@ -250,126 +262,9 @@ class RuntimeSession:
         with self._lock:
             self._internal.discard(handle)
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        if self._persisting:
-            # NOTE: a cache that cannot be written is a miss next time, not an error
-            with contextlib.suppress(Exception):
-                self.flush_cache()
-        self._closed = True
-        if self._owns_scheduler:
-            self.scheduler.close(cancel=True)
-        self.state.reader.close()
+    def _evicted(self, key: PreparedKey) -> None:
+        self._hot = None  # the template must not keep an evicted object alive
 
-    def __enter__(self) -> RuntimeSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ---- session tasks ----
-    def _ensure(self, key: PreparedKey, priority: Priority) -> Task | None:
-        """The task publishing ``key``'s current generation (new if absent/failed); None if resident."""
-        with self._lock:
-            if self.store.state(key) is EntryState.RESIDENT:
-                return None
-            t = self._producers.get(key)
-            if t is not None and not t.done:
-                return t
-            gen, produce = self.store.claim(key)
-            if not produce:  # resident or published between the checks
-                return None if self.store.state(key) is EntryState.RESIDENT else self._producers.get(key)
-            t, persist = self._make_producer(key, gen, priority)
-            self._producers[key] = t
-        self.scheduler.when_done(t, lambda task: self._producer_done(task, key, gen))
-        if persist is not None:
-            self._keep(self.scheduler.submit(persist, fail_fast=False))
-        return t
-
-    def _make_producer(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:
-        """The task chain publishing ``key`` (its last task) and, on a cache miss, its background persist."""
-        req = self.resolved.requirement(key)
-        st = self.state
-        manifest = self.resolved.manifest.active
-        if req.cached:  # companion hit: read packed bytes -> publish (no source read, no prepack)
-            return Task(
-                lambda t: st.read_packed(key, gen), resource=Resource.IO, priority=priority,
-                memory=MemoryEstimate(Domain.PREPARED, output=req.active.entry.length), name=f"S.{key}.read_packed",
-            ), None
-        if req.spec is None:  # raw: read -> publish
-            name = req.sources[0]
-            d = manifest[name].descriptor
-            return Task(
-                lambda t: st.read_source(name, key, gen, None),
-                resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
-                memory=MemoryEstimate(Domain.PREPARED, output=d.nbytes), name=f"S.{name}.read_source",
-            ), None
-        entries: list[ReadEntry] = []
-        for s in req.sources:
-            entry, new = st.attach_read(s)
-            if new or entry.task is None or entry.task.state in _FAILED or entry.task.state is TaskState.CANCELLED:
-                d = manifest[s].descriptor
-                entry.task = Task(
-                    lambda t, s=s, e=entry: st.read_source(s, None, None, e),
-                    resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
-                    memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{s}.read_source",
-                )
-            entries.append(entry)
-        t = Task(
-            lambda t: st.prepack(key, gen, entries), deps=[e.task for e in entries], resource=Resource.CPU,
-            priority=priority, name=f"S.{key}.prepack",
-            memory=MemoryEstimate(Domain.PREPARED, input=req.source_bytes, output=req.estimated_bytes),
-        )
-        self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
-        persist = None
-        if self._persisting and req.spec.to_bytes is not None:
-            persist = Task(lambda t: st.persist(key), deps=[t], resource=Resource.IO, priority=Priority.BACKGROUND,
-                           memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
-                           name=f"S.{key}.persist")
-            with self._persist_lock:
-                self._persists_pending += 1
-                self._persist_tasks.append(persist)
-            self.scheduler.when_done(persist, self._persist_done)
-        return t, persist
-
-    # ---- companion cache persistence ----
-    @property
-    def _persisting(self) -> bool:
-        store = self.prepared_store
-        return store is not None and store.policy == "build_if_missing"
-
-    def _persist_done(self, task: Task) -> None:
-        with self._persist_lock:
-            self._persists_pending -= 1
-            self._persist_tasks.remove(task)
-            idle = self._persists_pending == 0
-        if idle and not self._closed:
-            # One generation per burst of persists: flush once nothing else is queued behind it.
-            flush = Task(lambda t: self.prepared_store.flush(), resource=Resource.IO, priority=Priority.BACKGROUND,
-                         name="S.cache.flush")
-            self._keep(self.scheduler.submit(flush, fail_fast=False))
-
-    def flush_cache(self) -> int:
-        """Wait for scheduled persists and write the queued entries now; returns entries written."""
-        if self.prepared_store is None:
-            return 0
-        with self._persist_lock:
-            pending = list(self._persist_tasks)
-        if pending:
-            with contextlib.suppress(Exception):  # a failed persist is a miss next time, never a user error
-                self.scheduler.submit(pending, fail_fast=False).wait()
-        return self.prepared_store.flush()
-
-    def _producer_done(self, task: Task, key: PreparedKey, gen: int) -> None:
-        if task.state is TaskState.SUCCEEDED:
-            return
-        if task.state in _FAILED:
-            self.store.fail(key, gen, _producer_error(task))
-        else:
-            self.store.abandon(key, gen)
-
-    # ---- invocation ----
     def _bind_feeds(self, feeds: Mapping[str, Any]) -> tuple[list, frozenset[int]]:
         """A fresh value list with the checked feeds, and the requirement bits the caller overrode."""
         values = list(self._constants)
@@ -389,13 +284,6 @@ class RuntimeSession:
                 overridden.append(b)
         return values, frozenset(overridden)
 
-    def _run_hot(self, task: Task, sub: ExecutionSubmission) -> None:
-        """The hot path: one lease (taken at submission), direct replay, release."""
-        try:
-            self.plan.execution.replay(sub.values)
-        finally:
-            self.store.release_lease()
-
     def _hot_template(self) -> list:
         hot = self._hot
         if hot is None or hot[0] != self.store.epoch:
@@ -406,53 +294,8 @@ class RuntimeSession:
             hot = self._hot = (self.store.epoch, template)
         return hot[1]
 
-    def _run_cold(self, task: Task, sub: ExecutionSubmission):
-        """The cold path: one continuation over the action list, yielding at missing objects."""
-        plan = self.plan
-        actions = plan.execution.actions
-        needs = plan.action_requirements
-        reqs = plan.requirements
-        slots = plan.requirement_slots
-        values = sub.values
-        store = self.store
-        token = task.token
-        while sub.pc < len(actions):
-            pc = sub.pc
-            for b in needs[pc]:
-                if b in sub.held:
-                    continue
-                key = reqs[b].key
-                if store.state(key) is EntryState.RESIDENT:
-                    try:
-                        values[slots[b]] = store.pin(key, pc)
-                    except Exception:  # evicted between the check and the pin: retry below
-                        pass
-                    else:
-                        sub.held.add(b)
-                        sub.pinned.append(key)
-                        continue
-                producer = sub.bound.pop(b, None)
-                if producer is not None and producer.state in _FAILED:
-                    raise _producer_error(producer)  # the generation this run bound to failed
-                if producer is None or producer.done:  # evicted since, or never bound: a new generation
-                    producer = self._ensure(key, Priority.CRITICAL)
-                    if producer is None:  # published meanwhile
-                        return self._run_cold(task, sub)
-                self.scheduler.promote(producer, Priority.CRITICAL)
-                sub.yields += 1
-                self.counters["yields"] += 1
-                return task.resume_after(producer)
-            token.check()
-            _replay_one(plan.execution, values, pc)
-            sub.pc = pc + 1
-        return None
-
-    def _release_pins(self, sub: ExecutionSubmission) -> None:
-        for key in sub.pinned:
-            self.store.unpin(key)
-        sub.pinned.clear()
-
     def _outputs(self, sub: ExecutionSubmission) -> list:
+        """The run's outputs; their bytes move to the IOArena until the caller drops them."""
         vals = sub.values
         outs = [vals[s] for s in self.plan.execution.output_slots]
         nbytes = sum(int(getattr(o, "nbytes", 0)) for o in outs)
@@ -465,26 +308,6 @@ class RuntimeSession:
                 alloc.release()
         sub.values = []
         return outs
-
-
-def _producer_error(task: Task) -> BaseException:
-    """The error behind a FAILED (or SUPPRESSED by a failure) producer task."""
-    t = task if task.state is TaskState.FAILED else (task.cause or task)
-    return t.error if t.error is not None else RuntimeError(f"task {task.name} {task.state.name.lower()}")
-
-
-def _replay_one(ex, values: list, pc: int) -> None:
-    # TODO: use ExecutionPlan.replay(start, stop) once the plan exposes a range replay.
-    act = ex.actions[pc]
-    args = [values[i] for i in act.inputs]
-    try:
-        res = act.kernel.call(*args)
-        for slot, v in zip(act.outputs, res):
-            values[slot] = v
-    except Exception as e:
-        raise ex.kernel_error(act, args, e) from e
-    for slot in act.release:
-        values[slot] = None
 
 
 def _opt(options: Any):

@@ -103,13 +103,13 @@ class PreparedExecutionState:
         if buf is not None:
             self.prepared_store.record_source_digest(name, hashlib.sha256(buf.data).hexdigest())
 
-    def read_packed(self, key: PreparedKey, generation: int) -> None:
+    def read_packed(self, key: PreparedKey, generation: int, entry: Any = None) -> None:
         """Companion hit: read the packed payload and publish it (falls back to the source if corrupt)."""
         from onnx_prepared.errors import CacheError
 
         req = self.plan.resolved.requirement(key)
         try:
-            raw = self.reader.read_packed(req.active.name, self.prepared_store)
+            raw = self.reader.read_packed(key.slot_name, self.prepared_store)
         except CacheError:
             # NOTE: a corrupt entry is ignored, never trusted: rebuild from the dormant source recipe.
             self.counters[f"cache_corrupt:{key}"] += 1
@@ -130,12 +130,12 @@ class PreparedExecutionState:
         alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
         self.store.publish(key, generation, packed, nbytes, alloc)
 
-    def persist(self, key: PreparedKey) -> None:
-        """Background: queue the resident packed object's bytes for the companion model."""
+    def persist(self, key: PreparedKey) -> PreparedKey | None:
+        """Queue the resident packed object's bytes for the companion model; the key with its digest."""
         store = self.prepared_store
         req = self.plan.resolved.requirement(key)
         if self.store.state(key).value != "resident":
-            return
+            return None
         digest = key.lineage_digest
         if digest is None:  # computed from sidecar digests recorded by this session's reads
             manifest = self.reader.manifest
@@ -143,10 +143,44 @@ class PreparedExecutionState:
             digest = lineage_digest([source_checksum(d, store.source_digest_of) for d in ds], req.sources,
                                     [f"{d.elem_type}:{list(d.dims)}" for d in ds])
             if digest is None:
-                return
+                return None
         packed = self.store.get(key)
-        store.put(PreparedKey(key.lineage, key.layout, key.device, digest), req.spec.to_bytes(packed))
+        dkey = PreparedKey(key.lineage, key.layout, key.device, digest)
+        store.put(dkey, req.spec.to_bytes(packed))
         self.counters[f"persist:{key}"] += 1
+        return dkey
+
+    def prepare_sequential(self, requirements: list) -> None:
+        """The spec's sequential reference path: the same task bodies, one at a time, in this order.
+
+        A companion hit runs its read_packed body; a miss its read_source (once per source, even when
+        two layouts share it) and prepack bodies.
+        """
+        work = []
+        for r in requirements:  # claim and attach first, so a source shared by two layouts is read once
+            gen, produce = self.store.claim(r.key)
+            if produce:
+                shared = r.spec is not None and not r.cached
+                work.append((r, gen, [self.attach_read(s)[0] for s in r.sources] if shared else []))
+        try:
+            for r, gen, entries in work:
+                try:
+                    if r.cached:
+                        self.read_packed(r.key, gen)
+                    elif r.spec is None:
+                        self.read_source(r.sources[0], r.key, gen, None)
+                    else:
+                        for s, entry in zip(r.sources, entries):
+                            if entry.value is None:
+                                self.read_source(s, None, None, entry)
+                        self.prepack(r.key, gen, entries)
+                except BaseException as e:
+                    self.store.fail(r.key, gen, e)
+                    raise
+        finally:
+            for r, gen, entries in work:
+                self.store.abandon(r.key, gen)  # no-op for published or failed generations
+                self.detach_reads(entries)
 
     def detach_reads(self, entries: list[ReadEntry]) -> None:
         """A prepack is finished with its reads (success, failure or cancel); free dead buffers."""
@@ -169,8 +203,9 @@ class ExecutionSubmission:
     values: list
     context: Any = None
     pc: int = 0  # next action to execute
-    pinned: list[PreparedKey] = field(default_factory=list)
-    held: set[int] = field(default_factory=set)  # requirement bits pinned by this run
+    pinned: dict[int, PreparedKey] = field(default_factory=dict)  # requirement bit -> key pinned now
+    held: set[int] = field(default_factory=set)  # requirement bits this run has used (or the caller fed)
+    allocations: dict[int, Any] = field(default_factory=dict)  # slot -> ExecutionArena allocation
     bound: dict[int, Any] = field(default_factory=dict)  # requirement bit -> producer task bound at submit
     hot: bool = False
     yields: int = 0

@@ -18,7 +18,7 @@ COMPARE = [("Equal", 13), ("Less", 13), ("Greater", 13), ("LessOrEqual", 16), ("
 
 def _rand(shape, dtype=np.float32, lo=-5, hi=6):
     if np.dtype(dtype).kind in "iu":
-        return RNG.integers(lo if np.dtype(dtype).kind == "i" else 0, hi, size=shape).astype(dtype)
+        return RNG.integers(lo if np.dtype(dtype).kind == "i" else max(lo, 0), hi, size=shape).astype(dtype)
     return RNG.standard_normal(shape).astype(dtype)
 
 

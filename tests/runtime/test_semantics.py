@@ -8,8 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.errors import Cancelled, KernelError
-from onnx_prepared.runtime import RuntimeSession
-from onnx_prepared.runtime import session as session_mod
+from onnx_prepared.runtime import RuntimeSession, continuation
 from onnx_prepared.scheduler import HandleState
 from tests.helpers.models import gemm_mlp, reference_mlp, save_external
 
@@ -20,14 +19,12 @@ X = np.random.default_rng(7).standard_normal((3, 16)).astype(np.float32)
 def executed(monkeypatch):
     """Records every action the cold path executes, and sets an event per executed action."""
     log, events = [], {}
-    orig = session_mod._replay_one
 
-    def spy(ex, values, pc):
-        orig(ex, values, pc)
+    def spy(pc):
         log.append(pc)
         events.setdefault(pc, threading.Event()).set()
 
-    monkeypatch.setattr(session_mod, "_replay_one", spy)
+    monkeypatch.setattr(continuation, "on_cold_action", spy)
 
     def done(pc):
         return events.setdefault(pc, threading.Event())
@@ -137,27 +134,29 @@ def test_d_failing_node_fails_its_run_only(tmp_path):
 
 def test_e_cancel_releases_pins_and_leaves_shared_preparation(tmp_path, gated_reader, executed):
     log, done = executed
-    path = gemm_mlp(tmp_path, layers=2)
+    # Layers 0 and 2 share one prepacked W0 (transB 0), so a run pins it from action 0 to action 4;
+    # layer 1's bias c1 is gated, so both runs wait at action 2 while holding that pin.
+    path = gemm_mlp(tmp_path, layers=3, share_b=True)
     gate = threading.Event()
-    reader = gated_reader({"W1": gate})
+    reader = gated_reader({"c1": gate})
     with RuntimeSession(path, reader=reader) as s:
         h1 = s.run_async({"x": X})
         h2 = s.run_async({"x": X})
-        assert reader.started["W1"].wait(20)
-        # both runs reach layer 1 and wait there, holding pins on layer 0's objects
-        while sum(1 for pc in log if pc == 1) < 2:
+        assert reader.started["c1"].wait(20)
+        while sum(1 for pc in log if pc == 1) < 2:  # both runs executed layer 0
             assert done(1).wait(20)
             done(1).clear()
-        w0 = next(k for k in s.store.states() if str(k).startswith("W0@"))
-        assert s.store.entry(w0).pins == 2
+        shared = next(k for k in s.store.states() if "transB0" in k.layout)
+        assert s.store.entry(shared).pins == 2
         h1.cancel()
         with pytest.raises(Cancelled):
             h1.wait(timeout=20)
-        assert s.store.entry(w0).pins == 1  # the cancelled run released its pins
+        assert s.store.entry(shared).pins == 1  # the cancelled run released its pin
         gate.set()
         (y,) = h2.result(timeout=20)
+        assert s.store.entry(shared).pins == 0
     np.testing.assert_allclose(y, reference_mlp(path, X), rtol=1e-5, atol=1e-6)
-    assert reader.reads_of("W1") == 1
+    assert reader.reads_of("c1") == 1  # the shared read was not cancelled with run 1
 
 
 def test_f_run_equals_run_async_result(tmp_path):

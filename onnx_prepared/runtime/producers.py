@@ -1,0 +1,184 @@
+"""Session tasks: the producer chain of each prepared object's current generation.
+
+For a key that is not resident, :meth:`Producers.ensure` returns the task that publishes its current
+generation, creating the chain when there is none: ``read_packed`` on a companion hit (or for an
+object this session persisted and evicted), else ``read_source -> prepack`` (reads shared between
+layouts of one source), plus a background ``persist`` under ``build_if_missing``. Residency admission
+happens before a chain is created; a refused prefetch returns :data:`REFUSED`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
+from onnx_prepared.prepared import EntryState
+from onnx_prepared.prepared.residency import ResidencyManager
+from onnx_prepared.resolve import PreparedKey
+from onnx_prepared.runtime.state import PreparedExecutionState, ReadEntry
+from onnx_prepared.scheduler import Domain, ExecutionHandle, MemoryEstimate, Priority, Resource, Task, TaskState
+
+FAILED_STATES = (TaskState.FAILED, TaskState.SUPPRESSED)
+REFUSED = object()  #: returned by ensure() when residency refused a prefetch
+
+
+def producer_error(task: Task) -> BaseException:
+    """The error behind a FAILED (or SUPPRESSED by a failure) producer task."""
+    t = task if task.state is TaskState.FAILED else (task.cause or task)
+    return t.error if t.error is not None else RuntimeError(f"task {task.name} {task.state.name.lower()}")
+
+
+class Producers:
+    """Creates and tracks session tasks for one session. Thread-safe (one lock)."""
+
+    def __init__(self, plan: PreparedExecutionPlan, state: PreparedExecutionState, scheduler: Any,
+                 keep: Callable[[ExecutionHandle], None], limit: int | None, eviction_policy: str) -> None:
+        self.plan = plan
+        self.state = state
+        self.store = state.store
+        self.scheduler = scheduler
+        self.prepared_store = state.prepared_store
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._tasks: dict[PreparedKey, Task] = {}  # current generation's publishing task
+        self._persist_tasks: list[Task] = []
+        self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
+        self.closed = False
+        self.on_evict: Callable[[PreparedKey], None] | None = None
+        keys = [r.key for r in plan.requirements]
+        self.residency = ResidencyManager(
+            self.store, state.arenas.prepared, limit, keys=keys, next_need=plan.next_need,
+            persisted=self.persisted, persist=self.persist_now if self.persisting else None,
+            policy=eviction_policy, on_evict=self._evicted,
+        )
+
+    @property
+    def persisting(self) -> bool:
+        ps = self.prepared_store
+        return ps is not None and ps.policy == "build_if_missing"
+
+    # ---- producers ----
+    def ensure(self, key: PreparedKey, priority: Priority, position: int = 0) -> Any:
+        """The task publishing ``key``'s current generation; None if resident; REFUSED (prefetch only)."""
+        persist = None
+        with self._lock:
+            if self.store.state(key) is EntryState.RESIDENT:
+                return None
+            t = self._tasks.get(key)
+            if t is not None and not t.done:
+                return t
+            req = self.plan.resolved.requirement(key)
+            critical = priority is Priority.CRITICAL
+            if not self.residency.admit(key, req.estimated_bytes, position, critical=critical):
+                return REFUSED
+            gen, produce = self.store.claim(key)
+            if not produce:  # published between the checks
+                self.residency.settle(key)
+                return None if self.store.state(key) is EntryState.RESIDENT else self._tasks.get(key)
+            t, persist = self._make(key, gen, priority)
+            self._tasks[key] = t
+        self.scheduler.when_done(t, lambda task: self._done(task, key, gen))
+        if persist is not None:
+            self._keep(self.scheduler.submit(persist, fail_fast=False))
+        return t
+
+    def _make(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:
+        req = self.plan.resolved.requirement(key)
+        st = self.state
+        manifest = self.plan.resolved.manifest.active
+        entry = req.active.entry if req.cached else self.session_entries.get(key)
+        if entry is not None:  # companion hit: read packed bytes -> publish (no source read, no prepack)
+            return Task(
+                lambda t: st.read_packed(key, gen, entry), resource=Resource.IO, priority=priority,
+                memory=MemoryEstimate(Domain.PREPARED, output=entry.length), name=f"S.{key}.read_packed",
+            ), None
+        if req.spec is None:  # raw: read -> publish
+            name = req.sources[0]
+            d = manifest[name].descriptor
+            return Task(
+                lambda t: st.read_source(name, key, gen, None),
+                resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
+                memory=MemoryEstimate(Domain.PREPARED, output=d.nbytes), name=f"S.{name}.read_source",
+            ), None
+        entries: list[ReadEntry] = []
+        for s in req.sources:
+            e, new = st.attach_read(s)
+            if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
+                d = manifest[s].descriptor
+                e.task = Task(
+                    lambda t, s=s, e=e: st.read_source(s, None, None, e),
+                    resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
+                    memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{s}.read_source",
+                )
+            entries.append(e)
+        t = Task(
+            lambda t: st.prepack(key, gen, entries), deps=[e.task for e in entries], resource=Resource.CPU,
+            priority=priority, name=f"S.{key}.prepack",
+            memory=MemoryEstimate(Domain.PREPARED, input=req.source_bytes, output=req.estimated_bytes),
+        )
+        self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
+        persist = None
+        if self.persisting and req.spec.to_bytes is not None and key not in self.session_entries:
+            persist = Task(lambda t: st.persist(key), deps=[t], resource=Resource.IO, priority=Priority.BACKGROUND,
+                           memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
+                           name=f"S.{key}.persist")
+            with contextlib.nullcontext():
+                self._persist_tasks.append(persist)
+            self.scheduler.when_done(persist, self._persist_done)
+        return t, persist
+
+    def _done(self, task: Task, key: PreparedKey, gen: int) -> None:
+        self.residency.settle(key)
+        if task.state is TaskState.SUCCEEDED:
+            return
+        if task.state in FAILED_STATES:
+            self.store.fail(key, gen, producer_error(task))
+        else:
+            self.store.abandon(key, gen)
+
+    # ---- persistence (companion cache) ----
+    def persisted(self, key: PreparedKey) -> bool:
+        return key in self.session_entries or self.plan.resolved.requirement(key).cached
+
+    def _persist_done(self, task: Task) -> None:
+        with self._lock:
+            self._persist_tasks.remove(task)
+            idle = not self._persist_tasks
+        if idle and not self.closed:
+            # One generation per burst of persists: flush once nothing else is queued behind it.
+            flush = Task(lambda t: self.prepared_store.flush(), resource=Resource.IO, priority=Priority.BACKGROUND,
+                         name="S.cache.flush")
+            self._keep(self.scheduler.submit(flush, fail_fast=False))
+
+    def flush(self) -> int:
+        """Wait for scheduled persists and write the queued entries now; returns entries written."""
+        if self.prepared_store is None:
+            return 0
+        with self._lock:
+            pending = list(self._persist_tasks)
+        if pending:
+            with contextlib.suppress(Exception):  # a failed persist is a miss next time, never a user error
+                self.scheduler.submit(pending, fail_fast=False).wait()
+        return self.prepared_store.flush()
+
+    def persist_now(self, key: PreparedKey) -> bool:
+        """Persist-then-evict: write a resident object to the companion model now; True when it is there."""
+        if not self.persisting or self.persisted(key):
+            return self.persisted(key)
+        dkey = self.state.persist(key)
+        if dkey is None:
+            return False
+        self.prepared_store.flush()
+        entry = self.prepared_store.lookup(dkey)
+        if entry is None:
+            return False
+        self.state.reader.add_session_entry(key.slot_name, entry)
+        self.session_entries[key] = entry
+        return True
+
+    def _evicted(self, key: PreparedKey) -> None:
+        if self.on_evict is not None:
+            self.on_evict(key)
