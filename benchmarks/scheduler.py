@@ -172,8 +172,8 @@ def run(n: int, repeat: int) -> dict:
             b.append(sched_fn())
         res[key] = {"executor": min(a), "scheduler": min(b)}
 
-    with ThreadPoolExecutor(WORKERS) as ex, RuntimeScheduler(cpu=CpuExecutor(WORKERS, critical_reserved=1),
-                                                              io_workers=1, io_reserved=0) as s:
+    cpu = CpuExecutor(WORKERS, critical_reserved=1)  # leased by the scheduler, closed by its owner (here)
+    with cpu, ThreadPoolExecutor(WORKERS) as ex, RuntimeScheduler(cpu=cpu, io_workers=1, io_reserved=0) as s:
         # warm up both pools (threads started, code paths hot)
         tpe_throughput(ex, 2000)
         sched_throughput(s, 2000)
