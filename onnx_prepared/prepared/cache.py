@@ -39,6 +39,7 @@ import threading
 from enum import Enum
 
 import numpy as np
+import onnx
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.kernels.prepack import KERNEL_ABI
@@ -76,20 +77,34 @@ class PreparedModelPolicy(str, Enum):
     REQUIRE_COMPLETE = "require_complete"  # like read_only; the caller fails on a miss
 
 
-def source_model_digest(model_path: str | os.PathLike) -> str:
-    """Identity of the portable model: hex sha256 of the ``.onnx`` file's bytes.
+def source_model_digest(model_path: str | os.PathLike, model: onnx.ModelProto | None = None) -> str:
+    """Identity of the portable model: sha256 of its ``.onnx`` protobuf with weight checksums removed.
 
-    The file holds the graph, the metadata and the external-data checksums the generator writes, never
-    a path or a timestamp of this machine, so a copied model keeps its identity.
+    The identity partitions lookup; correctness comes from each entry's lineage digest. It therefore
+    covers the graph, metadata and tensor descriptions but not the content checksums of the weights:
+    changing one weight makes only the entries derived from it miss, not the whole companion. It never
+    includes a path or a timestamp of this machine, so a copied model keeps its identity. ``model``
+    (already parsed metadata-only) saves a second parse.
     """
-    h = hashlib.sha256()
-    try:
-        with open(model_path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    except OSError as e:
-        raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: {e}") from None
-    return h.hexdigest()
+    if model is None:
+        try:
+            with open(model_path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: {e}") from None
+        model = onnx.ModelProto()
+        try:
+            model.ParseFromString(data)
+        except Exception as e:
+            raise CacheError(f"cannot parse model {os.fspath(model_path)!r} to compute its digest: {e}") from None
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    for t in stripped.graph.initializer:
+        keep = [e for e in t.external_data if e.key != "checksum"]
+        if len(keep) != len(t.external_data):
+            del t.external_data[:]
+            t.external_data.extend(keep)
+    return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
 
 
 def default_prepared_path(model_path: str | os.PathLike, *, digest: str | None = None) -> str:

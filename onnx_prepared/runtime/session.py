@@ -102,7 +102,7 @@ class RuntimeSession:
                 source_model_digest,
             )
 
-            digest = source_model_digest(loaded.path)
+            digest = source_model_digest(loaded.path, loaded.model)
             self.prepared_store = PreparedModelStore(
                 opt("prepared_model_path", None) or default_prepared_path(loaded.path, digest=digest),
                 source_digest=digest, policy=policy,

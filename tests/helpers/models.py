@@ -42,3 +42,37 @@ def reference_mlp(path: str, x: np.ndarray) -> np.ndarray:
     from onnx.reference import ReferenceEvaluator
 
     return ReferenceEvaluator(path).run(None, {"x": x})[0]
+
+
+def add_checksums(path: str) -> None:
+    """Record the sha256 of every external tensor's bytes in its external_data (as the generator does)."""
+    import hashlib
+
+    m = onnx.load(path, load_external_data=False)
+    folder = os.path.dirname(path)
+    for t in m.graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        if "location" not in info:
+            continue
+        with open(os.path.join(folder, info["location"]), "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            data = f.read(int(info["length"]))
+        for e in list(t.external_data):
+            if e.key == "checksum":
+                t.external_data.remove(e)
+        t.external_data.add(key="checksum", value=hashlib.sha256(data).hexdigest())
+    onnx.save(m, path)
+
+
+def rewrite_tensor(path: str, name: str, value: np.ndarray) -> None:
+    """Overwrite one external tensor's bytes in place (same size) and refresh every checksum."""
+    m = onnx.load(path, load_external_data=False)
+    folder = os.path.dirname(path)
+    t = next(t for t in m.graph.initializer if t.name == name)
+    info = {e.key: e.value for e in t.external_data}
+    data = np.ascontiguousarray(value).tobytes()
+    assert len(data) == int(info["length"])
+    with open(os.path.join(folder, info["location"]), "r+b") as f:
+        f.seek(int(info.get("offset", 0)))
+        f.write(data)
+    add_checksums(path)

@@ -141,10 +141,28 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
 
 
 def test_source_model_digest_and_default_path(tmp_path, monkeypatch):
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tiny(op, checksum):
+        t = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[2], data_location=TensorProto.EXTERNAL)
+        t.external_data.add(key="location", value="tiny.data")
+        t.external_data.add(key="checksum", value=checksum)
+        g = helper.make_graph([helper.make_node(op, ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [t])
+        return helper.make_model(g).SerializeToString()
+
     model = tmp_path / "tiny.onnx"
-    model.write_bytes(b"not really a model")
+    model.write_bytes(tiny("Add", "ab" * 32))
     d = source_model_digest(model)
-    assert d == hashlib.sha256(b"not really a model").hexdigest()
+    assert len(d) == 64
+    other = tmp_path / "other.onnx"
+    other.write_bytes(tiny("Add", "cd" * 32))
+    assert source_model_digest(other) == d  # a weight's content changed: entries miss one by one
+    other.write_bytes(tiny("Mul", "ab" * 32))
+    assert source_model_digest(other) != d  # another graph: another identity
+    assert source_model_digest(other, onnx.load(other, load_external_data=False)) == source_model_digest(other)
     copy = tmp_path / "sub" / "tiny.onnx"
     copy.parent.mkdir()
     copy.write_bytes(model.read_bytes())
@@ -155,6 +173,9 @@ def test_source_model_digest_and_default_path(tmp_path, monkeypatch):
     assert default_prepared_path(model) == default_prepared_path(model, digest=d) == want
     with pytest.raises(CacheError, match=r"missing\.onnx"):
         source_model_digest(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not really a model")
+    with pytest.raises(CacheError, match=r"junk\.onnx"):
+        source_model_digest(tmp_path / "junk.onnx")
 
 
 # ---- hit / miss / stale -----------------------------------------------------------------------------

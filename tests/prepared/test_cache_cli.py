@@ -56,8 +56,13 @@ def test_verify_exit_codes(tmp_path, capsys):
 def test_verify_checks_the_source_model(tmp_path, capsys):
     path = tmp_path / "m.prepared.onnx"
     small_cache(path)
+    from onnx import TensorProto, helper
+
     model = tmp_path / "other.onnx"
-    model.write_bytes(b"another model")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model.write_bytes(helper.make_model(g).SerializeToString())
     assert cli("verify", str(path), "--model", str(model)) == 1
     assert "belongs to source model" in capsys.readouterr().out
 
