@@ -34,7 +34,7 @@ from .conftest import TIMEOUT
 RESOURCES = ("io", "cpu", "inline", "device:d0")
 SLOTS = {"io": (3, 1), "cpu": (2, 1), "device:d0": (2, 1)}
 TOTAL, RESERVE, DOMAIN_LIMIT = 100, 20, 60
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
@@ -237,7 +237,7 @@ def test_random_dags_respect_dependencies_budgets_and_terminal_states(spec):
     run_spec(spec)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(
     chain=st.lists(st.tuples(st.sampled_from(RESOURCES), st.sampled_from([0, 5, RESERVE])), min_size=1, max_size=8),
     flood=st.integers(1, 4),
