@@ -32,6 +32,10 @@ S4. Dynamic graphs: a running task may ``return task.resume_after(producer, ...)
     submitted earlier (by anyone) shares it. ``when_done(task, fn)`` calls ``fn(task)`` once, when the
     task is terminal. A task body must never block on a handle (a worker would hold a slot while waiting
     for work that may need it): it yields with ``resume_after`` instead.
+S5. Resources: I/O and each device have their own bounded worker pools; CPU tasks run on the leased
+    session :class:`CpuExecutor` (no second pool), whose ``parallel_for``/``map`` run inline when called
+    from one of its workers. ``inline`` tasks run on the thread that made them ready: the submitting
+    thread inside ``submit()``, or the worker that finished their last dependency.
 
 Cancellation (tests/scheduler/test_semantics.py quotes these)
 ---------------------------------------------------------------
@@ -68,8 +72,8 @@ F3. Every submission reaches exactly one terminal state, only after every task i
     of its tasks was cancelled or it released shared tasks by cancelling; otherwise SUCCEEDED.
 F4. ``wait()`` and ``result()`` re-raise the first failure the submission observed (the others are in
     ``diagnostics.errors``, with the failing tasks, the suppressed tasks and their causes, the cancelled and
-    the released tasks), or raise ``Cancelled`` for a CANCELLED submission. ``TimeoutError`` when the
-    timeout passes first (the submission keeps running).
+    the released tasks; ``diagnostics.exception_group()`` groups them all), or raise ``Cancelled`` for a
+    CANCELLED submission. ``TimeoutError`` when the timeout passes first (the submission keeps running).
 F5. Broken internal invariants raise :class:`~onnx_prepared.errors.InternalError`, never a user error.
 
 Handles

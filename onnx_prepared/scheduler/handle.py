@@ -8,6 +8,7 @@ waits for the submission (the spec's documented choice: tasks may still use call
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import sys
@@ -63,6 +64,16 @@ class Diagnostics:
     @property
     def failing_task(self) -> Task | None:
         return self.failed[0] if self.failed else None
+
+    def exception_group(self) -> BaseException | None:
+        """Every failure as one ``BaseExceptionGroup`` (Python 3.11+), or None when nothing failed."""
+        if not self.errors:
+            return None
+        group = getattr(builtins, "BaseExceptionGroup", None)
+        if group is None:  # Python 3.10: no exception groups; the first error stands for all
+            return self.errors[0]
+        names = ", ".join(t.name for t in self.failed)
+        return group(f"{len(self.errors)} task(s) failed: {names}", list(self.errors))
 
 
 class _Latch:

@@ -6,6 +6,7 @@ Each test quotes the rule it proves. Ordering is controlled with gates, never wi
 from __future__ import annotations
 
 import re
+import sys
 import threading
 
 import pytest
@@ -400,6 +401,11 @@ def test_F4_wait_raises_the_first_failure_and_diagnostics_keep_the_rest(make_sch
     d = h.diagnostics
     assert [type(e) for e in d.errors] == [ZeroDivisionError, IndexError]
     assert d.failed == (first, third)
+    group = d.exception_group()
+    if sys.version_info >= (3, 11):
+        assert list(group.exceptions) == list(d.errors) and "first, third" in str(group)  # type: ignore[union-attr]
+    else:
+        assert group is d.errors[0]
     assert second.state is TS.PENDING  # never submitted
     gate = Gate()
     h2 = s.submit([Task(gate.body())])
