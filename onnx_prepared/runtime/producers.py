@@ -141,7 +141,8 @@ class Producers:
 
     # ---- persistence (companion cache) ----
     def persisted(self, key: PreparedKey) -> bool:
-        return key in self.session_entries or self.plan.resolved.requirement(key).cached
+        """True when a restore is one read: a companion entry exists, or the object is a raw source."""
+        return key.is_raw or key in self.session_entries or self.plan.resolved.requirement(key).cached
 
     def _persist_done(self, task: Task) -> None:
         with self._lock:
@@ -168,6 +169,9 @@ class Producers:
         """Persist-then-evict: write a resident object to the companion model now; True when it is there."""
         if not self.persisting or self.persisted(key):
             return self.persisted(key)
+        spec = self.plan.resolved.requirement(key).spec
+        if spec is None or spec.to_bytes is None:
+            return False
         dkey = self.state.persist(key)
         if dkey is None:
             return False
