@@ -177,8 +177,8 @@ def group_query_attention(
                 mask |= kpos <= qpos - local_window_size
         if want_qk and qk_output == 1:  # onnxruntime leaves masked entries at 0
             qk_out[i, :, :, :t] = scores if mask is None else np.where(mask, np.float32(0), scores)
-        if mask is not None:
-            scores[:, mask] = -np.inf
+        if mask is not None:  # one [s, t] additive bias broadcast over heads (boolean assignment is ~4x slower)
+            scores += np.where(mask, np.float32(-np.inf), np.float32(0))
         probs = _softmax(scores, head_sink, smooth_softmax > 0)
         if want_qk and qk_output == 2:
             qk_out[i, :, :, :t] = probs

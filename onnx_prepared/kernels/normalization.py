@@ -28,7 +28,13 @@ def _stash(stash_type: int, op: str) -> None:
 
 def _rms(x: np.ndarray, scale: np.ndarray, axes: tuple[int, ...], epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     xf = x.astype(np.float32, copy=False)
-    inv = 1.0 / np.sqrt(np.mean(np.square(xf), axis=axes, keepdims=True) + np.float32(epsilon))
+    if axes == (xf.ndim - 1,) and xf.ndim:  # the LLM case: one fused dot per row, no squared temporary
+        ms = np.vecdot(xf, xf)[..., None]
+        ms /= np.float32(xf.shape[-1])
+    else:
+        ms = np.mean(np.square(xf), axis=axes, keepdims=True)
+    ms += np.float32(epsilon)
+    inv = 1.0 / np.sqrt(ms)
     y = xf * inv
     y *= scale.astype(np.float32, copy=False)
     return y, inv.astype(np.float32, copy=False)
