@@ -4,12 +4,16 @@ The policy is the spec's "Prepared-object residency" paragraph made concrete:
 
 * a production (read -> prepack -> publish, or a cache read) is *admitted* before it is scheduled:
   its estimated bytes are reserved against ``limit`` together with what is already resident;
-* when the reservation does not fit, unpinned resident objects are evicted, persisted ones first
-  (their restore is one cache read), then by how far ahead the plan needs them again (the one needed
-  furthest in the future goes first; the distance wraps into the next run, so the embedding used at
-  the start of every token outranks a block already consumed);
+* when the reservation does not fit, unpinned resident objects are evicted: only objects the plan
+  needs again *later* than the one being admitted (evicting something needed sooner would only make
+  the run wait for it; a critical admission may take any unpinned object), persisted ones first
+  (their restore is one read), then the one needed furthest in the future (the distance wraps into
+  the next run, so the embedding used at the start of every token outranks a block already
+  consumed);
 * an object pinned by a running consumer, or leased by a hot run, is never evicted;
-* prefetch that does not fit is refused (it retries at the next prefetch point); critical work is
+* prefetch keeps ``critical_reserve`` bytes (the largest object) free, so the object the run needs next
+  never has to evict what it needs right after; prefetch that does not fit is refused (it retries at
+  the next prefetch point); critical work is
   admitted once everything evictable is gone, even above the limit, because the inference that
   needs it is what frees memory.
 
@@ -52,7 +56,9 @@ class ResidencyManager:
         persist: Callable[[Any], bool] | None = None,
         policy: str = "auto",
         on_evict: Callable[[Any], None] | None = None,
+        critical_reserve: int = 0,
     ) -> None:
+        self.critical_reserve = critical_reserve
         self.store = store
         self.arena = arena
         self.limit = limit
@@ -85,8 +91,10 @@ class ResidencyManager:
             if key in self.inflight:
                 return True
             need = self.arena.live + sum(self.inflight.values()) + nbytes - self.limit
+            if not critical:
+                need += min(self.critical_reserve, max(0, self.limit - nbytes))
             if need > 0:
-                need -= self._evict(need, position, protect=key)
+                need -= self._evict(need, position, protect=key, critical=critical)
             if need > 0 and not critical:
                 return False
             self.inflight[key] = nbytes
@@ -97,17 +105,24 @@ class ResidencyManager:
         with self._lock:
             self.inflight.pop(key, None)
 
-    def _candidates(self, position: int, protect: Any) -> list[Any]:
-        entries = [(k, self.store.entry(k)) for k in self._bit]
-        cands = [k for k, e in entries if k != protect and e.state is EntryState.RESIDENT and e.pins == 0]
-        # persisted first, then furthest next need
-        return sorted(cands, key=lambda k: (not self._persisted(k), -self._next_need(self._bit[k], position)))
+    def _candidates(self, position: int, protect: Any, critical: bool) -> list[Any]:
+        bound = -1 if critical else self._next_need(self._bit[protect], position)
+        cands = []
+        for k in self._bit:
+            e = self.store.entry(k)
+            if k == protect or e.state is not EntryState.RESIDENT or e.pins:
+                continue
+            dist = self._next_need(self._bit[k], position)
+            if dist > bound:
+                cands.append((not self._persisted(k), -dist, k))
+        cands.sort(key=lambda c: c[:2])  # persisted first, then the furthest next need
+        return [c[2] for c in cands]
 
-    def _evict(self, need: int, position: int, protect: Any) -> int:
+    def _evict(self, need: int, position: int, protect: Any, critical: bool) -> int:
         freed = 0
         if self.store.leases:
             return 0  # a hot run holds every resident object
-        for key in self._candidates(position, protect):
+        for key in self._candidates(position, protect, critical):
             if freed >= need:
                 break
             if not self._persisted(key):

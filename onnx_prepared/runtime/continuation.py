@@ -93,6 +93,9 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
             res = act.kernel.call(*args)
             for slot, v in zip(act.outputs, res):
                 values[slot] = v
+                old = allocs.pop(slot, None)
+                if old is not None:  # an omitted optional output shares one scratch slot
+                    old.release()
                 nb = getattr(v, "nbytes", 0)
                 if nb:
                     allocs[slot] = arena.acquire(nb, force=True)

@@ -53,6 +53,7 @@ class Producers:
             self.store, state.arenas.prepared, limit, keys=keys, next_need=plan.next_need,
             persisted=self.persisted, persist=self.persist_now if self.persisting else None,
             policy=eviction_policy, on_evict=self._evicted,
+            critical_reserve=max((r.estimated_bytes for r in plan.requirements), default=0),
         )
 
     @property
