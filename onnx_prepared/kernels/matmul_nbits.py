@@ -22,9 +22,11 @@ The registered kernel (unprepacked B) prepacks on every call: no hidden cache.
 **Speed.** Rows of A up to ``GEMV_MAX_M`` use a fused dequantize-dot numba kernel (single-threaded,
 nogil) when the optional numba is installed and warmed up; otherwise (larger M, or no numba yet) B is
 dequantized to fp32 in panels of K (at most ``PANEL_BYTES`` at once) and multiplied with BLAS. Numba is
-imported and compiled in a background thread started by the first prepack (or
-:func:`start_accelerator_warmup`), never on the first call's path: ~0.4 s import plus ~0.3 s when
-numba's on-disk cache hits, several seconds on a cold cache; until then the numpy path serves. Set
+imported and compiled in a background thread started by :func:`start_accelerator_warmup` (the
+session calls it once its first run has produced its output: the import holds the GIL and would
+otherwise slow the first inference it cannot help), never on a call's path: ~0.4 s import plus
+~0.3 s when numba's on-disk cache hits, several seconds on a cold cache; until then the numpy path
+serves. Set
 ``ONNX_PREPARED_NUMBA=0`` to disable it. Figures: ``benchmarks/kernels_nbits.py``.
 """
 
@@ -124,7 +126,6 @@ def prepack_matmul_nbits(
         raise KernelError(
             f"MatMulNBits B must be uint8 [N={N}, k_blocks={kb}, blob_size={blob}], got {B.dtype} {list(B.shape)}"
         )
-    start_accelerator_warmup()
     # Little-endian bytes b0..b3 of a block read as one uint32 are exactly the word layout (values low bits
     # first), so repacking is one transpose [N, kb, words] -> [kb, words, N].
     q = np.ascontiguousarray(B).reshape(N, kb, blob).view("<u4")

@@ -139,6 +139,8 @@ class RuntimeSession:
         self.producers.on_evict = self._evicted
         self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
+        # optional kernel accelerators warm up after the first run (never competing with it)
+        self._accelerate = any("matmul-nbits" in r.key.layout for r in self.plan.requirements)
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = 8
         firsts = self.plan.first_need
@@ -222,7 +224,11 @@ class RuntimeSession:
                     p = self.producers.ensure(r.key, Priority.PREFETCH)
                     if p is not None:
                         sub.bound[b] = p
-        return self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
+        handle = self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
+        if self._accelerate:
+            self._accelerate = False
+            handle.add_done_callback(lambda h: _start_accelerators())
+        return handle
 
     def run(self, feeds: Mapping[str, Any], context: Any = None) -> list:
         """``run_async(feeds, context).result()``."""
@@ -308,6 +314,12 @@ class RuntimeSession:
                 alloc.release()
         sub.values = []
         return outs
+
+
+def _start_accelerators() -> None:
+    from onnx_prepared.kernels import matmul_nbits
+
+    matmul_nbits.start_accelerator_warmup()
 
 
 def _opt(options: Any):
