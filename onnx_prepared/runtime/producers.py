@@ -42,7 +42,7 @@ class Producers:
         self.scheduler = scheduler
         self.prepared_store = state.prepared_store
         self._keep = keep
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # when_done may call back on this thread
         self._tasks: dict[PreparedKey, Task] = {}  # current generation's publishing task
         self._persist_tasks: list[Task] = []
         self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
@@ -126,8 +126,7 @@ class Producers:
             persist = Task(lambda t: st.persist(key), deps=[t], resource=Resource.IO, priority=Priority.BACKGROUND,
                            memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
                            name=f"S.{key}.persist")
-            with contextlib.nullcontext():
-                self._persist_tasks.append(persist)
+            self._persist_tasks.append(persist)  # under self._lock (ensure holds it)
             self.scheduler.when_done(persist, self._persist_done)
         return t, persist
 
