@@ -26,6 +26,8 @@ class CpuExecutor:
     Preparation (prefetch/background) tasks may occupy at most ``workers - critical_reserved`` slots.
     The default on a 2-core machine is 2 workers with 1 reserved: preparation uses the other one.
 
+    :meth:`parallel_for` and :meth:`map` are thread-safe (several callers may share the pool).
+
     >>> cpu = CpuExecutor(2, critical_reserved=1)
     >>> cpu.map(lambda x: x * x, range(4))
     [0, 1, 4, 9]

@@ -166,6 +166,7 @@ class ExecutionHandle:
     >>> with scheduler.submit(tasks) as h: ...   # exit waits; an exception in the block cancels first
 
     Semantics (cancellation, failure, destruction) are stated once in ``onnx_prepared.scheduler``.
+    Every method is thread-safe.
     """
 
     __slots__ = ("__weakref__", "_sub")

@@ -90,7 +90,8 @@ class RuntimeScheduler:
     >>> sched.submit([pack], result=pack).result()
 
     ``cpu`` is leased, not owned, when given (the session's executor; :meth:`close` leaves it open).
-    ``devices`` maps a device name to its worker count, or to ``(workers, critical_reserved)``.
+    ``devices`` maps a device name to its worker count, or to ``(workers, critical_reserved)``; a device
+    with one worker reserves none. Every public method is thread-safe.
     """
 
     def __init__(

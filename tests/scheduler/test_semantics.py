@@ -30,7 +30,7 @@ def quote(rule: str) -> str:
 
 def test_rules_are_stated_once_in_the_package_docstring():
     doc = scheduler_pkg.__doc__ or ""
-    for rule in [f"S{i}" for i in range(1, 5)] + [f"C{i}" for i in range(1, 9)] + [f"F{i}" for i in range(1, 6)] + [
+    for rule in [f"S{i}" for i in range(1, 6)] + [f"C{i}" for i in range(1, 9)] + [f"F{i}" for i in range(1, 6)] + [
         f"H{i}" for i in range(1, 5)
     ]:
         assert doc.count(f"\n{rule}. ") == 1, rule
