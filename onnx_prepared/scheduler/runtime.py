@@ -739,14 +739,16 @@ class RuntimeScheduler:
     def _drain(self, t: Task | None) -> None:
         """Pool job: run tasks of one resource back to back while it has admitted work."""
         q = t._queue  # type: ignore[union-attr]
+        outcome, payload = self._run(t)  # first, before any allocation: submit-to-start latency
         fx = _Effects()
         lock = self._lock
         while t is not None:
-            outcome, payload = self._run(t)
             with lock:
                 t = self._finish(t, outcome, payload, q, fx, q)  # type: ignore[arg-type]
             if fx.starts or fx.subs or fx.callbacks or fx.inline:
                 self._after(fx)  # leaves fx empty for reuse
+            if t is not None:
+                outcome, payload = self._run(t)
 
     def _after(self, fx: _Effects) -> None:
         """Outside the lock: wake workers, call callbacks, finish submissions, run inline tasks.

@@ -154,11 +154,16 @@ class Task:
     ):
         self.fn: Callable[[Task], Any] | None = fn  # dropped at the terminal state (frees captured inputs)
         self.name = name if name is not None else getattr(fn, "__name__", "task")
-        self.resource: str = resource.value if isinstance(resource, Resource) else str(resource)
+        if resource.__class__ is not str:
+            resource = resource.value if isinstance(resource, Resource) else str(resource)
+        self.resource: str = resource  # type: ignore[assignment]
         self._prio = int(priority)
         if not 0 <= self._prio <= 2:
             raise ValueError(f"priority must be a Priority, got {priority!r}")
-        self._deps: list[Task] = [_check_task(d) for d in deps]  # grows only by resume_after
+        self._deps: list[Task] = list(deps)  # grows only by resume_after
+        for d in self._deps:
+            if d.__class__ is not Task:
+                _check_task(d)
         self.memory = memory
         self._charge = memory.output + memory.temp
         self.token = CancelToken(self.name)
