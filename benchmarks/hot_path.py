@@ -100,7 +100,7 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             return sess.run_async(feeds).result()
 
         def bind_only():
-            return sess._bind_feeds(feeds)
+            return sess._bind_feeds(feeds)[0]
 
         sched = sess.scheduler
         pool = ThreadPoolExecutor(1, thread_name_prefix="bench-worker")
@@ -114,10 +114,10 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
         def inline_task():  # the same submission on Resource.INLINE: runs on the caller, no hand-off
             return sched.submit(Task(lambda t: None, resource=Resource.INLINE, priority=Priority.CRITICAL)).result()
 
-        def template_fill():  # what _run_hot does before replay: a loop over every slot of the template
+        def template_fill():  # what run_async does on the hot path: a loop over every slot of the template
             values = ex.new_values()
             for s, v in enumerate(template):
-                if v is not None:
+                if v is not None and values[s] is None:
                     values[s] = v
             return values
 
