@@ -104,16 +104,17 @@ def group_query_attention(
             raise _fail(f"key/value must be [batch, {s}, {kv_num_heads * h}], got {list(k.shape)} {list(v.shape)}")
     dtype = query.dtype
     total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-    seqlens = np.asarray(seqlens_k).reshape(-1).astype(np.int64)
-    if seqlens.shape[0] != b:
-        raise _fail(f"seqlens_k has {seqlens.shape[0]} entries for batch {b}")
+    # Per-entry lengths as Python ints: a decode step's checks then cost no numpy calls.
+    seqlens = [int(x) for x in np.asarray(seqlens_k).reshape(-1).tolist()]
+    if len(seqlens) != b:
+        raise _fail(f"seqlens_k has {len(seqlens)} entries for batch {b}")
     first_prompt = s == total
-    past_len = np.zeros(b, np.int64) if first_prompt else seqlens + 1 - s
-    if (past_len < 0).any() or (seqlens + 1 > total).any():
-        raise _fail(f"seqlens_k {seqlens.tolist()} inconsistent with sequence length {s} and total {total}")
+    past_len = [0] * b if first_prompt else [x + 1 - s for x in seqlens]
+    if min(past_len) < 0 or max(seqlens) + 1 > total:
+        raise _fail(f"seqlens_k {seqlens} inconsistent with sequence length {s} and total {total}")
     l_past = 0 if past_key is None else past_key.shape[2]
-    if not first_prompt and (past_len > l_past).any():
-        raise _fail(f"past_key holds {l_past} positions, fewer than the past lengths {past_len.tolist()}")
+    if not first_prompt and max(past_len) > l_past:
+        raise _fail(f"past_key holds {l_past} positions, fewer than the past lengths {past_len}")
     present_len = max(l_past, total)
 
     # NOTE: copy=False throughout: the float32 path (every LLM export) must not copy the KV cache per call.
@@ -124,7 +125,7 @@ def group_query_attention(
         if cos_cache is None or sin_cache is None:
             raise _fail("do_rotary=1 needs cos_cache and sin_cache")
         if position_ids is None:
-            pos = past_len[:, None] + np.arange(s, dtype=np.int64)[None, :]
+            pos = np.array(past_len, np.int64)[:, None] + np.arange(s, dtype=np.int64)[None, :]
         elif first_prompt:  # onnxruntime reads only the first element for the first prompt
             pos = int(np.asarray(position_ids).reshape(-1)[0]) + np.arange(s, dtype=np.int64)[None, :].repeat(b, 0)
         else:
@@ -133,8 +134,13 @@ def group_query_attention(
             raise _fail(f"rotary position {int(pos.max())} exceeds the cos/sin cache ({cos_cache.shape[0]} rows)")
         cos = cos_cache[pos][:, :, None, :]
         sin = sin_cache[pos][:, :, None, :]
-        qh = apply_rotary(qh, cos, sin, bool(rotary_interleaved))
-        kh = apply_rotary(kh, cos, sin, bool(rotary_interleaved))
+        if key is None and q.dtype == np.float32:  # packed QKV: Q and K heads are adjacent, rotate them at once
+            qk = apply_rotary(query[..., : (num_heads + kv_num_heads) * h].reshape(b, s, num_heads + kv_num_heads, h),
+                              cos, sin, bool(rotary_interleaved))
+            qh, kh = qk[:, :, :num_heads], qk[:, :, num_heads:]
+        else:
+            qh = apply_rotary(qh, cos, sin, bool(rotary_interleaved))
+            kh = apply_rotary(kh, cos, sin, bool(rotary_interleaved))
 
     # present = past buffer, zeros after it, then the new K/V at their positions (np.empty: each byte once)
     present_k = np.empty((b, kv_num_heads, present_len, h), dtype)
@@ -151,8 +157,8 @@ def group_query_attention(
     want_qk = qk_output in (1, 2)
     qk_out = np.zeros((b, num_heads, s, total), np.float32) if want_qk else None
     for i in range(b):
-        p0 = int(past_len[i])
-        t = int(seqlens[i]) + 1
+        p0 = past_len[i]
+        t = seqlens[i] + 1
         n_new = t - p0 if first_prompt else s
         present_k[i, :, p0: p0 + n_new] = kh[i, :n_new].transpose(1, 0, 2)
         present_v[i, :, p0: p0 + n_new] = vh[i, :n_new].transpose(1, 0, 2)
@@ -192,17 +198,17 @@ def group_query_attention(
 
 def _softmax(x: np.ndarray, head_sink: np.ndarray | None, smooth: bool) -> np.ndarray:
     """Softmax over the last axis of ``[heads, s, t]``, in place; a sink logit adds ``exp(sink)`` to the
-    denominator."""
-    m = np.max(x, axis=-1, keepdims=True)
+    denominator. (ufunc ``reduce`` directly: ``np.max``/``np.sum`` wrappers cost ~2 us per call.)"""
+    m = np.maximum.reduce(x, axis=-1, keepdims=True)
     if head_sink is not None or smooth:
         sink = (np.zeros(x.shape[0], np.float32) if head_sink is None else head_sink.astype(np.float32))
         sink = sink[:, None, None]
         m = np.maximum(m, sink)
         x -= m
         np.exp(x, out=x)
-        x /= np.sum(x, axis=-1, keepdims=True) + np.exp(sink - m)
+        x /= np.add.reduce(x, axis=-1, keepdims=True) + np.exp(sink - m)
         return x
     x -= m
     np.exp(x, out=x)
-    x /= np.sum(x, axis=-1, keepdims=True)
+    x /= np.add.reduce(x, axis=-1, keepdims=True)
     return x
