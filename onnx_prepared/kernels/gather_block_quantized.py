@@ -69,7 +69,17 @@ def gather_block_quantized(
     valid = (idx >= -size) & (idx < size)
     safe = np.where(valid, np.where(idx < 0, idx + size, idx), 0)
 
-    if ga == qa:  # only for int4/uint4: dequantize the whole table, then gather
+    if packed_bits and qa == r - 1 and logical_last == n_blocks * block_size:
+        # genai's tied embedding (uint8 [V, H/2], gather rows): dequantize per whole block, float32 in place
+        q = unpack_bits(np.take(data, safe, axis=0), packed_bits).astype(np.float32)
+        q = q.reshape(q.shape[:-1] + (n_blocks, block_size))
+        if zero_points is None:
+            q -= np.float32(default_zp)
+        else:
+            q -= unpack_bits(np.take(zero_points, safe, axis=0), packed_bits, n_blocks).astype(np.float32)[..., None]
+        q *= np.take(scales, safe, axis=0).astype(np.float32, copy=False)[..., None]
+        out = q.reshape(q.shape[:-2] + (logical_last,)).astype(scales.dtype, copy=False)
+    elif ga == qa:  # only for int4/uint4: dequantize the whole table, then gather
         deq = _dequant(_logical(data, 0), scales, zero_points, 0, default_zp, qa, block_size, logical_shape[qa])
         out = np.take(deq, safe, axis=ga)
     else:
