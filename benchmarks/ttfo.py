@@ -13,7 +13,9 @@ order within each repetition, on the same model and feeds (a prefill of ``--prom
 Phases (ms, from the process's spawn): interpreter start, ``import numpy``, import of the runtime,
 feeds, session creation, first run; TTFO is their sum (spawn -> logits). For ``ours`` the first run is
 split further from its scheduler trace: time the run continuation computed, time it waited for
-prepared objects, and the summed read / prepack task durations. Goals (issue): on the medium and large
+prepared objects, and the summed read / prepack task durations. Unless ``--no-profile``, one more
+process per preset and prompt prepares the model and times our prefill per kernel (first and second
+run after ``prepare()``), to show which kernels cost the difference. Goals (issue): on the medium and large
 presets, cold TTFO <= 0.5x onnxruntime's with 16 tokens and <= 0.7x with 128 tokens.
 
     python benchmarks/ttfo.py [--presets medium,large] [--prompts 16,128] [--reps 3] [--json]
@@ -81,6 +83,45 @@ def child(a: argparse.Namespace) -> None:
     })
 
 
+def child_profile(a: argparse.Namespace) -> None:
+    """Per-kernel time of our prefill (after prepare), first and second run in this process."""
+    import re
+    from collections import Counter
+
+    from onnx_prepared.runtime.session import RuntimeSession
+
+    feeds = C.llm_prefill_feeds(a.model, a.tokens)
+    sess = RuntimeSession(a.model)
+    t0 = time.perf_counter()
+    sess.prepare()
+    prepare_ms = (time.perf_counter() - t0) * 1e3
+    ex = sess.plan.execution
+    template = [None] * ex.n_slots
+    for r, slot in zip(sess.plan.requirements, sess.plan.requirement_slots):
+        if slot >= 0:
+            template[slot] = sess.store.get(r.key)
+    slot_of = {ex.slot_names[s]: s for s in ex.input_slots}
+    runs = []
+    for _ in range(2):
+        values = template.copy()
+        for n, v in feeds.items():
+            values[slot_of[n]] = v
+        per: Counter[str] = Counter()
+        last = [time.perf_counter()]
+
+        def on_step(act, _values, per=per, last=last):
+            now = time.perf_counter()
+            per[re.sub(r"-k\d+-n\d+$", "", act.kernel.name)] += now - last[0]
+            last[0] = now
+
+        t0 = last[0] = time.perf_counter()
+        ex.replay(values, on_step=on_step)
+        total = (time.perf_counter() - t0) * 1e3
+        runs.append({"total_ms": total, "by_kernel_ms": {k: v * 1e3 for k, v in per.items()}})
+    sess.close()
+    C.child_print({"prepare_ms": prepare_ms, "first": runs[0], "second": runs[1]})
+
+
 def _ours_breakdown(sess, t0: float, t1: float) -> dict:
     """Split the first run: continuation compute vs waiting, and the loading work done meanwhile."""
     from onnx_prepared.kernels.matmul_nbits import accelerator_state
@@ -143,6 +184,15 @@ def bench(a: argparse.Namespace) -> dict:
             r["same_argmax"] = r["argmax"] == base["argmax"]
             r["delta_ms"] = {p: r[p] - base[p] for p in _PHASES}
     res["resident_before"] = {k: ([round(min(v), 4), round(max(v), 4)] if v else None) for k, v in resident.items()}
+    if a.profile:
+        res["profile"] = []
+        for preset in a.presets:
+            C.warm(C.model_files(paths[preset]))
+            for tokens in a.prompts:
+                p = C.run_child([me, "--child", "profile", "--model", paths[preset], "--tokens", str(tokens)],
+                                {"ONNX_PREPARED_NUMBA": "0"})
+                ort_run = by.get((preset, tokens, "warm", "ort"), {}).get("run_ms")
+                res["profile"].append({"preset": preset, "tokens": tokens, "ort_first_run_ms": ort_run, **p})
     return res
 
 
@@ -183,6 +233,24 @@ def print_table(res: dict) -> None:
             ("prepack sum", "prepack_sum_ms", ".0f"), ("numba at output", "accel", ""),
             ("vs ort: import", "d_import", "+.0f"), ("session", "d_session", "+.0f"), ("first run", "d_run", "+.0f"),
         ]))
+    print_profile(res)
+
+
+def print_profile(res: dict, top: int = 6) -> None:
+    prof = res.get("profile")
+    if not prof:
+        return
+    print("\nour prefill by kernel after prepare() (fresh process, warm cache, numba off): first and second run, ms")
+    for p in prof:
+        first, second = p["first"], p["second"]
+        ort = p.get("ort_first_run_ms")
+        print(f"{p['preset']} {p['tokens']}tok: prepare {p['prepare_ms']:.0f}; run 1 {first['total_ms']:.0f}, "
+              f"run 2 {second['total_ms']:.0f}" + (f" (onnxruntime's first run: {ort:.0f})" if ort else ""))
+        ks = sorted(first["by_kernel_ms"], key=lambda k: -first["by_kernel_ms"][k])[:top]
+        rows = [{"kernel": k, "first": first["by_kernel_ms"][k], "second": second["by_kernel_ms"].get(k),
+                 "share": first["by_kernel_ms"][k] / first["total_ms"]} for k in ks]
+        print(C.table(rows, [("  kernel", "kernel", ""), ("run 1 ms", "first", ".0f"), ("run 2 ms", "second", ".0f"),
+                             ("share of run 1", "share", ".0%")]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,11 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runtimes", type=C.parse_list, default=list(RUNTIMES))
     ap.add_argument("--reps", type=int, default=3, help="fresh processes per row (median reported)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    ap.add_argument("--child", choices=["ort", "ours", "ours-nonumba"], help=argparse.SUPPRESS)
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the per-kernel profile of our prefill (one extra process per preset and prompt)")
+    ap.add_argument("--child", choices=["ort", "ours", "ours-nonumba", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--spawn", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.child == "profile":
+        child_profile(a)
+        return 0
     if a.child:
         child(a)
         return 0

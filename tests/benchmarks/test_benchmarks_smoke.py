@@ -111,8 +111,12 @@ def test_ttfo(models_dir, capsys):
     assert by_rt["ours"]["argmax"] == by_rt["ours-nonumba"]["argmax"]
     if "ort" in by_rt:
         assert "vs_ort" in by_rt["ours"] and by_rt["ours"]["delta_ms"].keys() >= {"import_ms", "run_ms"}
+    prof = res["profile"][0]
+    assert prof["tokens"] == 4 and prof["first"]["total_ms"] > 0
+    assert any(k.startswith("prepacked:matmul-nbits") for k in prof["first"]["by_kernel_ms"])
     _module("ttfo").print_table(res)
-    assert "TTFO ms" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFO ms" in out and "by kernel" in out
 
 
 def test_models_are_never_rewritten(models_dir):
