@@ -6,12 +6,17 @@ interleaved in rotating order within each repetition:
 
 - ``stream``: ``RuntimeSession`` then ``run_async(prefill)`` at once (no prepare): the first inference
   overlaps reads and prepacks; then ``prepare()`` until every object is resident.
+- ``stream_prefetch``: the same, plus ``prepare_async()`` right after ``run_async``: every producer is
+  submitted at once (PREFETCH; the run promotes the ones it waits for). This is what ``run_async`` itself
+  should do ("start the producers this run needs now"); comparing it with ``stream`` shows the overlap
+  that is lost when ``run_async`` only binds producers and starts each one when the run reaches it.
 - ``prepare``: ``prepare()`` (the scheduler's parallel schedule), then ``run(prefill)`` on the hot path.
 - ``sequential``: ``prepare(sequential=True)`` (exactly the same session tasks, one at a time on the
   calling thread), then ``run(prefill)``.
-- ``cancel``: ``run_async(prefill)`` on a cold session and ``cancel()`` right after submission; then a
-  second session whose first-needed weight read is gated (blocked until released) so the run is
-  certainly waiting on it, and ``cancel()`` once it has yielded.
+- ``cancel``: ``run_async(prefill)`` on a cold session and ``cancel()`` right after submission; then
+  sessions whose first-needed weight read is gated (blocked, released after ``GATE_S`` at the latest)
+  so the run is certainly waiting on it, and ``cancel()`` once it has yielded: once with only the run
+  wanting that producer, once with ``prepare_async()`` sharing it (C5: the run must not wait for it).
 
 Per run: import time, plan construction (``RuntimeSession(...)``: load_model + resolve + build plan),
 reads (count, bytes, summed duration), prepacks (count, summed duration), time to the first executed
@@ -44,7 +49,8 @@ import time
 
 import _common as C
 
-MODES = ("stream", "prepare", "sequential")
+MODES = ("stream", "stream_prefetch", "prepare", "sequential")
+GATE_S = 2.0  # the gated read is released after this long even if cancel() is still waiting for it
 
 
 # **** child process ****
@@ -135,12 +141,17 @@ def child(a: argparse.Namespace) -> None:
     plan_box.append(sess.plan)
     _instrument(sess, spans)
     res: dict = {"mode": a.child}
-    if a.child == "stream":
+    streaming = a.child.startswith("stream")
+    if streaming:
         t_sub0 = time.perf_counter()
         h = sess.run_async(feeds)
         t_sub1 = time.perf_counter()
+        if a.child == "stream_prefetch":  # every producer submitted now (PREFETCH); the run promotes its own
+            prep = sess.prepare_async()
         out = h.result()
         t_out = time.perf_counter()
+        if a.child == "stream_prefetch":
+            prep.wait()
         sess.prepare()
         t_ready = time.perf_counter()
         t_prep0 = t_sub0
@@ -156,7 +167,7 @@ def child(a: argparse.Namespace) -> None:
     recs = sess.scheduler.trace.records()
     s_recs = [r for r in recs if r.name.startswith("S.")]
     if s_recs:  # the last publication, not prepare()'s return
-        t_ready = min(t_ready, max(r.finished for r in s_recs)) if a.child == "stream" else t_ready
+        t_ready = min(t_ready, max(r.finished for r in s_recs)) if streaming else t_ready
     assert sess.store.all_resident
     reads = [s for s in spans if s[0] == "read"]
     packs = [s for s in spans if s[0] == "prepack"]
@@ -183,7 +194,7 @@ def child(a: argparse.Namespace) -> None:
         "counters": dict(sess.counters),
         "logits_shape": list(out[0].shape),
     })
-    if a.child == "stream":
+    if streaming:
         res.update(_trace_figures(recs, t_sub0, t_out, t_ready))
     sess.close()
     C.child_print(res)
@@ -208,16 +219,19 @@ def _child_cancel(a: argparse.Namespace, rs, feeds: dict) -> dict:
     cold_pc_yields = sess.counters["yields"]
     sess.close()
 
-    # 2. gated: the run waits on its first-needed weight, whose read is blocked until we release it
+    # 2. gated: the run waits on its first-needed weight, whose read blocks until released (after GATE_S
+    #    at the latest). Once alone (only the run wants the producer), once with prepare_async() sharing it.
     class GatedReader(ExternalDataReader):
         def __init__(self, names):
             super().__init__()
             self.names = set(names)
             self.gate = threading.Event()
+            self.started = threading.Event()
 
         def read(self, desc):
             if desc.name in self.names:
-                self.gate.wait(60)
+                self.started.set()
+                self.gate.wait(GATE_S)
             return super().read(desc)
 
     probe = rs.RuntimeSession(a.model)
@@ -227,21 +241,28 @@ def _child_cancel(a: argparse.Namespace, rs, feeds: dict) -> dict:
     first = next(i for i in order if any(manifest[s].descriptor.is_external for s in plan.requirements[i].sources))
     names = plan.requirements[first].sources
     probe.close()
-    reader = GatedReader(names)
-    sess = rs.RuntimeSession(a.model, reader=reader)
-    h = sess.run_async(feeds)
-    deadline = time.perf_counter() + 30
-    while sess.counters["yields"] < 1 and time.perf_counter() < deadline:
-        time.sleep(0.0005)
-    waiting = sess.counters["yields"] >= 1
-    time.sleep(0.01)  # the continuation has returned to the scheduler
-    gated_ms = cancel_and_wait(h)
-    gated_state = h.status.name.lower()
-    reader.gate.set()
-    sess.close()
-    return {"mode": "cancel", "cold_cancel_ms": cold_ms, "cold_state": cold_state, "cold_yields": cold_pc_yields,
-            "gated_cancel_ms": gated_ms, "gated_state": gated_state, "gated_waiting": waiting,
-            "gated_weight": names[0]}
+    out = {"mode": "cancel", "cold_cancel_ms": cold_ms, "cold_state": cold_state, "cold_yields": cold_pc_yields,
+           "gated_weight": names[0], "gate_s": GATE_S}
+    for variant in ("alone", "shared"):
+        reader = GatedReader(names)
+        sess = rs.RuntimeSession(a.model, reader=reader)
+        h = sess.run_async(feeds)
+        prep = sess.prepare_async() if variant == "shared" else None
+        deadline = time.perf_counter() + 30
+        while (sess.counters["yields"] < 1 or not reader.started.is_set()) and time.perf_counter() < deadline:
+            time.sleep(0.0005)
+        waiting = sess.counters["yields"] >= 1 and reader.started.is_set()
+        time.sleep(0.01)  # the continuation has returned to the scheduler
+        ms = cancel_and_wait(h)
+        out[f"gated_{variant}_cancel_ms"] = ms
+        out[f"gated_{variant}_state"] = h.status.name.lower()
+        out[f"gated_{variant}_waiting"] = waiting
+        out[f"gated_{variant}_waited_for_read"] = ms >= 0.9 * GATE_S * 1e3
+        reader.gate.set()
+        if prep is not None:
+            prep.wait()
+        sess.close()
+    return out
 
 
 # **** parent ****
@@ -297,12 +318,16 @@ def bench(a: argparse.Namespace) -> dict:
                 "cold_cancel_ms": C.median([c["cold_cancel_ms"] for c in cancels]),
                 "cold_cancel_max_ms": max(c["cold_cancel_ms"] for c in cancels),
                 "cold_states": sorted({c["cold_state"] for c in cancels}),
-                "gated_cancel_ms": C.median([c["gated_cancel_ms"] for c in cancels]),
-                "gated_cancel_max_ms": max(c["gated_cancel_ms"] for c in cancels),
-                "gated_states": sorted({c["gated_state"] for c in cancels}),
-                "gated_waiting": all(c["gated_waiting"] for c in cancels),
-                "gated_weight": cancels[0]["gated_weight"],
+                "gated_weight": cancels[0]["gated_weight"], "gate_s": GATE_S,
             }
+            for v in ("alone", "shared"):
+                entry["cancel"][v] = {
+                    "cancel_ms": C.median([c[f"gated_{v}_cancel_ms"] for c in cancels]),
+                    "cancel_max_ms": max(c[f"gated_{v}_cancel_ms"] for c in cancels),
+                    "states": sorted({c[f"gated_{v}_state"] for c in cancels}),
+                    "waiting": all(c[f"gated_{v}_waiting"] for c in cancels),
+                    "waited_for_read": any(c[f"gated_{v}_waited_for_read"] for c in cancels),
+                }
         for cache in a.caches:
             s, p = agg.get(f"{cache}/sequential"), agg.get(f"{cache}/prepare")
             if s and p:
@@ -350,9 +375,10 @@ def print_table(res: dict) -> None:
                 ("cache", "cache", ""), ("sequential ms", "sequential_ms", ".0f"),
                 ("parallel ms", "parallel_ms", ".0f"), ("speedup", "speedup", ".2f"),
             ]))
-        arows = [{"cache": k.split("/")[0], **v} for k, v in e["runs"].items() if k.endswith("/stream")]
+        arows = [{"cache": k, **v} for k, v in e["runs"].items() if "/stream" in k]
         if arows:
-            print("asynchronous execution (stream: run_async with nothing prepared, traced):")
+            print("asynchronous execution (run_async with nothing prepared, traced; stream_prefetch: prepare_async() "
+                  "submitted right after it):")
             print(C.table(arows, _async_cols(arows)))
             print("overlap as fractions of wall time (run_async -> all resident | run_async -> first output):")
             orows = []
@@ -368,11 +394,14 @@ def print_table(res: dict) -> None:
             ]))
         c = e.get("cancel")
         if c:
-            print(f"cancellation latency (cancel() -> handle terminal): cold, right after submission: median "
-                  f"{c['cold_cancel_ms']:.2f} ms (max {c['cold_cancel_max_ms']:.2f}, states {c['cold_states']}); "
-                  f"waiting on gated weight {c['gated_weight']}: median {c['gated_cancel_ms']:.2f} ms "
-                  f"(max {c['gated_cancel_max_ms']:.2f}, states {c['gated_states']}, was waiting: "
-                  f"{c['gated_waiting']})")
+            print(f"cancellation latency (cancel() -> handle terminal), cold, right after submission: median "
+                  f"{c['cold_cancel_ms']:.2f} ms (max {c['cold_cancel_max_ms']:.2f}, states {c['cold_states']})")
+            for v, label in (("alone", "only the run wants it"), ("shared", "prepare_async() shares it")):
+                g = c[v]
+                note = (f"  <- waited for the in-flight read (released after {c['gate_s']:.0f} s)"
+                        if g["waited_for_read"] else "")
+                print(f"  run waiting on gated read of {c['gated_weight']} ({label}): median {g['cancel_ms']:.2f} ms "
+                      f"(max {g['cancel_max_ms']:.2f}, states {g['states']}, was waiting: {g['waiting']}){note}")
 
 
 def _async_cols(rows: list[dict]) -> list[tuple[str, str, str]]:

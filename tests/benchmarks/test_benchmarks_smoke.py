@@ -77,7 +77,8 @@ def test_loading(models_dir, capsys):
     res = _run("loading.py", "--models-dir", models_dir, "--presets", "tiny", "--reps", "1", "--tokens", "4")
     assert res["benchmark"] == "loading"
     e = res["presets"]["tiny"]
-    assert set(e["runs"]) == {f"{c}/{m}" for c in ("cold", "warm") for m in ("stream", "prepare", "sequential")}
+    modes = ("stream", "stream_prefetch", "prepare", "sequential")
+    assert set(e["runs"]) == {f"{c}/{m}" for c in ("cold", "warm") for m in modes}
     reads = {r["reads"] for r in e["runs"].values()}
     assert len(reads) == 1 and reads.pop() > 0  # every mode reads the same payloads, each once
     for key, r in e["runs"].items():
@@ -85,12 +86,14 @@ def test_loading(models_dir, capsys):
                 "ttfo_ms", "ttfo_process_ms", "ready_ms", "peak_rss_mb", "max_inflight_mb"} <= set(r), key
         assert r["prepacks"] > 0 and r["ttfo_ms"] >= r["plan_ms"] > 0
         assert r["first_node_ms"] <= r["ttfo_ms"]
-    s = e["runs"]["cold/stream"]
+    s = e["runs"]["cold/stream_prefetch"]
     assert {"submit_ms", "yields", "wait_total_ms", "queue_io_median_ms", "overlap_ready", "overlap_ttfo"} <= set(s)
     assert 0 <= s["overlap_ready"]["any"] <= 1.0 + 1e-9
     assert set(e["sequential_vs_parallel"]) == {"cold", "warm"}
-    assert e["cancel"]["gated_waiting"] is True
-    assert e["cancel"]["gated_states"] == ["cancelled"]
+    for v in ("alone", "shared"):
+        assert e["cancel"][v]["waiting"] is True  # the run had yielded on the gated weight when cancelled
+        assert e["cancel"][v]["states"] == ["cancelled"]
+    assert e["cancel"]["shared"]["waited_for_read"] is False  # C5: a shared producer is released, not joined
     assert max(e["resident_before"]["cold"]) <= 0.05  # eviction worked on the test's files
     _module("loading").print_table(res)
     out = capsys.readouterr().out
