@@ -17,6 +17,10 @@ class SessionOptions:
 
     #: CPU workers of the session scheduler (0: one per core, at most 2 by default).
     intra_op_num_threads: int = 0
+    #: OpenBLAS threads per GEMM on the hot path (None: OpenBLAS's default, one per core). The default 1
+    #: leaves the other core to the session's second worker and to background work: multi-threaded
+    #: GEMMs next to any other busy thread ran several times slower here. Cold runs always use 1.
+    blas_threads: int | None = 1
     #: bounded I/O workers for external-data and cache reads
     io_workers: int = 4
     #: companion prepared model: "disabled", "read_only", "build_if_missing" or "require_complete"

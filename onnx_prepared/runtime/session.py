@@ -139,6 +139,8 @@ class RuntimeSession:
         self.producers.on_evict = self._evicted
         self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
+        # OpenBLAS threads of hot runs (cold runs always use 1: preparation shares the cores)
+        self.blas_threads = opt("blas_threads", 1)
         # optional kernel accelerators warm up after the first run (never competing with it)
         self._accelerate = any("matmul-nbits" in r.key.layout for r in self.plan.requirements)
         # look-ahead window (requirements ahead of the run) used under a residency budget
