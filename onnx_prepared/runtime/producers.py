@@ -82,8 +82,9 @@ class Producers:
             t, persist = self._make(key, gen, priority)
             self._tasks[key] = t
         self.scheduler.when_done(t, lambda task: self._done(task, key, gen))
-        if persist is not None:
-            self._keep(self.scheduler.submit(persist, fail_fast=False))
+        # Started now, in a session-owned submission: the chain runs while the run that asked for it
+        # executes earlier nodes (that is the overlap), and a run's cancel only withdraws its interest.
+        self._keep(self.scheduler.submit([t] if persist is None else [t, persist], fail_fast=False))
         return t
 
     def _make(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:

@@ -214,3 +214,17 @@ def test_sequential_reference_path_runs_the_same_session_tasks(tmp_path, gated_r
         np.testing.assert_array_equal(a.run({"x": X})[0], b.run({"x": X})[0])
         assert a.counters["hot_runs"] == 1
     assert sorted(ra.log) == sorted(rb.log)
+
+
+def test_run_async_starts_every_producer_at_submission(tmp_path, gated_reader):
+    """Overlap: W1 is read while the run still waits for W0, not when the run reaches layer 1."""
+    path = gemm_mlp(tmp_path, layers=2)
+    gate0, gate1 = threading.Event(), threading.Event()
+    reader = gated_reader({"W0": gate0, "W1": gate1})
+    with RuntimeSession(path, reader=reader) as s:
+        h = s.run_async({"x": X})
+        assert reader.started["W1"].wait(20)  # W1's read began although W0 is still held back
+        assert not h.is_ready()
+        gate0.set()
+        gate1.set()
+        np.testing.assert_allclose(h.result(timeout=20)[0], reference_mlp(path, X), rtol=1e-5, atol=1e-6)
