@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="generate the default model if absent and run it")
     d.add_argument("--dir", default=None, help="model folder (default: a per-user cache folder)")
+    d.add_argument("--steps", type=int, default=None, help="greedy decode steps (default 32)")
+    d.add_argument("--session", choices=["runtime", "inference"], default=None,
+                   help="RuntimeSession (default) or the onnxruntime-shaped InferenceSession")
     d.set_defaults(fn=cmd_demo)
     r = sub.add_parser("run", help="run MODEL on feeds from an .npz file")
     r.add_argument("model")
