@@ -165,12 +165,32 @@ def _trace_split(recs, t0: float, t1: float) -> dict:
     return out
 
 
+class _TimedHashlib:
+    """Stands in for ``hashlib`` in the companion module: times every ``sha256(data)`` (the payload
+    verification a restore pays), as (start, end) spans."""
+
+    def __init__(self, mod, spans: list) -> None:
+        self._mod, self._spans = mod, spans
+
+    def sha256(self, *args, **kw):
+        t0 = time.perf_counter()
+        h = self._mod.sha256(*args, **kw)
+        self._spans.append((t0, time.perf_counter()))
+        return h
+
+    def __getattr__(self, name: str):
+        return getattr(self._mod, name)
+
+
 def child_ours(a: argparse.Namespace) -> dict:
     import numpy as np  # noqa: F401
 
     from onnx_prepared.kernels import matmul_nbits
+    from onnx_prepared.prepared import cache as companion
     from onnx_prepared.runtime import RuntimeSession
 
+    sha_spans: list = []
+    companion.hashlib = _TimedHashlib(companion.hashlib, sha_spans)
     rss_import = _peak_rss_mb()
     matmul_nbits.wait_for_accelerator(600)
     accel = matmul_nbits.accelerator_state().name.lower()
@@ -200,6 +220,7 @@ def child_ours(a: argparse.Namespace) -> dict:
     dec_restores = _restores(s.state.counters, marks["counters"])
     steps = max(1, a.steps)
     split = _trace_split(s.scheduler.trace.records(), marks["t"], t2)
+    split["sha256_ms"] = sum(max(0.0, min(b, t2) - max(a_, marks["t"])) for a_, b in sha_spans) * 1e3
     out = {
         "ttfo_ms": (t1 - t0) * 1e3, "decode_tok_s": a.steps / (t2 - t1), "tokens": tokens, "accel": accel,
         "rss_import_mb": rss_import, "rss_ready_mb": rss_ready, "rss_prefill_mb": marks["rss"],
@@ -414,6 +435,21 @@ def _configs(a: argparse.Namespace) -> list[tuple[str, str, str]]:
     return out
 
 
+def _prefix(x: list[int], y: list[int]) -> int:
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
+
+
+def _rel_err_first(me_logits: str, ort_logits: str) -> float:
+    """max |ours - ort| / max |ort| over the prefill's last-position logits."""
+    import numpy as np
+
+    x, y = np.load(me_logits)[0], np.load(ort_logits)[0]
+    return float(np.abs(x - y).max() / max(float(np.abs(y).max()), 1e-30))
+
+
 def _compare(me_logits: str, ref_logits: str) -> tuple[bool, float]:
     import numpy as np
 
@@ -557,7 +593,12 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
                 diffs.append(d)
         row["bit_identical"] = all(same) if same else None
         row["max_abs_diff"] = max(diffs) if diffs else None
-        row["same_tokens_as_ort"] = all(r["tokens"] == ort[0]["tokens"] for r in runs) if ort else None
+        row["same_tokens_as_ort"] = (all(r["tokens"] == ort[0]["tokens"][:len(r["tokens"])] for r in runs)
+                                     if ort else None)
+        if ort:  # onnxruntime quantizes activations (accuracy_level 4): agreement, not identity, is expected
+            row["ort_prefix"] = min(_prefix(r["tokens"], ort[0]["tokens"]) for r in runs)
+            row["ort_prefill_rel_err"] = max(_rel_err_first(r["logits_file"], ort[0]["logits_file"]) for r in runs)
+        row["correct"] = bool(row["bit_identical"]) and (not ort or row["ort_prefix"] >= 1)
         entry["rows"].append(row)
     order = {(lim, c, v): i for i, (lim, c, v) in enumerate(_configs(a))}
     entry["rows"].sort(key=lambda r: order.get((r["limit"], r["cache"], "" if r["variant"] == "numba"
@@ -586,7 +627,7 @@ def _goals(entry: dict, by: dict) -> dict:
     base = entry["baseline"]
     if fixed and entry["ort"]:
         best = min(fixed, key=lambda r: r["peak_rss_mb"])
-        ok = [r for r in fixed if r["rss_vs_ort"] <= GOAL_RSS and r["bit_identical"] and r["same_tokens_as_ort"]]
+        ok = [r for r in fixed if r["rss_vs_ort"] <= GOAL_RSS and r["correct"]]
         default = by.get(("fixed", "warm", "numba")) or min((r for r in fixed if r["variant"] == "numba"),
                                                             key=lambda r: r["peak_rss_mb"])
         out["rss"] = {"met": bool(ok), "met_by": [f"{r['cache']}/{r['variant']}" for r in ok],
@@ -604,20 +645,16 @@ def _goals(entry: dict, by: dict) -> dict:
     q = by.get(("1/4", "warm", "numba"))
     if q and "decode_vs_unlimited" in q:
         split = q["decode_split_ms_per_token"]
-        rc = entry.get("restore_cost") or {}
         out["decode"] = {
             "met": q["decode_vs_unlimited"] >= GOAL_DECODE, "ratio": q["decode_vs_unlimited"],
             "ms_per_token": q["decode_ms_per_token"],
             "unlimited_ms_per_token": q["decode_ms_per_token"] * q["decode_vs_unlimited"],
             "run_compute_ms": split.get("run_compute_ms"), "read_packed_ms": split.get("read_packed_ms"),
             "read_source_ms": split.get("read_source_ms"), "prepack_ms": split.get("prepack_ms"),
+            "sha256_measured_ms": split.get("sha256_ms"),
             "evictions_per_token": q["evictions_per_token"], "objects": entry["objects"],
             "restored_mb_per_token": q["decode_read_mb_per_token"],
             "min_mb_per_token": q.get("min_restore_mb_per_token"),
-            "sha256_ms_per_token": (q["decode_packed_mb_per_token"] or 0) * rc["sha256_ms_per_mib"]
-            if "sha256_ms_per_mib" in rc else None,
-            "pread_ms_per_token": (q["decode_packed_mb_per_token"] or 0) * rc["pread_fresh_ms_per_mib"]
-            if "pread_fresh_ms_per_mib" in rc else None,
         }
     return out
 
@@ -660,7 +697,7 @@ def _print_budget(res: dict) -> None:
             ("x ort", "decode_vs_ort", ".2f"), ("evict/tok", "evictions_per_token", ".1f"),
             ("prepack/packed/src per tok", "restores_tok", ""), ("read MB/tok", "decode_read_mb_per_token", ".1f"),
             ("total-limit MB", "min_restore_mb_per_token", ".1f"), ("bit-identical", "bit_identical", ""),
-            ("= ort tokens", "same_tokens_as_ort", ""),
+            ("= ort (leading tokens)", "ort_prefix", ".0f"), ("rel err vs ort", "ort_prefill_rel_err", ".1e"),
         ]))
         print("\nwhere the RSS goes (MB): import (numpy + runtime), + accelerator warm-up, after prefill, peak, "
               "at the end, after malloc_trim(0); arenas' peak live bytes (MiB)")
@@ -683,8 +720,8 @@ def _print_budget(res: dict) -> None:
             ("limit cache [variant]", "case", ""), ("wall", "decode_ms_per_token", ".1f"),
             ("run compute", "ds_run_compute_ms", ".1f"), ("read source", "ds_read_source_ms", ".1f"),
             ("read packed", "ds_read_packed_ms", ".1f"), ("prepack", "ds_prepack_ms", ".1f"),
-            ("persist", "ds_persist_ms", ".1f"), ("src read MB", "source_read_mb", ".0f"),
-            ("packed read MB", "packed_read_mb", ".0f"),
+            ("persist", "ds_persist_ms", ".1f"), ("sha256", "ds_sha256_ms", ".1f"),
+            ("src read MB", "source_read_mb", ".0f"), ("packed read MB", "packed_read_mb", ".0f"),
         ]))
         rc = e.get("restore_cost") or {}
         if rc:
@@ -698,7 +735,8 @@ def _print_goals(preset: str, g: dict, fixed_mib: int) -> None:
     if "rss" in g:
         x = g["rss"]
         print(f"\ngoal: {preset}, {fixed_mib} MiB: peak RSS <= {GOAL_RSS}x onnxruntime's ({x['target_mb']:.0f} MB), "
-              f"correct output: {'MET' if x['met'] else 'NOT MET'} (best {x['best']}: {x['best_peak_rss_mb']:.0f} MB = "
+              f"correct output (bit-identical to our unlimited run; first greedy token = onnxruntime's): "
+              f"{'MET' if x['met'] else 'NOT MET'} (best {x['best']}: {x['best_peak_rss_mb']:.0f} MB = "
               f"{x['best_rss_vs_ort']:.2f}x of {x['ort_peak_rss_mb']:.0f} MB)")
         print(f"  {x['default']}: peak {x['default_peak_rss_mb']:.0f} MB = imports {C.fmt(x['imports_mb'], '.0f')} "
               f"+ numba warm-up {C.fmt(x['numba_mb'], '.0f')} + arenas' peak live {x['arenas_peak_sum_mb']:.0f} "
@@ -711,8 +749,8 @@ def _print_goals(preset: str, g: dict, fixed_mib: int) -> None:
         print(f"  per token: run compute {C.fmt(x['run_compute_ms'], '.1f')} ms; restores "
               f"{x['restored_mb_per_token']:.1f} MiB ({x['evictions_per_token']:.0f} evictions of {x['objects']} "
               f"objects; total - limit = {C.fmt(x['min_mb_per_token'], '.1f')} MiB): packed reads "
-              f"{C.fmt(x['read_packed_ms'], '.1f')} ms summed, of which sha256 "
-              f"≈{C.fmt(x['sha256_ms_per_token'], '.1f')} ms and pread ≈{C.fmt(x['pread_ms_per_token'], '.1f')} ms; "
+              f"{C.fmt(x['read_packed_ms'], '.1f')} ms summed, of which sha256 {C.fmt(x['sha256_measured_ms'], '.1f')} "
+              f"ms; "
               f"source reads "
               f"{C.fmt(x['read_source_ms'], '.1f')} ms; prepack {C.fmt(x['prepack_ms'], '.1f')} ms")
 
