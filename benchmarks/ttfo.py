@@ -95,6 +95,7 @@ def child_profile(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     sess.prepare()
     prepare_ms = (time.perf_counter() - t0) * 1e3
+    blas = _hot_blas_threads(sess)
     ex = sess.plan.execution
     template = [None] * ex.n_slots
     for r, slot in zip(sess.plan.requirements, sess.plan.requirement_slots):
@@ -119,7 +120,22 @@ def child_profile(a: argparse.Namespace) -> None:
         total = (time.perf_counter() - t0) * 1e3
         runs.append({"total_ms": total, "by_kernel_ms": {k: v * 1e3 for k, v in per.items()}})
     sess.close()
-    C.child_print({"prepare_ms": prepare_ms, "first": runs[0], "second": runs[1]})
+    C.child_print({"prepare_ms": prepare_ms, "blas_threads": blas, "first": runs[0], "second": runs[1]})
+
+
+def _hot_blas_threads(sess) -> int | None:
+    """Give OpenBLAS the thread count the session's hot path uses (the replay here bypasses the session).
+
+    NOTE: without it the replay runs with OpenBLAS's default (one thread per core), which on this loaded
+    2-core machine measured 4x slower than the runtime's own single-threaded setting.
+    """
+    try:
+        from onnx_prepared.kernels import _blas
+    except ImportError:
+        return None
+    n = getattr(sess, "blas_threads", None)
+    _blas.set_threads(n)
+    return n if n is not None else _blas.default_threads()
 
 
 def _ours_breakdown(sess, t0: float, t1: float) -> dict:
@@ -240,7 +256,8 @@ def print_profile(res: dict, top: int = 6) -> None:
     prof = res.get("profile")
     if not prof:
         return
-    print("\nour prefill by kernel after prepare() (fresh process, warm cache, numba off): first and second run, ms")
+    print("\nour prefill by kernel after prepare() (fresh process, warm cache, numba off, the hot path's BLAS "
+          "threads): first and second run, ms")
     for p in prof:
         first, second = p["first"], p["second"]
         ort = p.get("ort_first_run_ms")
