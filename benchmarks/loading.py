@@ -7,9 +7,9 @@ interleaved in rotating order within each repetition:
 - ``stream``: ``RuntimeSession`` then ``run_async(prefill)`` at once (no prepare): the first inference
   overlaps reads and prepacks; then ``prepare()`` until every object is resident.
 - ``stream_prefetch``: the same, plus ``prepare_async()`` right after ``run_async``: every producer is
-  submitted at once (PREFETCH; the run promotes the ones it waits for). This is what ``run_async`` itself
-  should do ("start the producers this run needs now"); comparing it with ``stream`` shows the overlap
-  that is lost when ``run_async`` only binds producers and starts each one when the run reaches it.
+  submitted at once (PREFETCH; the run promotes the ones it waits for). ``run_async`` itself must start
+  the producers it binds; ``stream`` matching ``stream_prefetch`` checks that it does (a runtime version
+  that only bound them showed one yield per prepared object and no I/O / inference overlap in ``stream``).
 - ``prepare``: ``prepare()`` (the scheduler's parallel schedule), then ``run(prefill)`` on the hot path.
 - ``sequential``: ``prepare(sequential=True)`` (exactly the same session tasks, one at a time on the
   calling thread), then ``run(prefill)``.
