@@ -348,6 +348,7 @@ def bench(a: argparse.Namespace) -> dict:
                     if runs[0].get(k) is not None:
                         row[f"{k}_min"] = min(r[k] for r in runs)
                 row["argmaxes"] = sorted({r["argmax"] for r in runs})
+                row["accelerator_at_output"] = sorted({r.get("accelerator_at_output", "") for r in runs} - {""})
                 rows[cfg] = row
                 e["rows"].append(row)
             e["goals"].append(_goals(preset, cache, rows, reads[(preset, cache)]))
