@@ -300,9 +300,11 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
             raise KernelError("MatMulNBits with a non-trivial g_idx (act-order) is not supported")
         return matmul_nbits_packed(A, packed, extra.get("bias"), accuracy_level=level)
 
+    kb = -(-K // bs)
+    packed_bytes = kb * (bs * bits // 32) * N * 4 + 2 * kb * N * 4  # words + float32 scales and offsets
     return PrepackSpec(
         sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,
-        lambda p: np.frombuffer(p.to_bytes(), np.uint8), PackedNBits.from_bytes,
+        lambda p: np.frombuffer(p.to_bytes(), np.uint8), PackedNBits.from_bytes, packed_bytes,
     )
 
 

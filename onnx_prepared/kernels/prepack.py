@@ -34,6 +34,7 @@ class PrepackSpec:
     kernel: Callable[..., tuple]  # (packed, *other inputs) -> outputs, attributes already bound
     to_bytes: Callable[[Any], np.ndarray] | None = None  # packed -> uint8 array (for the cache)
     from_bytes: Callable[[np.ndarray], Any] | None = None  # uint8 array -> packed
+    packed_bytes: int | None = None  # size of the packed object when it differs from its sources
 
 
 PrepackRule = Callable[[Any, dict, frozenset[int], dict[int, tuple]], "PrepackSpec | None"]

@@ -148,6 +148,7 @@ class PreparedModelStore:
         self._entries: dict[str, CacheEntry] = {}  # replaced whole (never mutated), so readers need no lock
         self._digests: dict[str, str] = {}
         self._stamps: dict[str, str] = {}
+        self._verified: set[tuple[str, int, str]] = set()  # entries whose sha256 matched once
         self._fds: dict[str, int] = {}  # data file -> fd, open until close() (a reader may still use it)
         self._queue: dict[str, tuple[PreparedKey, np.ndarray]] = {}
         self._queued_digests: dict[str, tuple[str, str | None]] = {}
@@ -237,7 +238,10 @@ class PreparedModelStore:
     def read_payload(self, entry: CacheEntry, out: np.ndarray | None = None) -> np.ndarray:
         """The payload of ``entry`` as a 1-D uint8 array (into ``out[:length]`` when given).
 
-        Verifies length and sha256; a mismatch raises CacheError and marks the entry invalid.
+        Verifies length and sha256; a mismatch raises CacheError and marks the entry invalid. The
+        sha256 runs on the first read of an entry in this process only: payload files are immutable
+        once published (an update writes a new generation), and an evicted object restored once per
+        token would otherwise spend most of its restore hashing (118 of 153 ms per token on medium).
         """
         if out is not None:
             if out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
@@ -254,8 +258,12 @@ class PreparedModelStore:
             raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
         if got != entry.length:
             raise self._corrupt(entry, f"payload truncated: {got} of {entry.length} bytes at offset {entry.offset}")
-        if hashlib.sha256(buf).hexdigest() != entry.checksum:
-            raise self._corrupt(entry, "payload checksum mismatch (corrupt bytes)")
+        ident = (entry.file, entry.offset, entry.checksum)
+        if ident not in self._verified:
+            if hashlib.sha256(buf).hexdigest() != entry.checksum:
+                raise self._corrupt(entry, "payload checksum mismatch (corrupt bytes)")
+            with self._lock:
+                self._verified.add(ident)
         with self._lock:
             self.bytes_read += entry.length
         return buf

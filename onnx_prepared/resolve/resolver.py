@@ -64,7 +64,9 @@ class PreparedRequirement:
 
     @property
     def estimated_bytes(self) -> int:
-        """Published size estimate (packed layouts are close to their sources here)."""
+        """Published size: what the prepack rule declares, else the sources' size."""
+        if self.spec is not None and self.spec.packed_bytes is not None:
+            return self.spec.packed_bytes
         return self.source_bytes
 
 

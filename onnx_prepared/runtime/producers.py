@@ -46,6 +46,7 @@ class Producers:
         self._tasks: dict[PreparedKey, Task] = {}  # current generation's publishing task
         self._persist_tasks: list[Task] = []
         self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
+        self._queued: dict[PreparedKey, PreparedKey] = {}  # put() by a background persist, key -> digest key
         self.closed = False
         self.on_evict: Callable[[PreparedKey], None] | None = None
         keys = [r.key for r in plan.requirements]
@@ -124,7 +125,8 @@ class Producers:
         self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
         persist = None
         if self.persisting and req.spec.to_bytes is not None and key not in self.session_entries:
-            persist = Task(lambda t: st.persist(key), deps=[t], resource=Resource.IO, priority=Priority.BACKGROUND,
+            persist = Task(lambda t: self._persist_bg(key), deps=[t], resource=Resource.IO,
+                           priority=Priority.BACKGROUND,
                            memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
                            name=f"S.{key}.persist")
             self._persist_tasks.append(persist)  # under self._lock (ensure holds it)
@@ -151,7 +153,7 @@ class Producers:
             idle = not self._persist_tasks
         if idle and not self.closed:
             # One generation per burst of persists: flush once nothing else is queued behind it.
-            flush = Task(lambda t: self.prepared_store.flush(), resource=Resource.IO, priority=Priority.BACKGROUND,
+            flush = Task(lambda t: self._flush_store(), resource=Resource.IO, priority=Priority.BACKGROUND,
                          name="S.cache.flush")
             self._keep(self.scheduler.submit(flush, fail_fast=False))
 
@@ -164,7 +166,25 @@ class Producers:
         if pending:
             with contextlib.suppress(Exception):  # a failed persist is a miss next time, never a user error
                 self.scheduler.submit(pending, fail_fast=False).wait()
-        return self.prepared_store.flush()
+        return self._flush_store()
+
+    def _flush_store(self) -> int:
+        """Flush the companion and make every object it now holds restorable by a packed read."""
+        n = self.prepared_store.flush()
+        with self._lock:
+            queued, self._queued = self._queued, {}
+        for key, dkey in queued.items():
+            entry = self.prepared_store.lookup(dkey)
+            if entry is not None:
+                self.state.reader.add_session_entry(key.slot_name, entry)
+                self.session_entries[key] = entry
+        return n
+
+    def _persist_bg(self, key: PreparedKey) -> None:
+        dkey = self.state.persist(key)
+        if dkey is not None:
+            with self._lock:
+                self._queued[key] = dkey
 
     def persist_now(self, key: PreparedKey) -> bool:
         """Persist-then-evict: write a resident object to the companion model now; True when it is there."""
@@ -173,10 +193,13 @@ class Producers:
         spec = self.plan.resolved.requirement(key).spec
         if spec is None or spec.to_bytes is None:
             return False
-        dkey = self.state.persist(key)
+        with self._lock:
+            dkey = self._queued.pop(key, None)  # already queued by its background persist: just flush
+        if dkey is None:
+            dkey = self.state.persist(key)
         if dkey is None:
             return False
-        self.prepared_store.flush()
+        self._flush_store()
         entry = self.prepared_store.lookup(dkey)
         if entry is None:
             return False

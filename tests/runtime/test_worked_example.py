@@ -5,7 +5,8 @@ The spec assumes a packed block of 2.50 MiB (AVX2 layout, FP16 scales) and a 5 M
 one block into 3.00 MiB, so the limit here is two of *our* blocks; the assertions are the sequence's
 properties, measured from the arenas' own accounting and the residency log:
 
-* resident before block k runs: block k (pinned while it runs); blocks before k-1 are gone;
+* resident before block k runs: block k (pinned while it runs); nothing older is pinned, so it can go
+  (a block the window already prefetched for the next token may be resident);
 * older blocks are evicted before newer ones, each only after its last use in the run;
 * PreparedArena never exceeds the limit by more than what one node pins at once;
 * on the next token block 0 is restored from the companion model: no read of its INT4 source, no
@@ -69,9 +70,8 @@ def test_offloading_sequence_and_arena_accounting(tiny_llm, tmp_path, monkeypatc
     for _pc, blk, resident, pinned, snap in prefill_rows:
         assert snap["prepared"]["live"] <= max(limit, per_action)
         if blk is not None:
-            assert blk in resident  # the running block is resident ...
-            assert not any(b < blk - 1 for b in resident)  # ... and nothing older than its predecessor
-            assert pinned <= {blk, blk - 1}
+            assert blk in resident  # the running block is resident and only it (and the tail of its
+            assert pinned <= {blk, blk - 1}  # predecessor) is pinned; older blocks are evictable
     evicted_blocks = [_block(k) for ev, k, _ in s.producers.residency.log.events if _block(k) is not None]
     first_eviction = {b: evicted_blocks.index(b) for b in set(evicted_blocks)}
     assert sorted(first_eviction, key=first_eviction.get) == sorted(first_eviction)  # older blocks go first
