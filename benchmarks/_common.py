@@ -206,6 +206,14 @@ def child_print(obj: dict) -> None:
 
 
 def max_rss_mb() -> float:
+    """Peak RSS of this process in MB: ``VmHWM`` (``ru_maxrss`` is inherited across exec from the parent)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux

@@ -7,7 +7,6 @@ waits for the submission (the spec's documented choice: tasks may still use call
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import logging
@@ -23,6 +22,8 @@ from onnx_prepared.scheduler.task import Task
 from onnx_prepared.scheduler.workers import current_pool
 
 if TYPE_CHECKING:
+    import asyncio
+
     from onnx_prepared.scheduler.runtime import RuntimeScheduler
 
 _log = logging.getLogger("onnx_prepared.scheduler")
@@ -251,6 +252,8 @@ class ExecutionHandle:
         """``await handle`` gives ``result()``; cancelling the awaiting task cancels the submission
         (as ``asyncio.wrap_future`` does for concurrent futures)."""
         if not self.is_ready():
+            import asyncio  # NOTE: imported here: 10 ms of start-up most sessions never need
+
             loop = asyncio.get_running_loop()
             fut = loop.create_future()
 
