@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 
 import pytest
 
@@ -137,15 +138,23 @@ def test_with_block_waits_on_normal_exit(sched):
 
 
 def test_with_block_exception_cancels_joins_and_propagates(sched):
-    gate = Gate()
-    first = Task(gate.body(), name="first")
+    started = threading.Event()
+
+    def first_body(t):
+        # Runs until the with-block's exit has requested cancellation (level-triggered token), then
+        # returns normally: the exit must wait for it (joined), and `second` must never start.
+        started.set()
+        deadline = time.monotonic() + TIMEOUT
+        while not t.token.cancelled:
+            assert time.monotonic() < deadline, "cancellation never requested"
+            time.sleep(0.001)
+        return "joined"
+
+    first = Task(first_body, name="first")
     second = Task(lambda t: "never", deps=[first], name="second")
-    opener = threading.Thread(target=lambda: (gate.started.wait(TIMEOUT), gate.open()))
     with pytest.raises(KeyError, match="body"), sched.submit([second]) as h:
-        assert gate.started.wait(TIMEOUT)
-        opener.start()
+        assert started.wait(TIMEOUT)
         raise KeyError("body")
-    opener.join(TIMEOUT)
     assert h.is_ready() and h.status is HandleState.CANCELLED  # joined before the block's error escaped
     assert first.state is TaskState.SUCCEEDED and second.state is TaskState.CANCELLED
 
