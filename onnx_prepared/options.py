@@ -29,6 +29,9 @@ class SessionOptions:
     prepared_model_path: str | None = None
     #: bytes of resident prepared objects (PreparedArena); None = unlimited
     prepared_memory_limit: int | None = None
+    #: retained free bytes kept per arena ("preparation", "prepared", "execution", "io"); beyond it freed
+    #: capacity is trimmed (the accounting of what an allocator would keep for reuse)
+    arena_retention_caps: dict[str, int] | None = None
     #: global byte budget of the scheduler's memory admission; None = unlimited
     memory_limit: int | None = None
     #: record a per-task trace (``session.scheduler.trace``), exportable to Perfetto

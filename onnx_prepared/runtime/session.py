@@ -109,7 +109,8 @@ class RuntimeSession:
             )
         self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
         self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
-        self.arenas = Arenas.create(prepared_limit=opt("prepared_memory_limit", None))
+        self.arenas = Arenas.create(prepared_limit=opt("prepared_memory_limit", None),
+                                    retention_caps=opt("arena_retention_caps", None))
         self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader),
                                             self.prepared_store)
         self.store = self.state.store

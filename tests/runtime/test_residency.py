@@ -152,3 +152,12 @@ def test_concurrent_threads_under_budget(mlp):
     assert not errors and len(outs) == 6
     for i, o in outs.items():
         np.testing.assert_array_equal(o[0], ref[i % 3][0])
+
+
+def test_arena_retention_caps_trim_retained_capacity(mlp):
+    caps = {"preparation": 0, "execution": 100}
+    with RuntimeSession(mlp, {"arena_retention_caps": caps}) as s:
+        s.run({"x": X[0]})
+        snap = s.arenas.snapshot()
+    assert snap["preparation"]["retained"] == 0  # source buffers were freed, none retained
+    assert snap["execution"]["retained"] <= 100 < snap["execution"]["peak_live"]
