@@ -98,25 +98,14 @@ class Producers:
                 lambda t: st.read_packed(key, gen, entry), resource=Resource.IO, priority=priority,
                 memory=MemoryEstimate(Domain.PREPARED, output=entry.length), name=f"S.{key}.read_packed",
             ), None
-        if req.spec is None:  # raw: read -> publish
+        entries = [self._attach(s, priority) for s in req.sources]
+        if req.spec is None:  # raw: the (shared) read publishes its bytes as they are
             name = req.sources[0]
-            d = manifest[name].descriptor
-            return Task(
-                lambda t: st.read_source(name, key, gen, None),
-                resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
-                memory=MemoryEstimate(Domain.PREPARED, output=d.nbytes), name=f"S.{name}.read_source",
-            ), None
-        entries: list[ReadEntry] = []
-        for s in req.sources:
-            e, new = st.attach_read(s)
-            if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
-                d = manifest[s].descriptor
-                e.task = Task(
-                    lambda t, s=s, e=e: st.read_source(s, None, None, e),
-                    resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
-                    memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{s}.read_source",
-                )
-            entries.append(e)
+            t = Task(lambda t: st.publish_raw(key, gen, entries[0]), deps=[entries[0].task],
+                     resource=Resource.INLINE, priority=priority, name=f"S.{name}.publish",
+                     memory=MemoryEstimate(Domain.PREPARED, output=manifest[name].descriptor.nbytes))
+            self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
+            return t, None
         t = Task(
             lambda t: st.prepack(key, gen, entries), deps=[e.task for e in entries], resource=Resource.CPU,
             priority=priority, name=f"S.{key}.prepack",
@@ -132,6 +121,20 @@ class Producers:
             self._persist_tasks.append(persist)  # under self._lock (ensure holds it)
             self.scheduler.when_done(persist, self._persist_done)
         return t, persist
+
+    def _attach(self, name: str, priority: Priority) -> ReadEntry:
+        """Join the current read of a source, or start one: a source shared by a raw object and a prepack
+        (a tied embedding and LM head) is read once."""
+        st = self.state
+        e, new = st.attach_read(name)
+        if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
+            d = self.plan.resolved.manifest.active[name].descriptor
+            e.task = Task(
+                lambda t, e=e: st.read_source(name, None, None, e),
+                resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
+                memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{name}.read_source",
+            )
+        return e
 
     def _done(self, task: Task, key: PreparedKey, gen: int) -> None:
         self.residency.settle(key)

@@ -85,6 +85,13 @@ class PreparedExecutionState:
                 entry.value = value
                 entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}", force=True)
 
+    def publish_raw(self, key: PreparedKey, generation: int, entry: ReadEntry) -> None:
+        """Publish a source read as is (a raw prepared object); the read may be shared with a prepack."""
+        value = entry.value
+        nbytes = int(getattr(value, "nbytes", 0))
+        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        self.store.publish(key, generation, value, nbytes, alloc)
+
     def prepack(self, key: PreparedKey, generation: int, entries: list[ReadEntry]) -> None:
         """Pack the sources of ``key`` and publish the result."""
         req = self.plan.resolved.requirement(key)
@@ -157,22 +164,22 @@ class PreparedExecutionState:
         two layouts share it) and prepack bodies.
         """
         work = []
-        for r in requirements:  # claim and attach first, so a source shared by two layouts is read once
+        for r in requirements:  # claim and attach first, so a source shared by two objects is read once
             gen, produce = self.store.claim(r.key)
             if produce:
-                shared = r.spec is not None and not r.cached
-                work.append((r, gen, [self.attach_read(s)[0] for s in r.sources] if shared else []))
+                work.append((r, gen, [] if r.cached else [self.attach_read(s)[0] for s in r.sources]))
         try:
             for r, gen, entries in work:
                 try:
                     if r.cached:
                         self.read_packed(r.key, gen)
-                    elif r.spec is None:
-                        self.read_source(r.sources[0], r.key, gen, None)
+                        continue
+                    for s, entry in zip(r.sources, entries):
+                        if entry.value is None:
+                            self.read_source(s, None, None, entry)
+                    if r.spec is None:
+                        self.publish_raw(r.key, gen, entries[0])
                     else:
-                        for s, entry in zip(r.sources, entries):
-                            if entry.value is None:
-                                self.read_source(s, None, None, entry)
                         self.prepack(r.key, gen, entries)
                 except BaseException as e:
                     self.store.fail(r.key, gen, e)

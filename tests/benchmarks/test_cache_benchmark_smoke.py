@@ -63,7 +63,8 @@ def test_rows_and_counts(result):
         for r, persists in ((miss, 0), (build, 1)):
             assert (r["prepacks"], r["read_packed"], r["persists"]) == (1, n - 1, persists)
             assert r["comp_mb"] == pytest.approx(e["packed_mb"] - e["dropped_mb"])
-            assert comp["src_mb"] < r["src_mb"] <= none["src_mb"]
+            # equal when the missing entry's source is read raw too (a tied embedding)
+            assert comp["src_mb"] <= r["src_mb"] <= none["src_mb"]
         assert comp["disk_mb"] is None or cache == "cold" or comp["disk_mb"] < e["packed_mb"] / 2
     assert max(res["resident_before_cold"]) <= 0.05  # eviction worked on the test's files
 
