@@ -27,8 +27,6 @@ compare ``vs preadv`` within one run, prefer ``best`` when the machine is busy, 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import mmap
 import os
@@ -39,6 +37,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C
 
 from onnx_prepared.model import ExternalDataReader, ExternalPayload, WeightDescriptor
 
@@ -78,61 +79,6 @@ def tensor_layout(size: int, min_mb: int, max_mb: int) -> list[tuple[int, int]]:
         off += n
         i += 1
     return out
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def warm(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        buf = bytearray(16 * MB)
-        off = 0
-        while n := os.preadv(fd, [buf], off):
-            off += n
-    finally:
-        os.close(fd)
-
-
-_libc = None
-
-
-def resident_fraction(path: str) -> float | None:
-    """Fraction of the file's pages in the page cache (``mincore``), or None where unavailable."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        _libc = ctypes.CDLL(name, use_errno=True)
-        _libc.mmap.restype = ctypes.c_void_p
-        _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                               ctypes.c_long]
-        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = os.path.getsize(path)
-    if size == 0:
-        return 1.0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-        try:
-            vec = np.zeros((size + PAGE - 1) // PAGE, dtype=np.uint8)
-            if _libc.mincore(addr, size, vec.ctypes.data) != 0:
-                return None
-            return float((vec & 1).mean())
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
 
 
 # ---- read methods: each reads every tensor once and returns the bytes it produced -----------
@@ -284,8 +230,8 @@ def run(size_mb: int, rounds: int, directory: str | None, min_mb: int, max_mb: i
                 order = order[rnd % len(order):] + order[: rnd % len(order)]  # rotate: no fixed first/last
                 for state in ("cold", "warm"):
                     for name in order:
-                        evict(path) if state == "cold" else warm(path)
-                        frac = resident_fraction(path)
+                        C.evict([path]) if state == "cold" else C.warm([path])
+                        frac = C.resident_fraction([path])
                         if frac is not None:
                             resident[state].append(frac)
                         t0 = time.perf_counter()

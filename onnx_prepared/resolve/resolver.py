@@ -8,7 +8,7 @@ request, identical requests sharing one key) and freezes the minimal payload man
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -95,6 +95,8 @@ class ResolvedModel:
     removed_nodes: int
     dead_initializers: tuple[str, ...]
     policy: str = "disabled"  # the prepared-model policy resolution ran under
+    node_count: int = 0  # nodes of the transformed graph (so `complete` needs no parse)
+    index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
 
     def graph(self) -> onnx.GraphProto:
         g = onnx.GraphProto()
@@ -108,7 +110,7 @@ class ResolvedModel:
     @property
     def complete(self) -> bool:
         """Every node has a kernel and every requirement's sources are active manifest entries."""
-        return len(self.kernel_choices) == self._node_count() and all(
+        return len(self.kernel_choices) == self.node_count and all(
             (r.active.name in self.manifest.active) if isinstance(r.active, ReadPackedPayload)
             else all(s in self.manifest.active for s in r.sources)
             for r in self.requirements
@@ -119,14 +121,8 @@ class ResolvedModel:
         """Prepacked requirements without a compatible companion entry (what require_complete rejects)."""
         return [r.key for r in self.requirements if not r.key.is_raw and not r.cached]
 
-    def _node_count(self) -> int:
-        return len(self.graph().node)
-
     def requirement(self, key: PreparedKey) -> PreparedRequirement:
-        for r in self.requirements:
-            if r.key == key:
-                return r
-        raise KeyError(key)
+        return self.requirements[self.index[key]]
 
 
 def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "disabled") -> ResolvedModel:
@@ -238,6 +234,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
         raw_inputs=MappingProxyType({k: tuple(v) for k, v in raw_inputs.items()}),
         manifest=PayloadManifest(MappingProxyType(active), MappingProxyType(dormant)),
         removed_nodes=removed,
+        node_count=len(graph.node),
+        index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         dead_initializers=dead,
         policy=str(getattr(policy, "value", policy)),
     )

@@ -95,7 +95,7 @@ class Producers:
         entry = req.active.entry if req.cached else self.session_entries.get(key)
         if entry is not None:  # companion hit: read packed bytes -> publish (no source read, no prepack)
             return Task(
-                lambda t: st.read_packed(key, gen, entry), resource=Resource.IO, priority=priority,
+                lambda t: st.read_packed(key, gen), resource=Resource.IO, priority=priority,
                 memory=MemoryEstimate(Domain.PREPARED, output=entry.length), name=f"S.{key}.read_packed",
             ), None
         entries = [self._attach(s, priority) for s in req.sources]
@@ -130,7 +130,7 @@ class Producers:
         if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
             d = self.plan.resolved.manifest.active[name].descriptor
             e.task = Task(
-                lambda t, e=e: st.read_source(name, None, None, e),
+                lambda t, e=e: st.read_source(name, e),
                 resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
                 memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{name}.read_source",
             )

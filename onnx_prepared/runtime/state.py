@@ -69,21 +69,16 @@ class PreparedExecutionState:
             entry.users += 1
             return entry, new
 
-    def read_source(self, name: str, publishes: PreparedKey | None, generation: int | None,
-                    entry: ReadEntry | None) -> None:
-        """Read one payload; publish it directly when it is a raw prepared object."""
+    def read_source(self, name: str, entry: ReadEntry) -> None:
+        """Read one payload into its shared read entry (publish_raw / prepack consume it)."""
         value = self.reader.read(name)
         self.counters[f"read:{name}"] += 1
         if self._record_digests and name not in self._trusted:
             self._record_digest(name, value)
         nbytes = int(getattr(value, "nbytes", 0))
-        if publishes is not None:
-            alloc = self.arenas.prepared.acquire(nbytes, str(publishes), force=True)
-            self.store.publish(publishes, generation, value, nbytes, alloc)
-        if entry is not None:
-            with self._lock:
-                entry.value = value
-                entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}", force=True)
+        with self._lock:
+            entry.value = value
+            entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}", force=True)
 
     def publish_raw(self, key: PreparedKey, generation: int, entry: ReadEntry) -> None:
         """Publish a source read as is (a raw prepared object); the read may be shared with a prepack."""
@@ -110,7 +105,7 @@ class PreparedExecutionState:
         if buf is not None:
             self.prepared_store.record_source_digest(name, hashlib.sha256(buf.data).hexdigest())
 
-    def read_packed(self, key: PreparedKey, generation: int, entry: Any = None) -> None:
+    def read_packed(self, key: PreparedKey, generation: int) -> None:
         """Companion hit: read the packed payload and publish it (falls back to the source if corrupt)."""
         from onnx_prepared.errors import CacheError
 
@@ -124,7 +119,7 @@ class PreparedExecutionState:
             for s in req.sources:
                 e = ReadEntry(s, users=1)
                 self.reader.allow_fallback(s)
-                self.read_source(s, None, None, e)
+                self.read_source(s, e)
                 entries.append(e)
             try:
                 self.prepack(key, generation, entries)
@@ -176,7 +171,7 @@ class PreparedExecutionState:
                         continue
                     for s, entry in zip(r.sources, entries):
                         if entry.value is None:
-                            self.read_source(s, None, None, entry)
+                            self.read_source(s, entry)
                     if r.spec is None:
                         self.publish_raw(r.key, gen, entries[0])
                     else:
