@@ -80,12 +80,12 @@ def greedy(name: str, open_session: Callable[[], Callable[[dict], list]], output
     tokens = [int(out["logits"][0, -1].argmax())]
     if before_decode is not None:
         before_decode()
-        t2 = time.perf_counter()
+    t_decode = time.perf_counter()
     for _ in range(steps):
         out = dict(zip(output_names, run(decode_feeds(config, tokens[-1], out))))
         tokens.append(int(out["logits"][0, -1].argmax()))
     t3 = time.perf_counter()
-    return GreedyRun(name, t2 - t0, t2 - t1, t3 - t2, tokens)
+    return GreedyRun(name, t2 - t0, t2 - t1, t3 - t_decode, tokens)
 
 
 def _ours(path: str, session: str) -> Callable[[], Callable[[dict], list]]:
