@@ -21,9 +21,8 @@ from session construction start), bytes read from the source ``.data`` and from 
 payloads (at first output and in total), bytes the process fetched from storage (``/proc/self/io``),
 task counts, a phase split of the first run (plan construction, run compute / wait from the scheduler
 trace, summed read_packed / pread / checksum / decode, source-read and prepack durations), process
-CPU time, and the hot forward time of the same prefill once everything is resident: with the numba
-MatMulNBits accelerator (waited for) and without it (the kernels a first run uses, since the
-accelerator warms up only after the first run).
+CPU time, and the hot forward time of the same prefill once everything is resident (the kernels are
+the same as the first run's).
 
 Goal reference (issue): TTFO with a complete cache <= 1.3x (cold read of the needed packed bytes, one
 ``preadv`` per entry in file order, measured here in the same cache state + the hot forward pass); and
@@ -92,7 +91,6 @@ def child(a: argparse.Namespace) -> None:
 
     t_np = time.perf_counter()
     import onnx_prepared.runtime.session as rs
-    from onnx_prepared.kernels import matmul_nbits
     from onnx_prepared.prepared import cache_io
 
     t_imp = time.perf_counter()
@@ -123,7 +121,6 @@ def child(a: argparse.Namespace) -> None:
     out = handle.result()
     t_out = time.perf_counter()
     c_out = time.process_time()
-    accel = matmul_nbits.accelerator_state().value
     src_out, comp_out = nbytes()
     sess.prepare()
     t_ready = time.perf_counter()
@@ -131,20 +128,12 @@ def child(a: argparse.Namespace) -> None:
     del eager
     src, comp = nbytes()
     io1 = _proc_io()
-    matmul_nbits.wait_for_accelerator(120.0)  # its background compile would slow the hot runs down
     hot, hot_cpu = [], []
     for _ in range(a.hot):
         c0, t0 = time.process_time(), time.perf_counter()
         sess.run(feeds)
         hot.append((time.perf_counter() - t0) * 1e3)
         hot_cpu.append((time.process_time() - c0) * 1e3)
-    accel_fn, matmul_nbits._accel = matmul_nbits._accel, lambda: None  # the kernels a first run uses: no numba yet
-    hot_plain = []
-    for _ in range(a.hot):
-        t0 = time.perf_counter()
-        sess.run(feeds)
-        hot_plain.append((time.perf_counter() - t0) * 1e3)
-    matmul_nbits._accel = accel_fn
     hot_runs = sess.counters["hot_runs"]
     recs = sess.scheduler.trace.records()
     kinds: Counter[str] = Counter()
@@ -162,7 +151,7 @@ def child(a: argparse.Namespace) -> None:
         "run_ms": (t_out - t_s1) * 1e3, "ttfo_ms": (t_out - t_s0) * 1e3, "ttfo_process_ms": (t_out - a.spawn) * 1e3,
         "ttfo_import_ms": (t_imp - t_main + t_out - t_s0) * 1e3, "ready_ms": (t_ready - t_s0) * 1e3,
         "cpu_out_ms": (c_out - c_s0) * 1e3, "cpu_ready_ms": (c_ready - c_s0) * 1e3,
-        "hot_ms": C.median(hot), "hot_cpu_ms": C.median(hot_cpu), "hot_plain_ms": C.median(hot_plain),
+        "hot_ms": C.median(hot), "hot_cpu_ms": C.median(hot_cpu),
         "hot_runs": hot_runs,
         "src_mb_out": src_out, "comp_mb_out": comp_out, "src_mb": src, "comp_mb": comp,
         "disk_mb": (io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / C.MB if io0 else None,
@@ -170,7 +159,7 @@ def child(a: argparse.Namespace) -> None:
         "reads": kinds["read"], "prepacks": kinds["prepack"], "read_packed": kinds["read_packed"],
         "persists": kinds["persist"], "corrupt": kinds["cache_corrupt"], "reread_sources": rereads,
         "run_compute_ms": busy * 1e3, "run_wait_ms": (t_out - t_s1 - busy) * 1e3,
-        "peak_rss_mb": C.max_rss_mb(), "argmax": int(logits.argmax()), "accelerator_at_output": accel,
+        "peak_rss_mb": C.max_rss_mb(), "argmax": int(logits.argmax()),
     }
     for k in _KINDS:
         res[f"{k}_sum_ms"], res[f"{k}_total_ms"] = before[k], total[k]
@@ -348,7 +337,6 @@ def bench(a: argparse.Namespace) -> dict:
                     if runs[0].get(k) is not None:
                         row[f"{k}_min"] = min(r[k] for r in runs)
                 row["argmaxes"] = sorted({r["argmax"] for r in runs})
-                row["accelerator_at_output"] = sorted({r.get("accelerator_at_output", "") for r in runs} - {""})
                 rows[cfg] = row
                 e["rows"].append(row)
             e["goals"].append(_goals(preset, cache, rows, reads[(preset, cache)]))
@@ -377,8 +365,6 @@ def _goals(preset: str, cache: str, rows: dict, reads: list[tuple[float, float]]
         g["read_forward_ratio"] = comp["ttfo_ms"] / g["reference_ms"]
         g["read_forward_ratio_with_sources"] = comp["ttfo_ms"] / (g["reference_ms"] + g["raw_source_read_ms"])
         g["read_forward_ratio_min"] = comp["ttfo_ms_min"] / (min(p for p, _ in reads) + comp["hot_ms_min"])
-        g["forward_plain_ms"] = comp["hot_plain_ms"]
-        g["read_forward_ratio_plain"] = comp["ttfo_ms"] / (g["packed_read_ms"] + comp["hot_plain_ms"])
         g["meets_read_forward"] = g["read_forward_ratio"] <= GOAL_READ_FORWARD
         if ort is not None:
             g["vs_ort"], g["vs_ort_process"] = comp["vs_ort"], comp["vs_ort_process"]
@@ -423,7 +409,7 @@ def print_table(res: dict) -> None:
             ("read_packed", "read_packed_sum_ms", ".0f"), ("pread", "pread_sum_ms", ".0f"),
             ("checksum", "checksum_sum_ms", ".0f"), ("decode", "decode_sum_ms", ".0f"),
             ("src read", "source_read_sum_ms", ".0f"), ("prepack", "prepack_sum_ms", ".0f"),
-            ("hot fwd", "hot_ms", ".0f"), ("no numba", "hot_plain_ms", ".0f"), ("hot CPU", "hot_cpu_ms", ".0f"),
+            ("hot fwd", "hot_ms", ".0f"), ("hot CPU", "hot_cpu_ms", ".0f"),
             ("ready CPU", "cpu_ready_ms", ".0f"),
         ]))
         print(f"\ngoals: complete-cache TTFO <= {GOAL_READ_FORWARD}x (cold/warm preadv of the packed bytes + hot "
@@ -432,8 +418,7 @@ def print_table(res: dict) -> None:
             ("cache", "cache", ""), ("packed read", "packed_read_ms", ".0f"), ("+raw src", "raw_source_read_ms", ".0f"),
             ("hot fwd", "forward_hot_ms", ".0f"), ("reference", "reference_ms", ".0f"), ("TTFO", "ttfo_ms", ".0f"),
             ("TTFO/ref", "read_forward_ratio", ".2f"), ("/ref+src", "read_forward_ratio_with_sources", ".2f"),
-            ("mins", "read_forward_ratio_min", ".2f"), ("fwd no numba", "forward_plain_ms", ".0f"),
-            ("TTFO/ref(no numba)", "read_forward_ratio_plain", ".2f"), ("meets", "meets_read_forward", ""),
+            ("mins", "read_forward_ratio_min", ".2f"), ("meets", "meets_read_forward", ""),
             ("vs ort", "vs_ort", ".2f"), ("mins", "vs_ort_min", ".2f"), ("proc vs ort", "vs_ort_process", ".2f"),
             ("meets", "meets_vs_ort", ""), ("same argmax", "same_argmax", ""),
         ]))

@@ -28,7 +28,6 @@ small Gemm+Relu MLP (``--mlp-layers`` x ``--mlp-width``) where per-run overhead 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,7 +62,6 @@ def _load_cases(a: argparse.Namespace) -> list[tuple[str, str, dict]]:
 def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> dict:
     import numpy as np
 
-    from onnx_prepared.kernels.matmul_nbits import accelerator_state, wait_for_accelerator
     from onnx_prepared.runtime.session import RuntimeSession
     from onnx_prepared.scheduler import Priority, Resource, Task
 
@@ -71,8 +69,6 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
     pool = None
     try:
         sess.prepare()
-        if os.environ.get("ONNX_PREPARED_NUMBA", "1") != "0":
-            wait_for_accelerator(120)  # steady state: the numba kernels (if any) are compiled
         plan = sess.plan
         ex = plan.execution
         store = sess.store
@@ -184,7 +180,6 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             "run_min_us": round(min(times["run"]), 2),
             "all_hot": hot_runs == (a.reps * batch * 2),
             "identical": identical,
-            "accelerator": accelerator_state().name.lower(),
         }
     finally:
         if pool is not None:
@@ -195,13 +190,13 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
 def bench(a: argparse.Namespace) -> dict:
     rows = [_bench_case(label, path, feeds, a) for label, path, feeds in _load_cases(a)]
     return {"benchmark": "hot_path", "machine": C.machine(), "target_ratio": 1.05, "cpp_reference_extra_us": 40,
-            "numba": os.environ.get("ONNX_PREPARED_NUMBA", "as installed"), "cases": rows}
+            "cases": rows}
 
 
 def print_table(res: dict) -> None:
     m = res["machine"]
     print(f"hot path vs direct ExecutionPlan replay (medians of {res['cases'][0]['reps']} interleaved batches; "
-          f"cpus={m['cpu_count']} load={m['load_avg']}; numba {res['numba']})")
+          f"cpus={m['cpu_count']} load={m['load_avg']})")
     print(C.table(res["cases"], [
         ("case", "case", ""), ("actions", "actions", "d"), ("batch", "batch", "d"),
         ("direct us", "direct_us", ".1f"), ("run us", "run_us", ".1f"), ("run/direct", "ratio", ".3f"),
@@ -216,7 +211,6 @@ def print_table(res: dict) -> None:
         ("empty task us", "empty_task_us", ".1f"), ("inline task us", "inline_task_us", ".1f"),
         ("template fill us", "template_fill_us", ".1f"), ("outputs us", "outputs_us", ".1f"),
         ("replay on a thread: extra us", "thread_extra_us", ".1f"),
-        ("accelerator", "accelerator", ""),
     ]))
     print(f"target run/direct <= {res['target_ratio']}; "
           f"C++ reference ~{res['cpp_reference_extra_us']} us extra per run")

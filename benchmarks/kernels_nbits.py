@@ -3,7 +3,7 @@
 Prints a table (default) or one JSON object (``--json``). Times are medians of interleaved runs in one
 process, so a loaded machine slows both sides alike; read the ratio, not the absolute time.
 
-    python benchmarks/kernels_nbits.py [--json] [--repeat 50] [--no-numba]
+    python benchmarks/kernels_nbits.py [--json] [--repeat 50]
 """
 
 from __future__ import annotations
@@ -60,9 +60,6 @@ def run(repeat: int, threads: int, block_size: int = 32) -> dict:
 
     from onnx_prepared.kernels import matmul_nbits as mm
 
-    t0 = time.perf_counter()
-    ready = mm.wait_for_accelerator(300)
-    warm = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     rows = []
     for K, N in SHAPES:
@@ -95,7 +92,6 @@ def run(repeat: int, threads: int, block_size: int = 32) -> dict:
                 "ratio_vs_level4": t["ours"] / t["ort_level4"], "prepack_us": prepack_us, "rel_err_vs_level0": err,
             })
     return {
-        "numba": ready, "numba_state": mm.accelerator_state().value, "numba_warmup_s": warm,
         "cpu_count": os.cpu_count(), "threads": threads, "block_size": block_size, "rows": rows,
     }
 
@@ -104,12 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--no-numba", action="store_true", help="disable the numba accelerator (numpy + BLAS only)")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for onnxruntime and OpenBLAS (default: all cores); 1 is steadier on a loaded machine")
     args = ap.parse_args(argv)
-    if args.no_numba:
-        os.environ["ONNX_PREPARED_NUMBA"] = "0"
     threads = args.threads or os.cpu_count() or 1
     if args.threads:
         # must precede OpenBLAS's initialisation, which happens when numpy is first imported by the benchmark
@@ -118,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"numba: {res['numba_state']} (wait {res['numba_warmup_s']:.2f}s), cpus: {res['cpu_count']}, "
-          f"threads: {res['threads']}")
+    print(f"cpus: {res['cpu_count']}, threads: {res['threads']}")
     print(f"{'K':>5} {'N':>5} {'M':>4} {'ours us':>9} {'ort0 us':>9} {'ort4 us':>9} {'x ort0':>7} {'x ort4':>7} "
           f"{'prepack us':>10} {'rel err':>8}")
     for r in res["rows"]:

@@ -7,7 +7,7 @@ Per preset (``tiny``, ``medium``) and MatMulNBits accuracy level (0: onnxruntime
 - ``decode``: one token after a past of ``--prompt`` positions (onnxruntime's prefill presents as past).
 
 ``ours`` is :class:`~onnx_prepared.runtime.RuntimeSession` after ``prepare()`` (every weight prepacked, hot
-path) with the numba accelerator warmed up; ``ours-blas1`` is the same session with OpenBLAS limited to one
+path); ``ours-blas1`` is the same session with OpenBLAS limited to one
 thread (set at run time through numpy's bundled OpenBLAS; ``-`` when that library is not found). onnxruntime
 runs with default session options (``intra_op_num_threads`` default = one thread per core). Times are
 medians of interleaved rounds; a loaded machine slows every side alike, so read the ratios. The issue's goals:
@@ -182,11 +182,9 @@ def bench_model(path: str, prompt: int, repeat: int, want_profile: bool) -> dict
     import onnxruntime as ort
 
     from onnx_prepared.generate import TinyLlmConfig, decode_feeds, prefill_feeds
-    from onnx_prepared.kernels import matmul_nbits
     from onnx_prepared.runtime import RuntimeSession
 
     config = TinyLlmConfig.from_model(path)
-    matmul_nbits.wait_for_accelerator()
     ours = RuntimeSession(path)
     ours.prepare()
     so = ort.SessionOptions()
@@ -231,10 +229,8 @@ def run(presets: list[str], levels: list[int], prompt: int, repeat: int, want_pr
         for level in levels:
             path = model_path(models_dir, preset, level)
             rows.append({"preset": preset, **bench_model(path, prompt, repeat, want_profile)})
-    from onnx_prepared.kernels import matmul_nbits
-
     return {"machine": C.machine(), "prompt": prompt, "repeat": repeat, "goals": GOALS,
-            "numba": matmul_nbits.accelerator_state().value, "openblas_core": openblas_core(), "rows": rows}
+            "openblas_core": openblas_core(), "rows": rows}
 
 
 # **** output ****
@@ -242,7 +238,7 @@ def run(presets: list[str], levels: list[int], prompt: int, repeat: int, want_pr
 
 def printer(res: dict) -> None:
     m = res["machine"]
-    print(f"cpus {m['cpu_count']}, load avg {m['load_avg']}; numba {res['numba']}; OpenBLAS core "
+    print(f"cpus {m['cpu_count']}, load avg {m['load_avg']}; OpenBLAS core "
           f"{res.get('openblas_core')}; prefill {res['prompt']} tokens, "
           f"decode 1 token after {res['prompt']}; medians of {res['repeat']} interleaved runs")
     cols = [("preset", "preset", ""), ("acc", "accuracy_level", "d"),

@@ -285,10 +285,9 @@ def _aggregate(runs: list[dict]) -> dict:
 
 
 def bench(a: argparse.Namespace) -> dict:
-    env = {"ONNX_PREPARED_NUMBA": a.numba} if a.numba is not None else {}
+    env: dict[str, str] = {}
     me = os.path.abspath(__file__)
     results: dict = {"benchmark": "loading", "machine": C.machine(), "tokens": a.tokens, "reps": a.reps,
-                     "numba": a.numba if a.numba is not None else os.environ.get("ONNX_PREPARED_NUMBA", "as installed"),
                      "presets": {}}
     for preset in a.presets:
         path = C.tiny_llm_path(a.models_dir, preset)
@@ -345,7 +344,7 @@ def bench(a: argparse.Namespace) -> dict:
 def print_table(res: dict) -> None:
     m = res["machine"]
     print(f"loading: prefill of {res['tokens']} tokens, medians of {res['reps']} fresh processes per row "
-          f"(interleaved); cpus={m['cpu_count']} load={m['load_avg']}; numba {res['numba']}")
+          f"(interleaved); cpus={m['cpu_count']} load={m['load_avg']}")
     for preset, e in res["presets"].items():
         print(f"\n== {preset}: {e['model']} ({e['size_mb']} MB)")
         cold = e["resident_before"].get("cold") or []
@@ -427,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="fresh processes per row (median reported)")
     ap.add_argument("--tokens", type=int, default=16, help="prefill prompt length")
     ap.add_argument("--no-cancel", dest="cancel", action="store_false", help="skip the cancellation runs")
-    ap.add_argument("--numba", choices=["0", "1"], default=None, help="set ONNX_PREPARED_NUMBA in the children")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--child", choices=[*MODES, "cancel"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)

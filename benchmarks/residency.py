@@ -11,14 +11,13 @@ in rotating order within each repetition, on the same feeds (a ``--tokens`` (128
   a fixed ``--fixed-mib`` (64 MiB); companion cache ``warm`` (built beforehand with ``build_if_missing``,
   the run uses ``read_only``: every restore is one packed read), ``cold`` (``build_if_missing`` on an
   empty companion: persist-then-evict, later restores read it) or ``none`` (``disabled``: every restore
-  re-reads the INT4 source and prepacks). The numba accelerator is waited for before the session is
-  created (bit-identical logits need one MatMulNBits path); ``nonumba`` rows run with
-  ``ONNX_PREPARED_NUMBA=0``, ``malloc`` rows additionally fix glibc's mmap threshold (no dynamic raise,
-  so freed large buffers go back to the OS instead of staying in the heap).
+  re-reads the INT4 source and prepacks). ``malloc`` rows fix glibc's mmap threshold (no dynamic
+  raise, so freed large buffers go back to the OS instead of staying in the heap); ``nonumba`` is kept as
+  a variant name for old result files and now runs the default configuration.
 - ``ort``: onnxruntime (which cannot be limited): import, ``InferenceSession`` (default options),
   prefill, decode steps.
-- ``baseline``: processes that only import (``numpy``; ``onnx_prepared.runtime``; the same plus the
-  numba warm-up; ``onnxruntime``): the RSS that no budget can remove.
+- ``baseline``: processes that only import (``numpy``; ``onnx_prepared.runtime``; ``onnxruntime``): the
+  RSS that no budget can remove.
 
 Per configuration: peak RSS, TTFO (session construction -> first logits), decode tokens/s, evictions,
 restores and bytes read (total and per decode token), the arenas' peak live bytes, the decode phase split
@@ -189,15 +188,13 @@ class _TimedHashlib:
 def child_ours(a: argparse.Namespace) -> dict:
     import numpy as np  # noqa: F401
 
-    from onnx_prepared.kernels import matmul_nbits
     from onnx_prepared.prepared import cache as companion
     from onnx_prepared.runtime import RuntimeSession
 
     sha_spans: list = []
     companion.hashlib = _TimedHashlib(companion.hashlib, sha_spans)
     rss_import = _peak_rss_mb()
-    matmul_nbits.wait_for_accelerator(600)
-    accel = matmul_nbits.accelerator_state().name.lower()
+    accel = "none"  # no background accelerator: every run takes the same kernels
     rss_ready = _peak_rss_mb()
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
     opts: dict = {"prepared_memory_limit": a.limit or None, "trace": True}
@@ -272,11 +269,6 @@ def child_baseline(a: argparse.Namespace) -> dict:
         import onnxruntime  # noqa: F401
     elif a.what != "numpy":
         import onnx_prepared.runtime  # noqa: F401
-
-        if a.what == "runtime+numba":
-            from onnx_prepared.kernels import matmul_nbits
-
-            matmul_nbits.wait_for_accelerator(600)
     return {"peak_rss_mb": _peak_rss_mb()}
 
 
@@ -334,11 +326,9 @@ def _actions_text(events: list, started: list[tuple], persists: int) -> str:
 
 
 def child_table(a: argparse.Namespace) -> dict:
-    from onnx_prepared.kernels import matmul_nbits
     from onnx_prepared.prepared import EntryState
     from onnx_prepared.runtime import RuntimeSession, continuation
 
-    matmul_nbits.wait_for_accelerator(600)
     layers = C.llm_dims(a.model)[0]
     with RuntimeSession(a.model) as s:
         s.prepare()
@@ -430,7 +420,7 @@ def _limit_bytes(limit: str, total: int, fixed_mib: int) -> int:
 
 
 def _configs(a: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(limit, cache, variant) per ours process; variant "" (numba), "nonumba" or "malloc"."""
+    """(limit, cache, variant) per ours process; variant "" (default), "nonumba" or "malloc"."""
     limits = [x for x in LIMITS if x != "fixed" or a.fixed_mib > 0]
     out = [(lim, cache, "") for lim in limits for cache in a.caches]
     base = a.caches[0]
@@ -495,7 +485,7 @@ def bench(a: argparse.Namespace) -> dict:
                         r = _child(me, "baseline", "--what", cache)
                     else:
                         cpath = warm_cache if cache == "warm" else os.path.join(tmp, f"cold-{n}", "c.prepared.onnx")
-                        env = {"ONNX_PREPARED_NUMBA": "0"} if variant else {}
+                        env: dict[str, str] = {}
                         if variant == "malloc":
                             env.update(_MALLOC_ENV)
                         r = _child(me, "ours", *common, "--save", logits, "--cache", cache, "--cache-path", cpath,
@@ -563,7 +553,7 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
     for (lim, cache, variant), runs in raw.items():
         if lim == "unlimited" and cache == a.caches[0] and variant in ("", "nonumba"):
             for r in runs:
-                refs[(variant or "numba", r["rep"])] = r
+                refs[(variant or "default", r["rep"])] = r
     if ort:
         entry["ort"] = {"n": len(ort), "tokens": ort[0]["tokens"],
                         **{k: _med(ort, k) for k in ("peak_rss_mb", "ttfo_ms", "decode_tok_s", "rss_import_mb",
@@ -575,7 +565,7 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
             continue
         if lim == "ort":
             continue
-        row: dict = {"limit": lim, "cache": cache, "variant": variant or "numba", "n": len(runs),
+        row: dict = {"limit": lim, "cache": cache, "variant": variant or "default", "n": len(runs),
                      "limit_mb": (_limit_bytes(lim, entry["total_bytes"], a.fixed_mib) / C.MB) or None,
                      "accel": sorted({r["accel"] for r in runs}), "tokens": runs[0]["tokens"]}
         for k in ("peak_rss_mb", "ttfo_ms", "decode_tok_s", "decode_ms_per_token", "evictions",
@@ -590,7 +580,7 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
         row["arena_peak_sum_mb"] = sum(row["arena_peak_mb"].values())
         same, diffs = [], []
         for r in runs:
-            ref = refs.get(("numba" if row["variant"] == "numba" else "nonumba", r["rep"]))
+            ref = refs.get(("default" if row["variant"] == "default" else "nonumba", r["rep"]))
             if ref is not None:
                 eq, d = _compare(r["logits_file"], ref["logits_file"])
                 same.append(eq and r["tokens"] == ref["tokens"])
@@ -607,10 +597,10 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
         row["correct"] = bool(row["bit_identical"]) and (not ort or row["ort_prefill_rel_err"] <= ORT_TOL)
         entry["rows"].append(row)
     order = {(lim, c, v): i for i, (lim, c, v) in enumerate(_configs(a))}
-    entry["rows"].sort(key=lambda r: order.get((r["limit"], r["cache"], "" if r["variant"] == "numba"
+    entry["rows"].sort(key=lambda r: order.get((r["limit"], r["cache"], "" if r["variant"] == "default"
                                                 else r["variant"]), 99))
     by = {(r["limit"], r["cache"], r["variant"]): r for r in entry["rows"]}
-    unl = {c: by.get(("unlimited", c, "numba")) for c in a.caches}
+    unl = {c: by.get(("unlimited", c, "default")) for c in a.caches}
     for r in entry["rows"]:
         u = by.get(("unlimited", r["cache"], r["variant"])) or unl.get(r["cache"])
         if u:
@@ -634,21 +624,20 @@ def _goals(entry: dict, by: dict) -> dict:
     if fixed and entry["ort"]:
         best = min(fixed, key=lambda r: r["peak_rss_mb"])
         ok = [r for r in fixed if r["rss_vs_ort"] <= GOAL_RSS and r["correct"]]
-        default = by.get(("fixed", "warm", "numba")) or min((r for r in fixed if r["variant"] == "numba"),
+        default = by.get(("fixed", "warm", "default")) or min((r for r in fixed if r["variant"] == "default"),
                                                             key=lambda r: r["peak_rss_mb"])
         out["rss"] = {"met": bool(ok), "met_by": [f"{r['cache']}/{r['variant']}" for r in ok],
                       "best": f"{best['cache']}/{best['variant']}", "best_rss_vs_ort": best["rss_vs_ort"],
                       "best_peak_rss_mb": best["peak_rss_mb"], "ort_peak_rss_mb": entry["ort"]["peak_rss_mb"],
                       "target_mb": GOAL_RSS * entry["ort"]["peak_rss_mb"],
-                      # the default configuration's peak, split: imports, numba, arenas, the rest
+                      # the default configuration's peak, split: imports, arenas, the rest
                       "default": f"{default['cache']}/{default['variant']}",
                       "default_peak_rss_mb": default["peak_rss_mb"],
-                      "imports_mb": base.get("runtime"), "numba_mb": (base["runtime+numba"] - base["runtime"])
-                      if "runtime+numba" in base and "runtime" in base else None,
+                      "imports_mb": base.get("runtime"),
                       "arenas_peak_sum_mb": default["arena_peak_sum_mb"],
-                      "untracked_mb": default["peak_rss_mb"] - (base.get("runtime+numba") or default["rss_ready_mb"])
+                      "untracked_mb": default["peak_rss_mb"] - default["rss_ready_mb"]
                       - default["arena_peak_sum_mb"]}
-    q = by.get(("1/4", "warm", "numba"))
+    q = by.get(("1/4", "warm", "default"))
     if q and "decode_vs_unlimited" in q:
         split = q["decode_split_ms_per_token"]
         out["decode"] = {
@@ -692,7 +681,7 @@ def _print_budget(res: dict) -> None:
         if e["baseline"]:
             print("import-only peak RSS (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in e["baseline"].items()))
         for r in e["rows"]:
-            r["case"] = f"{r['limit']} {r['cache']}" + ("" if r["variant"] == "numba" else f" {r['variant']}")
+            r["case"] = f"{r['limit']} {r['cache']}" + ("" if r["variant"] == "default" else f" {r['variant']}")
             rp = r["decode_restores_per_token"]
             r["restores_tok"] = f"{rp['prepack']:.0f}/{rp['read_packed']:.0f}/{rp['read']:.0f}"
         print(C.table(e["rows"], [
@@ -746,7 +735,7 @@ def _print_goals(preset: str, g: dict, fixed_mib: int) -> None:
               f"{'MET' if x['met'] else 'NOT MET'} (best {x['best']}: {x['best_peak_rss_mb']:.0f} MB = "
               f"{x['best_rss_vs_ort']:.2f}x of {x['ort_peak_rss_mb']:.0f} MB)")
         print(f"  {x['default']}: peak {x['default_peak_rss_mb']:.0f} MB = imports {C.fmt(x['imports_mb'], '.0f')} "
-              f"+ numba warm-up {C.fmt(x['numba_mb'], '.0f')} + arenas' peak live {x['arenas_peak_sum_mb']:.0f} "
+              f"+ arenas' peak live {x['arenas_peak_sum_mb']:.0f} "
               f"+ untracked (allocator retention, temporaries, plan) {x['untracked_mb']:.0f}")
     if "decode" in g:
         x = g["decode"]
@@ -785,9 +774,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models-dir", default=C.MODELS_DIR)
     ap.add_argument("--presets", type=C.parse_list, default=["medium"], help="tiny-llm presets (default medium)")
     ap.add_argument("--caches", type=C.parse_list, default=list(CACHES), help="companion states (warm,cold,none)")
-    ap.add_argument("--variants", type=C.parse_list, default=["nonumba", "malloc"],
+    ap.add_argument("--variants", type=C.parse_list, default=["malloc"],
                     help="extra rows at the unlimited and fixed limits with the first cache state")
-    ap.add_argument("--baselines", type=C.parse_list, default=["numpy", "runtime", "runtime+numba", "ort"])
+    ap.add_argument("--baselines", type=C.parse_list, default=["numpy", "runtime", "ort"])
     ap.add_argument("--fixed-mib", type=int, default=64, help="the fixed limit row (0: none)")
     ap.add_argument("--tokens", type=int, default=128, help="prefill tokens")
     ap.add_argument("--steps", type=int, default=16, help="greedy decode steps")
@@ -809,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         C.child_print(fn(a))
         return 0
     bad = [c for c in a.caches if c not in CACHES] + [v for v in a.variants if v not in ("nonumba", "malloc")]
-    bad += [b for b in a.baselines if b not in ("numpy", "runtime", "runtime+numba", "ort")]
+    bad += [b for b in a.baselines if b not in ("numpy", "runtime", "ort")]
     if bad or not a.caches or a.reps < 1 or a.tokens < 1 or a.steps < 1:
         ap.error(f"bad caches/variants/baselines {bad} or non-positive reps/tokens/steps")
     import importlib.util

@@ -7,8 +7,7 @@ order within each repetition, on the same model and feeds (a prefill of ``--prom
 - ``ort``: ``import onnxruntime``, ``InferenceSession(path, providers=["CPUExecutionProvider"])`` (default
   options), ``run(None, feeds)``
 - ``ours``: ``import onnx_prepared.runtime.session``, ``RuntimeSession(path)``, ``run(feeds)`` (cold path:
-  the run streams weights in while it executes), with the numba accelerator as installed
-- ``ours-nonumba``: the same with ``ONNX_PREPARED_NUMBA=0``
+  the run streams weights in while it executes)
 
 Phases (ms, from the process's spawn): interpreter start, ``import numpy``, import of the runtime,
 feeds, session creation, first run; TTFO is their sum (spawn -> logits). For ``ours`` the first run is
@@ -30,7 +29,7 @@ import time
 
 import _common as C
 
-RUNTIMES = ("ort", "ours", "ours-nonumba")
+RUNTIMES = ("ort", "ours")
 GOALS = {16: 0.5, 128: 0.7}
 _PHASES = ("interp_ms", "numpy_ms", "import_ms", "feeds_ms", "session_ms", "run_ms")
 
@@ -140,8 +139,6 @@ def _hot_blas_threads(sess) -> int | None:
 
 def _ours_breakdown(sess, t0: float, t1: float) -> dict:
     """Split the first run: continuation compute vs waiting, and the loading work done meanwhile."""
-    from onnx_prepared.kernels.matmul_nbits import accelerator_state
-
     recs = [r for r in sess.scheduler.trace.records() if r.started <= t1]
     runs = sorted((r for r in recs if r.name.startswith("I.run")), key=lambda r: r.started)
     reads = [r for r in recs if r.name.endswith(".read_source")]
@@ -155,7 +152,6 @@ def _ours_breakdown(sess, t0: float, t1: float) -> dict:
         "prepack_sum_ms": sum(min(r.finished, t1) - r.started for r in packs) * 1e3,
         "reads_done": sum(1 for r in reads if r.finished <= t1),
         "prepacks_done": sum(1 for r in packs if r.finished <= t1),
-        "accelerator_at_output": accelerator_state().name.lower(),
     }
 
 
@@ -164,9 +160,7 @@ def _ours_breakdown(sess, t0: float, t1: float) -> dict:
 
 def bench(a: argparse.Namespace) -> dict:
     me = os.path.abspath(__file__)
-    env_of = {"ort": {}, "ours": {}, "ours-nonumba": {"ONNX_PREPARED_NUMBA": "0"}}
-    res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS,
-                 "numba_installed": _numba_installed(), "cases": []}
+    res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS, "cases": []}
     raw: dict[tuple, list[dict]] = {}
     resident: dict[str, list[float]] = {"cold": [], "warm": []}
     paths = {p: C.tiny_llm_path(a.models_dir, p) for p in a.presets}
@@ -180,7 +174,7 @@ def bench(a: argparse.Namespace) -> dict:
                         if frac is not None:
                             resident[cache].append(frac)
                         r = C.run_child([me, "--child", rt, "--model", paths[preset], "--tokens", str(tokens)],
-                                        env_of[rt])
+                                        {})
                         raw.setdefault((preset, tokens, cache, rt), []).append(r)
     for (preset, tokens, cache, rt), runs in raw.items():
         row: dict = {"preset": preset, "tokens": tokens, "cache": cache, "runtime": rt, "n": len(runs)}
@@ -188,7 +182,6 @@ def bench(a: argparse.Namespace) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "argmax":
                 row[k] = C.median([r[k] for r in runs])
         row["argmax"] = runs[0]["argmax"]
-        row["accelerator_at_output"] = sorted({r.get("accelerator_at_output", "") for r in runs} - {""}) or None
         res["cases"].append(row)
     by = {(r["preset"], r["tokens"], r["cache"], r["runtime"]): r for r in res["cases"]}
     for r in res["cases"]:
@@ -206,22 +199,16 @@ def bench(a: argparse.Namespace) -> dict:
             C.warm(C.model_files(paths[preset]))
             for tokens in a.prompts:
                 p = C.run_child([me, "--child", "profile", "--model", paths[preset], "--tokens", str(tokens)],
-                                {"ONNX_PREPARED_NUMBA": "0"})
+                                {})
                 ort_run = by.get((preset, tokens, "warm", "ort"), {}).get("run_ms")
                 res["profile"].append({"preset": preset, "tokens": tokens, "ort_first_run_ms": ort_run, **p})
     return res
 
 
-def _numba_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("numba") is not None
-
-
 def print_table(res: dict) -> None:
     m = res["machine"]
     print(f"time to first output, process start -> first prefill logits (medians of {res['reps']} fresh processes, "
-          f"interleaved; cpus={m['cpu_count']} load={m['load_avg']}; numba installed: {res['numba_installed']})")
+          f"interleaved; cpus={m['cpu_count']} load={m['load_avg']})")
     rb = res["resident_before"]
     if rb.get("cold"):
         print(f"page cache resident before cold runs: {rb['cold'][0]:.1%}..{rb['cold'][1]:.1%}"
@@ -241,12 +228,10 @@ def print_table(res: dict) -> None:
         for r in ours:
             d = r.get("delta_ms") or {}
             r["d_import"], r["d_session"], r["d_run"] = d.get("import_ms"), d.get("session_ms"), d.get("run_ms")
-            acc = r.get("accelerator_at_output")
-            r["accel"] = ",".join(acc) if acc else None
         print(C.table(ours, [
             ("case", "case", ""), ("runtime", "runtime", ""), ("run compute", "run_compute_ms", ".0f"),
             ("run wait", "run_wait_ms", ".0f"), ("yields", "yields", ".0f"), ("read sum", "read_sum_ms", ".0f"),
-            ("prepack sum", "prepack_sum_ms", ".0f"), ("numba at output", "accel", ""),
+            ("prepack sum", "prepack_sum_ms", ".0f"),
             ("vs ort: import", "d_import", "+.0f"), ("session", "d_session", "+.0f"), ("first run", "d_run", "+.0f"),
         ]))
     print_profile(res)
@@ -256,7 +241,7 @@ def print_profile(res: dict, top: int = 6) -> None:
     prof = res.get("profile")
     if not prof:
         return
-    print("\nour prefill by kernel after prepare() (fresh process, warm cache, numba off, the hot path's BLAS "
+    print("\nour prefill by kernel after prepare() (fresh process, warm cache, the hot path's BLAS "
           "threads): first and second run, ms")
     for p in prof:
         first, second = p["first"], p["second"]
@@ -283,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="skip the per-kernel profile of our prefill (one extra process per preset and prompt)")
-    ap.add_argument("--child", choices=["ort", "ours", "ours-nonumba", "profile"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["ort", "ours", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--spawn", type=float, help=argparse.SUPPRESS)
@@ -301,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         import importlib.util
 
         if importlib.util.find_spec("onnxruntime") is None:
-            ap.error("onnxruntime is not installed (pip install onnxruntime), or pass --runtimes ours,ours-nonumba")
+            ap.error("onnxruntime is not installed (pip install onnxruntime), or pass --runtimes ours")
     C.emit(bench(a), a.json, print_table)
     return 0
 

@@ -64,11 +64,10 @@ class GreedyRun:
 
 
 def greedy(name: str, open_session: Callable[[], Callable[[dict], list]], output_names: list[str], config,
-           prompt: np.ndarray, steps: int, before_decode: Callable[[], None] | None = None) -> GreedyRun:
+           prompt: np.ndarray, steps: int) -> GreedyRun:
     """Create a session, prefill ``prompt``, then ``steps`` greedy decode steps with the KV cache.
 
-    ``tokens`` holds the prefill's argmax then one per decode step; decode time covers the ``steps`` runs
-    (``before_decode``, e.g. waiting for an accelerator, runs between and is not counted).
+    ``tokens`` holds the prefill's argmax then one per decode step; decode time covers the ``steps`` runs.
     """
     from onnx_prepared.generate import decode_feeds, prefill_feeds
 
@@ -78,8 +77,6 @@ def greedy(name: str, open_session: Callable[[], Callable[[dict], list]], output
     out = dict(zip(output_names, run(prefill_feeds(config, prompt))))
     t2 = time.perf_counter()
     tokens = [int(out["logits"][0, -1].argmax())]
-    if before_decode is not None:
-        before_decode()
     t_decode = time.perf_counter()
     for _ in range(steps):
         out = dict(zip(output_names, run(decode_feeds(config, tokens[-1], out))))
@@ -119,7 +116,6 @@ def _onnxruntime(path: str) -> Callable[[], Callable[[dict], list]] | None:
 
 def run_demo(args: argparse.Namespace) -> int:
     from onnx_prepared.generate import TinyLlmConfig
-    from onnx_prepared.kernels import matmul_nbits
 
     folder = getattr(args, "dir", None) or os.path.join(default_cache_dir(), "tiny-llm")
     steps = int(getattr(args, "steps", None) or DECODE_STEPS)
@@ -134,14 +130,7 @@ def run_demo(args: argparse.Namespace) -> int:
     prompt = np.random.default_rng(0).integers(0, config.vocab, PROMPT_TOKENS, dtype=np.int64)
 
     label = "RuntimeSession" if session == "runtime" else "InferenceSession"
-    warm = {}
-
-    def settle_accelerator() -> None:  # the optional numba kernel warms up after the first run
-        t = time.perf_counter()
-        matmul_nbits.wait_for_accelerator(60)
-        warm["s"] = time.perf_counter() - t
-
-    runs = [greedy(f"ours ({label})", _ours(path, session), names, config, prompt, steps, settle_accelerator)]
+    runs = [greedy(f"ours ({label})", _ours(path, session), names, config, prompt, steps)]
     ort_open = _onnxruntime(path)
     if ort_open is not None:
         runs.append(greedy("onnxruntime", ort_open, names, config, prompt, steps))
@@ -153,9 +142,6 @@ def run_demo(args: argparse.Namespace) -> int:
               f"{r.tokens_per_s:>16.1f}")
     print("time to first output: session creation (load, weight reads, prepack) + prefill, until the logits; "
           "decode: tokens/s over the decode steps only")
-    print(f"MatMulNBits numba accelerator: {matmul_nbits.accelerator_state().value}, waited "
-          f"{warm.get('s', 0.0) * 1e3:.0f} ms after the first output (warm-up starts after the first run; "
-          "without it decode uses numpy + BLAS)")
     print(f"greedy tokens (ours): {runs[0].tokens}")
     if len(runs) > 1:
         same = runs[0].tokens == runs[1].tokens

@@ -14,28 +14,19 @@ error ~0.5%) for K in {256, 1024, 2816}, block 32; tests assert <= 2%.
 
 **Prepack.** :func:`prepack_matmul_nbits` turns (B, scales, zero_points) into a :class:`PackedNBits`
 once per session; :func:`matmul_nbits_packed` consumes it. Layout ``matmul-nbits-q{bits}-kmajor-u32-
-block{block_size}``: ``words`` uint32 ``[k_blocks, block_size * bits // 32, N]`` (column-contiguous, see
-:mod:`onnx_prepared.kernels._numba_nbits`), ``scales`` and ``offsets = -zero_point * scale`` float32
-``[k_blocks, N]``. Memory is that of B plus 8 bytes per block and column, no fp32 copy of the weights.
-The registered kernel (unprepacked B) prepacks on every call: no hidden cache.
+block{block_size}``: ``words`` uint32 ``[k_blocks, block_size * bits // 32, N]`` (column-contiguous),
+``scales`` and ``offsets = -zero_point * scale`` float32 ``[k_blocks, N]``. Memory is that of B plus 8
+bytes per block and column, no fp32 copy of the weights. The registered kernel (unprepacked B) prepacks
+on every call: no hidden cache.
 
-**Speed.** Rows of A up to ``GEMV_MAX_M`` use a fused dequantize-dot numba kernel (single-threaded,
-nogil) when the optional numba is installed and warmed up; otherwise (larger M, or no numba yet) B is
-dequantized to fp32 in panels of K (at most ``PANEL_BYTES`` at once) and multiplied with BLAS. Numba is
-imported and compiled in a background thread started by :func:`start_accelerator_warmup` (the
-session calls it once its first run has produced its output: the import holds the GIL and would
-otherwise slow the first inference it cannot help), never on a call's path: ~0.4 s import plus
-~0.3 s when numba's on-disk cache hits, several seconds on a cold cache; until then the numpy path
-serves. Set
-``ONNX_PREPARED_NUMBA=0`` to disable it. Figures: ``benchmarks/kernels_nbits.py``.
+**Speed.** B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES`` at once) and multiplied with
+BLAS; the result does not depend on whether a run is the session's first. Figures:
+``benchmarks/kernels_nbits.py``.
 """
 
 from __future__ import annotations
 
-import enum
-import os
 import struct
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +36,6 @@ from onnx_prepared.kernels._int4 import unpack_bits
 from onnx_prepared.kernels.prepack import PrepackSpec, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
-#: rows of A up to which the fused GEMV is used (above it: dequantized panels + BLAS)
-GEMV_MAX_M = 4
 #: bytes of one dequantized fp32 panel of B in the BLAS path
 PANEL_BYTES = 8 << 20
 _SUPPORTED_BITS = (2, 4, 8)
@@ -180,21 +169,6 @@ def matmul_nbits_packed(
 
 
 def _matmul_2d(a: np.ndarray, p: PackedNBits) -> np.ndarray:
-    m = a.shape[0]
-    nb = _accel()
-    if nb is not None and m <= GEMV_MAX_M and p.bits in (4, 8):
-        gemv = nb.gemv_q4 if p.bits == 4 else nb.gemv_q8
-        kpad = p.k_blocks * p.block_size
-        row = np.zeros(kpad, np.float32)
-        y = np.empty((m, p.N), np.float32)
-        for i in range(m):
-            row[: p.K] = a[i]
-            gemv(row, p.words, p.scales, p.offsets, y[i], 0, p.N)
-        return y
-    return _panels_blas(a, p, nb)
-
-
-def _panels_blas(a: np.ndarray, p: PackedNBits, nb) -> np.ndarray:
     bs = p.block_size
     blocks_per_panel = max(1, PANEL_BYTES // (4 * bs * p.N))
     y = None
@@ -203,10 +177,7 @@ def _panels_blas(a: np.ndarray, p: PackedNBits, nb) -> np.ndarray:
         b1 = min(p.k_blocks, b0 + blocks_per_panel)
         rows = min(p.K, b1 * bs) - b0 * bs
         w = panel[: (b1 - b0) * bs]
-        if nb is not None:
-            nb.dequantize(p.words, p.scales, p.offsets, p.bits, b0, b1, w)
-        else:
-            _dequantize_numpy(p, b0, b1, w)
+        _dequantize_numpy(p, b0, b1, w)
         part = a[:, b0 * bs: b0 * bs + rows] @ w[:rows]
         if y is None:
             y = part
@@ -306,90 +277,3 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
         sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,
         lambda p: np.frombuffer(p.to_bytes(), np.uint8), PackedNBits.from_bytes, packed_bytes,
     )
-
-
-# **** optional numba accelerator ****
-
-
-class AccelState(enum.Enum):
-    IDLE = "idle"
-    WARMING = "warming"
-    READY = "ready"
-    UNAVAILABLE = "unavailable"  # numba missing, disabled, or failed to compile
-
-
-_ALLOWED = {
-    AccelState.IDLE: frozenset({AccelState.WARMING, AccelState.UNAVAILABLE}),
-    AccelState.WARMING: frozenset({AccelState.READY, AccelState.UNAVAILABLE}),
-    AccelState.READY: frozenset(),
-    AccelState.UNAVAILABLE: frozenset(),
-}
-
-
-class _Accelerator:
-    """Lazily imported numba kernels. ``module`` is set only once compiled (then never changes)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self.state = AccelState.IDLE  # written only by _transition, under _lock
-        self.module = None
-        self.error: str | None = None
-
-    def _transition(self, new: AccelState) -> None:
-        assert new in _ALLOWED[self.state], (self.state, new)
-        self.state = new
-        if new in (AccelState.READY, AccelState.UNAVAILABLE):
-            self._done.set()
-
-    def start(self) -> None:
-        """Begin the background import/compile once (thread-safe, idempotent)."""
-        with self._lock:
-            if self.state is not AccelState.IDLE:
-                return
-            if os.environ.get("ONNX_PREPARED_NUMBA", "1") == "0":
-                self.error = "disabled by ONNX_PREPARED_NUMBA=0"
-                self._transition(AccelState.UNAVAILABLE)
-                return
-            self._transition(AccelState.WARMING)
-        threading.Thread(target=self._warm, name="onnx-prepared-numba-warmup", daemon=True).start()
-
-    def _warm(self) -> None:
-        try:
-            from onnx_prepared.kernels import _numba_nbits as mod
-
-            mod.warm_up()
-        except Exception as e:  # ImportError when numba is absent, or a compile failure
-            with self._lock:
-                self.error = f"{type(e).__name__}: {e}"
-                self._transition(AccelState.UNAVAILABLE)
-            return
-        with self._lock:
-            self.module = mod
-            self._transition(AccelState.READY)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.start()
-        self._done.wait(timeout)
-        return self.module is not None
-
-
-_ACCEL = _Accelerator()
-
-
-def _accel():
-    return _ACCEL.module
-
-
-def start_accelerator_warmup() -> None:
-    """Start importing/compiling the numba kernels in the background (no-op when done or disabled)."""
-    _ACCEL.start()
-
-
-def wait_for_accelerator(timeout: float | None = None) -> bool:
-    """Block until the numba kernels are ready or known unavailable; True when ready."""
-    return _ACCEL.wait(timeout)
-
-
-def accelerator_state() -> AccelState:
-    return _ACCEL.state

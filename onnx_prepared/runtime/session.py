@@ -142,8 +142,6 @@ class RuntimeSession:
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
         # OpenBLAS threads of hot runs (cold runs always use 1: preparation shares the cores)
         self.blas_threads = opt("blas_threads", 1)
-        # optional kernel accelerators warm up after the first run (never competing with it)
-        self._accelerate = any("matmul-nbits" in r.key.layout for r in self.plan.requirements)
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = 8
         firsts = self.plan.first_need
@@ -235,11 +233,7 @@ class RuntimeSession:
                     p = self.producers.ensure(r.key, Priority.PREFETCH)
                     if p is not None:
                         sub.bound[b] = p
-        handle = self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
-        if self._accelerate:
-            self._accelerate = False
-            handle.add_done_callback(lambda h: _start_accelerators())
-        return handle
+        return self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
 
     def run(self, feeds: Mapping[str, Any], context: Any = None) -> list:
         """``run_async(feeds, context).result()`` (a hot run executes on this thread; see ``_submit``)."""
@@ -325,12 +319,6 @@ class RuntimeSession:
                 alloc.release()
         sub.values = []
         return outs
-
-
-def _start_accelerators() -> None:
-    from onnx_prepared.kernels import matmul_nbits
-
-    matmul_nbits.start_accelerator_warmup()
 
 
 def _opt(options: Any):

@@ -23,7 +23,7 @@ CONFIGS = ["none", "complete", "missing1", "missing1-build"]
 ROW_KEYS = {"import_ms", "session_ms", "run_ms", "ttfo_ms", "ttfo_process_ms", "ttfo_import_ms", "n"}
 OURS_KEYS = {"ready_ms", "hot_ms", "cpu_out_ms", "src_mb_out", "comp_mb_out", "src_mb", "comp_mb", "disk_mb",
              "reads", "prepacks", "read_packed", "persists", "run_compute_ms", "run_wait_ms", "checksum_sum_ms",
-             "pread_sum_ms", "decode_sum_ms", "ttfo_ms_min", "hot_plain_ms"}
+             "pread_sum_ms", "decode_sum_ms", "ttfo_ms_min"}
 
 
 @pytest.fixture(scope="module")

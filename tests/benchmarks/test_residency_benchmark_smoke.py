@@ -1,8 +1,8 @@
 """Smoke test of ``benchmarks/residency.py`` on a small generated model: it completes and prints its keys.
 
 The script finds its models in ``--models-dir``; a one-block tiny-llm generated here under the name
-``tiny`` stands in for the preset (and for the arena table's spec model). Minimal sizes, one repetition,
-numba disabled (the numpy MatMulNBits path is enough for a 64-wide model). No timing is asserted: the
+``tiny`` stands in for the preset (and for the arena table's spec model). Minimal sizes, one repetition.
+No timing is asserted: the
 test checks the JSON keys, that every budget gave the unlimited run's greedy tokens bit-identically and
 onnxruntime's tokens, that budgets below the total evicted, and that both table printers accept the result.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,11 +31,10 @@ def result(tmp_path_factory) -> dict:
     pytest.importorskip("onnxruntime")
     d = tmp_path_factory.mktemp("bench-models")
     generate_tiny_llm(d / "tiny", **SMALL)
-    env = dict(os.environ, ONNX_PREPARED_NUMBA="0")
     p = subprocess.run([sys.executable, str(BENCH / "residency.py"), "--models-dir", str(d), "--presets", "tiny",
                         "--reps", "1", "--tokens", "4", "--steps", "2", "--caches", "warm,none", "--variants", "",
                         "--baselines", "numpy", "--fixed-mib", "1", "--json"],
-                       capture_output=True, text=True, timeout=300, env=env)
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

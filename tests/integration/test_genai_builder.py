@@ -22,7 +22,6 @@ import onnx
 import pytest
 
 import onnx_prepared
-from onnx_prepared.kernels import matmul_nbits
 from onnx_prepared.runtime import RuntimeSession
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
@@ -32,12 +31,6 @@ ATOL = 1e-4
 LEVEL4_REL = 0.02
 
 Run = Callable[[dict], list]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _same_compute_path() -> None:
-    # one MatMulNBits path (numba GEMV once warm) for every run here, so sessions compare bit for bit
-    matmul_nbits.wait_for_accelerator()
 
 
 def model_path(name: str) -> str:

@@ -21,7 +21,6 @@ import pytest
 
 import onnx_prepared
 from onnx_prepared.generate import TinyLlmConfig, decode_feeds, generate_tiny_llm, prefill_feeds
-from onnx_prepared.kernels import matmul_nbits
 from onnx_prepared.runtime import RuntimeSession
 
 ort = pytest.importorskip("onnxruntime")
@@ -37,13 +36,6 @@ CONFIGS = {
 
 Run = Callable[[dict], list]
 Step = dict[str, np.ndarray]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _same_compute_path() -> None:
-    # MatMulNBits switches from numpy+BLAS to numba's fused GEMV once the background warm-up ends; wait
-    # for it so every run in this module takes one path and results can be compared bit for bit.
-    matmul_nbits.wait_for_accelerator()
 
 
 @pytest.fixture(scope="module")

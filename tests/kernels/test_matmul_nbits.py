@@ -1,5 +1,5 @@
 """MatMulNBits against onnxruntime: bits 2/4/8, zero points absent/packed/float, odd K, N=1, bias, batched A,
-both compute paths (numpy panels + BLAS, and the numba fused GEMV/dequantize when numba is installed)."""
+on the compute path (numpy dequantized panels + BLAS)."""
 
 from __future__ import annotations
 
@@ -51,13 +51,9 @@ def _weights(rng, K, N, bits, block_size, zp_kind, flat):
     return B, scales, zp
 
 
-@pytest.fixture(params=["numpy", "numba"])
-def path(request, monkeypatch):
-    """Run a test once on the numpy-only path and once with the numba accelerator (skipped without numba)."""
-    if request.param == "numpy":
-        monkeypatch.setattr(mm, "_accel", lambda: None)
-    elif not mm.wait_for_accelerator(300):
-        pytest.skip(f"numba accelerator unavailable: {mm._ACCEL.error}")
+@pytest.fixture(params=["numpy"])
+def path(request):
+    """The compute path a test runs on (one today: numpy panels + BLAS)."""
     return request.param
 
 

@@ -9,18 +9,10 @@ from hypothesis import strategies as st
 
 from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm
 from onnx_prepared.generate.feeds import decode_feeds, prefill_feeds
-from onnx_prepared.kernels import matmul_nbits
 from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.models import add_checksums, gemm_mlp
 
 X = [np.random.default_rng(i).standard_normal((2, 32)).astype(np.float32) for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def accelerator_settled():
-    """Bit-identity needs one MatMulNBits path: wait for the optional accelerator (if any) first."""
-    matmul_nbits.start_accelerator_warmup()
-    matmul_nbits.wait_for_accelerator(120)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +96,7 @@ def _generate(path, cfg, opts, steps):
         return logits, s
 
 
-def test_tiny_llm_under_a_one_block_budget_prefill_and_32_decode_steps_bit_identical(small_llm, accelerator_settled):
+def test_tiny_llm_under_a_one_block_budget_prefill_and_32_decode_steps_bit_identical(small_llm):
     path, cfg = small_llm
     ref, _ = _generate(path, cfg, None, 32)
     with RuntimeSession(path) as s:
