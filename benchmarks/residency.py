@@ -194,7 +194,6 @@ def child_ours(a: argparse.Namespace) -> dict:
     sha_spans: list = []
     companion.hashlib = _TimedHashlib(companion.hashlib, sha_spans)
     rss_import = _peak_rss_mb()
-    accel = "none"  # no background accelerator: every run takes the same kernels
     rss_ready = _peak_rss_mb()
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
     opts: dict = {"prepared_memory_limit": a.limit or None, "trace": True}
@@ -223,7 +222,7 @@ def child_ours(a: argparse.Namespace) -> dict:
     split = _trace_split(s.scheduler.trace.records(), marks["t"], t2)
     split["sha256_ms"] = sum(max(0.0, min(b, t2) - max(a_, marks["t"])) for a_, b in sha_spans) * 1e3
     out = {
-        "ttfo_ms": (t1 - t0) * 1e3, "decode_tok_s": a.steps / (t2 - t1), "tokens": tokens, "accel": accel,
+        "ttfo_ms": (t1 - t0) * 1e3, "decode_tok_s": a.steps / (t2 - t1), "tokens": tokens,
         "rss_import_mb": rss_import, "rss_ready_mb": rss_ready, "rss_prefill_mb": marks["rss"],
         "peak_rss_mb": _peak_rss_mb(), "rss_now_mb": _rss_now_mb(), "ru_maxrss_mb": C.max_rss_mb(),
         "evictions": res.evictions, "evictions_per_token": (res.evictions - marks["ev"]) / steps,
@@ -567,7 +566,7 @@ def _aggregate(entry: dict, raw: dict[tuple, list[dict]], a: argparse.Namespace)
             continue
         row: dict = {"limit": lim, "cache": cache, "variant": variant or "default", "n": len(runs),
                      "limit_mb": (_limit_bytes(lim, entry["total_bytes"], a.fixed_mib) / C.MB) or None,
-                     "accel": sorted({r["accel"] for r in runs}), "tokens": runs[0]["tokens"]}
+                     "tokens": runs[0]["tokens"]}
         for k in ("peak_rss_mb", "ttfo_ms", "decode_tok_s", "decode_ms_per_token", "evictions",
                   "evictions_per_token", "source_read_mb", "packed_read_mb", "decode_read_mb_per_token", "rchar_mb",
                   "decode_packed_mb_per_token",
@@ -694,14 +693,14 @@ def _print_budget(res: dict) -> None:
             ("total-limit MB", "min_restore_mb_per_token", ".1f"), ("bit-identical", "bit_identical", ""),
             ("= ort (leading tokens)", "ort_prefix", ".0f"), ("rel err vs ort", "ort_prefill_rel_err", ".1e"),
         ]))
-        print("\nwhere the RSS goes (MB): import (numpy + runtime), + accelerator warm-up, after prefill, peak, "
+        print("\nwhere the RSS goes (MB): import (numpy + runtime), ready to run, after prefill, peak, "
               "at the end, after malloc_trim(0); arenas' peak live bytes (MiB)")
         for r in e["rows"]:
             for d, v in r["arena_peak_mb"].items():
                 r[f"ap_{d}"] = v
         print(C.table(e["rows"], [
             ("limit cache [variant]", "case", ""), ("import", "rss_import_mb", ".0f"),
-            ("+accel", "rss_ready_mb", ".0f"), ("prefill", "rss_prefill_mb", ".0f"), ("peak", "peak_rss_mb", ".0f"),
+            ("ready", "rss_ready_mb", ".0f"), ("prefill", "rss_prefill_mb", ".0f"), ("peak", "peak_rss_mb", ".0f"),
             ("end", "rss_now_mb", ".0f"), ("trimmed", "rss_trimmed_mb", ".0f"),
             ("Preparation", "ap_preparation", ".1f"), ("Prepared", "ap_prepared", ".1f"),
             ("Execution", "ap_execution", ".1f"), ("IO", "ap_io", ".1f"), ("sum", "arena_peak_sum_mb", ".1f"),
