@@ -10,6 +10,9 @@ import json
 import sys
 from typing import Any
 
+from onnx_prepared.cli_common import existing_file, humanize
+from onnx_prepared.errors import CacheError
+
 
 def cmd_cache_build(args: argparse.Namespace) -> int:
     """Prepare every object of MODEL eagerly and persist the packed ones (build_if_missing)."""
@@ -46,7 +49,7 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
     digest = source_model_digest(args.model) if args.model else None
     problems = verify(args.path, source_digest=digest)
     for p in problems:
-        print(p)
+        print(humanize(p))
     if problems:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
         return 1
@@ -59,6 +62,9 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     from onnx_prepared.prepared.cache import info
 
     summary = info(args.path)
+    if summary["format_version"] is None:
+        raise CacheError(f"{args.path} is not a companion prepared model (it has no prepared-format metadata); "
+                         "`onnx-prepared cache build MODEL` makes one")
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -76,8 +82,8 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
         for e in summary["entry_list"]:
             print(f"  {e['bytes']:14,d}  {e['name']}  ({e['device']}, {e['kernel_abi']}, {e['file']}@{e['offset']})")
     for p in summary["problems"]:
-        print(f"problem: {p}")
-    return 0
+        print(f"problem: {humanize(p)}")
+    return 1 if summary["problems"] else 0
 
 
 def add_cache_parser(subparsers: Any) -> None:
@@ -85,16 +91,18 @@ def add_cache_parser(subparsers: Any) -> None:
     c = subparsers.add_parser("cache", help="build, verify or describe a companion prepared model")
     sub = c.add_subparsers(dest="cache_cmd", required=True)
     b = sub.add_parser("build", help="prepare MODEL eagerly and persist its packed weights")
-    b.add_argument("model")
+    b.add_argument("model", type=existing_file("model"), help="the .onnx file to prepare")
     b.add_argument("--out", default=None, help="companion path (default: the per-user cache folder)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(fn=cmd_cache_build)
     v = sub.add_parser("verify", help="check every entry's metadata, files and checksums (exit 1 on a problem)")
-    v.add_argument("path")
-    v.add_argument("--model", default=None, help="also check the companion belongs to this source model")
+    v.add_argument("path", type=existing_file("companion"), help="the companion prepared model (.onnx)")
+    v.add_argument("--model", type=existing_file("model"), default=None,
+                   help="also check the companion belongs to this source model")
     v.set_defaults(fn=cmd_cache_verify)
-    i = sub.add_parser("info", help="entries, bytes, layouts, devices, kernel ABI (metadata only)")
-    i.add_argument("path")
+    i = sub.add_parser("info", help="entries, bytes, layouts, devices, kernel ABI (metadata only; exit 1 on a "
+                                    "problem)")
+    i.add_argument("path", type=existing_file("companion"), help="the companion prepared model (.onnx)")
     i.add_argument("--entries", action="store_true", help="list every entry")
     i.add_argument("--json", action="store_true", help="one JSON object")
     i.set_defaults(fn=cmd_cache_info)

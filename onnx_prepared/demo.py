@@ -9,7 +9,8 @@ installed, onnxruntime on the same feeds:
 * **decode tokens/s**: greedy steps with the KV cache (one token each, present -> past), after the prefill.
 * whether the greedy tokens of both runtimes match.
 
-The model is regenerated only when absent or written by another generator version / config.
+The model is generated once; a different model already in the folder is never overwritten (see
+:func:`ensure_model`).
 """
 
 from __future__ import annotations
@@ -31,21 +32,52 @@ def default_cache_dir() -> str:
     return os.path.join(base, "onnx-prepared")
 
 
-def ensure_model(folder: str) -> tuple[str, float | None]:
-    """The tiny-llm in ``folder`` (generated if absent or stale); returns (path, generation seconds or None)."""
-    from onnx_prepared.generate import MODEL_FILE, TinyLlmConfig, generate_tiny_llm
+DEMO_SUBFOLDER = "onnx-prepared-demo"
+
+
+def ensure_model(folder: str, *, owned: bool = False) -> tuple[str, float | None]:
+    """The tiny-llm in ``folder`` (generated if absent); returns (path, generation seconds or None).
+
+    A model already in ``folder`` is reused only when it is the demo's own (same generator config); any other
+    model, or a stray data or config file of the same name, is never overwritten: the demo then uses the
+    subfolder ``onnx-prepared-demo``, and refuses with a ModelLoadError if that is occupied too. ``owned``
+    (the default per-user cache folder) regenerates a stale model in place instead.
+    """
+    from onnx_prepared.errors import ModelLoadError
+
+    for candidate in (folder, os.path.join(folder, DEMO_SUBFOLDER)):
+        state, path = _folder_state(candidate)
+        if state == "ours":
+            return path, None
+        if state == "empty" or (owned and candidate == folder):
+            if candidate != folder:
+                print(f"note: {folder} holds another model; the demo model goes to {candidate}")
+            t0 = time.perf_counter()
+            path = _generate(candidate)
+            return path, time.perf_counter() - t0
+    raise ModelLoadError(f"{folder} and {os.path.join(folder, DEMO_SUBFOLDER)} both hold models the demo did not "
+                         "generate; pass --dir with an empty folder")
+
+
+def _folder_state(folder: str) -> tuple[str, str]:
+    """("ours" | "empty" | "foreign", model path): whether the demo may use ``folder``."""
+    from onnx_prepared.generate import DATA_FILE, MODEL_FILE, TinyLlmConfig
 
     path = os.path.join(folder, MODEL_FILE)
-    want = TinyLlmConfig()
     if os.path.exists(path):
         try:
-            if TinyLlmConfig.from_model(path).to_json() == want.to_json():
-                return path, None
+            same = TinyLlmConfig.from_model(path).to_json() == TinyLlmConfig().to_json()
         except (ValueError, OSError):
-            pass  # unreadable or foreign: regenerate
-    t0 = time.perf_counter()
-    path = generate_tiny_llm(folder, config=want)
-    return path, time.perf_counter() - t0
+            same = False  # unreadable or not written by our generator
+        return ("ours" if same else "foreign"), path
+    taken = any(os.path.exists(os.path.join(folder, f)) for f in (DATA_FILE, "genai_config.json"))
+    return ("foreign" if taken else "empty"), path
+
+
+def _generate(folder: str) -> str:
+    from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm
+
+    return generate_tiny_llm(folder, config=TinyLlmConfig())
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +150,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from onnx_prepared.generate import TinyLlmConfig
 
     folder = getattr(args, "dir", None) or os.path.join(default_cache_dir(), "tiny-llm")
-    steps = int(getattr(args, "steps", None) or DECODE_STEPS)
+    owned = getattr(args, "dir", None) is None
+    steps = getattr(args, "steps", None)
+    steps = DECODE_STEPS if steps is None else int(steps)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
     session = getattr(args, "session", None) or "runtime"
-    path, gen_s = ensure_model(folder)
+    path, gen_s = ensure_model(folder, owned=owned)
     config = TinyLlmConfig.from_model(path)
     print(f"model: {path}" + (f" (generated in {gen_s:.2f} s)" if gen_s is not None else " (cached)"))
     print(f"tiny-llm: {config.layers} blocks, hidden {config.hidden}, vocab {config.vocab}, INT4 block "
@@ -138,8 +174,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print()
     print(f"{'':26} {'time to first output':>21} {'of which prefill':>17} {'decode tokens/s':>16}")
     for r in runs:
-        print(f"{r.name:26} {r.first_output_s * 1e3:>18.1f} ms {r.prefill_s * 1e3:>14.1f} ms "
-              f"{r.tokens_per_s:>16.1f}")
+        rate = f"{r.tokens_per_s:>16.1f}" if steps else f"{'-':>16}"
+        print(f"{r.name:26} {r.first_output_s * 1e3:>18.1f} ms {r.prefill_s * 1e3:>14.1f} ms {rate}")
     print("time to first output: session creation (load, weight reads, prepack) + prefill, until the logits; "
           "decode: tokens/s over the decode steps only")
     print(f"greedy tokens (ours): {runs[0].tokens}")

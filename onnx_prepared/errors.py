@@ -47,6 +47,19 @@ class ManifestError(OnnxPreparedError):
     """A payload read was requested that the frozen payload manifest does not allow."""
 
 
+class InvalidOptionError(OnnxPreparedError, ValueError):
+    """A session option was given a value of the wrong type or outside its range; names both."""
+
+    def __init__(self, option: str, value: object, allowed: str):
+        super().__init__(f"SessionOptions.{option} = {value!r} is not valid: expected {allowed}")
+        self.option = option
+        self.allowed = allowed
+
+
+class UnknownOptionError(InvalidOptionError, AttributeError):
+    """A session option that neither onnxruntime nor onnx-prepared has (usually a misspelling)."""
+
+
 class CacheError(OnnxPreparedError):
     """A prepared-cache entry is structurally corrupt (bad checksum, truncated, missing payload)."""
 

@@ -84,7 +84,9 @@ class RuntimeSession:
         scheduler: RuntimeScheduler | None = None,
         reader: ExternalDataReader | None = None,
     ) -> None:
-        self.options = options
+        from onnx_prepared.options import as_session_options
+
+        self.options = options = as_session_options(options)  # validated: a bad value fails here, named
         opt = _opt(options)
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
         if loaded.nested_external:
@@ -118,7 +120,8 @@ class RuntimeSession:
         # otherwise it shares the process-wide one (thread start-up is not free, and N sessions must
         # not mean N thread pools).
         custom = any(opt(k, d) != d for k, d in (("intra_op_num_threads", 0), ("io_workers", 4),
-                                                  ("memory_limit", None), ("trace", False)))
+                                                  ("memory_limit", None)))
+        custom = custom or options.records_trace
         self._owns_scheduler = scheduler is None and custom
         if scheduler is None:
             if custom:
@@ -127,7 +130,7 @@ class RuntimeSession:
                     cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
                     io_workers=opt("io_workers", 4),
                     memory=MemoryBudget(opt("memory_limit", None)),
-                    trace=bool(opt("trace", False)),
+                    trace=options.records_trace,
                 )
             else:
                 scheduler = default_scheduler()
