@@ -64,8 +64,8 @@ class InferenceSession:
                         if i.name not in init_names]
         self._overridable = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
                              if i.name in init_names]
-        self._outputs = [NodeArg(o.name, shape_of(o.type), type_string(o.type)) for o in g.output]
-        self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
+        self._outputs: list[NodeArg] | None = None  # get_outputs() runs shape inference on first call
+        self._output_index = {o.name: i for i, o in enumerate(g.output)}
         self._meta = model.model
 
     @property
@@ -78,6 +78,14 @@ class InferenceSession:
         return list(self._inputs)
 
     def get_outputs(self) -> list[NodeArg]:
+        """Declared output shapes merged with shape inference, as onnxruntime reports them
+        (see :mod:`onnx_prepared.compat.metadata`); computed on first call."""
+        if self._outputs is None:
+            from onnx_prepared.compat.metadata import output_shapes
+
+            g = self._meta.graph
+            self._outputs = [NodeArg(o.name, shape, type_string(o.type))
+                             for o, shape in zip(g.output, output_shapes(self._meta))]
         return list(self._outputs)
 
     def get_overridable_initializers(self) -> list[NodeArg]:

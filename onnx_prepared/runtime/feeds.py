@@ -29,11 +29,16 @@ _ORT_TYPE = {"float32": "float", "float64": "double", "object": "string", "bool"
 
 
 def shape_of(tp: onnx.TypeProto) -> list:
+    """onnxruntime's shape list: ints, symbolic names, None for unknown dims (a negative ``dim_value``, as
+    paddle2onnx writes dynamic dims, is unknown too); [] when the type has no shape."""
     if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return []
     out = []
     for d in tp.tensor_type.shape.dim:
-        out.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+        if d.HasField("dim_value"):
+            out.append(d.dim_value if d.dim_value >= 0 else None)
+        else:
+            out.append(d.dim_param or None)
     return out
 
 
@@ -59,8 +64,13 @@ def check_value(name: str, tp: onnx.TypeProto, v: Any) -> Any:
 def _check_tensor(name: str, tp: onnx.TypeProto, v: Any) -> np.ndarray:
     if v is None:
         raise InvalidFeedError(f"input {name!r} is a tensor; got None")
-    arr = v if type(v) is np.ndarray else np.asarray(v)
     et = tp.tensor_type.elem_type
+    if type(v) is np.ndarray:
+        arr = v
+    elif isinstance(v, np.ndarray):  # a subclass (np.matrix, memmap): its data as a plain array
+        arr = np.asarray(v)
+    else:  # list, tuple, Python or numpy scalar: converted to the declared type, as onnxruntime does
+        arr = _convert(name, v, _np_dtype(et) if et else None)
     if et:
         want = _np_dtype(et)
         if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OUS"):
@@ -71,10 +81,43 @@ def _check_tensor(name: str, tp: onnx.TypeProto, v: Any) -> np.ndarray:
             raise InvalidFeedError(f"input {name!r} has rank {arr.ndim} (shape {list(arr.shape)}), "
                                    f"the model expects rank {len(dims)} ({shape_of(tp)})")
         for i, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value != arr.shape[i]:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != arr.shape[i]:
                 raise InvalidFeedError(f"input {name!r} has shape {list(arr.shape)}, the model expects "
                                        f"{shape_of(tp)} (dimension {i})")
     return arr
+
+
+def _convert(name: str, v: Any, want: np.dtype | None) -> np.ndarray:
+    """A non-ndarray feed as an array of the declared type ``want``; InvalidFeedError if that loses
+    information (a fraction or out-of-range value to an integer type, an integer a float cannot hold,
+    a non-0/1 value to bool, a finite value that overflows). Float to narrower float rounds, as in
+    onnxruntime (Python floats are float64)."""
+    try:
+        arr = np.asarray(v)
+    except ValueError as e:  # ragged nesting
+        raise InvalidFeedError(f"input {name!r}: cannot make a tensor of {type(v).__name__}: {e}") from None
+    if want is None or arr.dtype == want:
+        return arr
+    if want.kind == "O":
+        if arr.dtype.kind in "OUS" or arr.size == 0:
+            return arr.astype(object)
+        raise InvalidFeedError(f"input {name!r} is a string tensor; got {arr.dtype} values")
+    if arr.dtype.kind not in "biuf" or want.kind not in "biufc":
+        if arr.size == 0:
+            return arr.astype(want)
+        raise InvalidFeedError(f"input {name!r}: {arr.dtype} values cannot convert to the declared {want}")
+    with np.errstate(all="ignore"):
+        out = arr.astype(want)
+        if arr.dtype.kind == "f" and want.kind in "fc":
+            lossy = bool(np.any(np.isinf(out) & np.isfinite(arr)))
+        else:
+            back = out.astype(arr.dtype)
+            lossy = not bool(np.all((back == arr) | (np.isnan(arr) if arr.dtype.kind == "f" else False)))
+            lossy = lossy or (arr.dtype.kind == "f" and want.kind in "biu" and bool(np.any(np.isnan(arr))))
+    if lossy:
+        raise InvalidFeedError(f"input {name!r}: converting the given {arr.dtype} values to the declared {want} "
+                               "would change them; pass an ndarray of that dtype")
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,75 @@
+"""Every corpus model (torch/torchvision exports, onnxruntime.quantization) against onnxruntime.
+
+Each feed set runs twice through one session: the first run is cold (weights still being read and
+prepacked), the second takes the hot path; both must match onnxruntime within atol 1e-4 + rtol 1e-3
+(integers exactly).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+import onnx_prepared
+from tests.helpers.corpus import MODELS, assert_matches, ort_session
+
+# model -> why it does not match yet (strict: a fix turns the xfail into a failure until removed here).
+_BN9 = ("BatchNormalization-9 (opsets 9-13) runs on onnx.reference's BatchNormalization_9, which uses batch "
+        "statistics because the schema fills in a default momentum; onnxruntime uses the running statistics")
+KNOWN: dict[str, str] = {name: _BN9 for name in ("unet_opset11", "bn_cnn_opset9", "bn_cnn_opset13",
+                                                 "dynamic_minus_one")}
+
+
+def _params():
+    for name in MODELS:
+        marks = (pytest.mark.xfail(strict=True, reason=KNOWN[name]),) if name in KNOWN else ()
+        yield pytest.param(name, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("name", list(_params()))
+def test_matches_onnxruntime_first_and_later_runs(corpus, name):
+    cm = corpus(name)
+    ref = ort_session(cm.path)
+    sess = onnx_prepared.InferenceSession(cm.path)
+    for i, feeds in enumerate(cm.feeds):
+        expected = ref.run(None, feeds)
+        for attempt in ("first", "later"):
+            assert_matches(f"{name} feeds {i} ({attempt} run)", sess.run(None, feeds), expected)
+
+
+def test_metadata_matches_onnxruntime(corpus):
+    """get_inputs()/get_outputs(): names, shapes (ints, names, None) and type strings as onnxruntime prints them."""
+    for name in ("dynamic_minus_one", "lstm", "bert", "loop_if", "lraspp"):
+        cm = corpus(name)
+        ref = ort_session(cm.path)
+        sess = onnx_prepared.InferenceSession(cm.path)
+        for ours, theirs in ((sess.get_inputs(), ref.get_inputs()), (sess.get_outputs(), ref.get_outputs())):
+            assert [(a.name, a.shape, a.type) for a in ours] == [(b.name, b.shape, b.type) for b in theirs], name
+
+
+def test_corpus_covers_the_issue(corpus):
+    """The exported graphs really contain the ops the corpus is meant to cover."""
+    import onnx
+
+    def ops(name):
+        def walk(g):
+            for n in g.node:
+                yield n.op_type
+                for a in n.attribute:
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        yield from (f"{n.op_type}/{o}" for o in walk(a.g))
+        return set(walk(onnx.load(corpus(name).path).graph))
+
+    assert {"HardSwish", "HardSigmoid", "Mul", "GlobalAveragePool"} <= ops("mobilenet_v3")
+    assert "Resize" in ops("lraspp")
+    assert {"ConvTranspose", "BatchNormalization", "Resize"} <= ops("unet_opset11")
+    assert {"BatchNormalization", "GlobalMaxPool"} <= ops("bn_cnn_opset9")
+    assert {"LSTM"} <= ops("lstm") and {"GRU"} <= ops("gru")
+    assert "Loop/If" in ops("loop_if")
+    assert {"LayerNormalization", "Erf", "Softmax"} <= ops("bert")
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops("bert_int8")
+    m = onnx.load(corpus("dynamic_minus_one").path)
+    assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [-1, 3, -1, -1]
+    for name in ("unet_opset11", "bn_cnn_opset9", "bn_cnn_opset13"):
+        assert onnx.load(corpus(name).path).opset_import[0].version <= 13
