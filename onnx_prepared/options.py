@@ -144,9 +144,9 @@ def _anything(name: str, v: Any) -> Any:
 
 #: ours: name -> (default, validator, what it does)
 OWN_FIELDS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
-    "blas_threads": (1, _count(1, optional=True),
-                     "OpenBLAS threads per GEMM on the hot path (None: one per core). The default 1 leaves the other "
-                     "core to the session's second worker and background work; cold runs always use 1"),
+    "blas_threads": (None, _count(1, optional=True),
+                     "OpenBLAS threads (process-wide), the same for every run since results depend on it "
+                     "(None: 1; intra-op parallelism comes from the native kernels)"),
     "io_workers": (4, _count(1), "bounded I/O workers for external-data and cache reads"),
     "prepared_model_policy": ("disabled", _choice(POLICIES), "companion prepared model: " + " | ".join(POLICIES)),
     "prepared_model_path": (None, _path, "companion model path (default: a per-user cache folder keyed by the "
@@ -164,11 +164,12 @@ OWN_FIELDS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
 
 #: every onnxruntime SessionOptions field: name -> (default, validator, honoured?, what happens)
 ORT_FIELDS: dict[str, tuple[Any, Callable[[str, Any], Any], bool, str]] = {
-    "intra_op_num_threads": (0, _count(0), True, "CPU workers of the session scheduler (0: one per core, at most 2)"),
+    "intra_op_num_threads": (0, _count(0), True, "threads one kernel call may use (0: one per core), fewer while "
+                                                 "preparation holds CPU slots"),
     "enable_profiling": (False, _flag, True, "records the per-task trace (same as trace=True)"),
     "log_severity_level": (-1, _log_severity, True, "threshold of the 'onnx_prepared' logger (process-wide)"),
-    "inter_op_num_threads": (0, _count(0), False, "one scheduler overlaps independent work; its size is "
-                                                  "intra_op_num_threads"),
+    "inter_op_num_threads": (0, _count(0), False, "one scheduler overlaps independent work with one CPU worker "
+                                                  "per core"),
     "execution_mode": (0, _level({0: "ORT_SEQUENTIAL", 1: "ORT_PARALLEL"}), False,
                        "the scheduler always runs independent tasks in parallel"),
     "execution_order": (0, _level({0: "DEFAULT", 1: "PRIORITY_BASED", 2: "MEMORY_EFFICIENT"}), False,

@@ -3,7 +3,8 @@
 Why: OpenBLAS starts one thread per core for every large GEMM. While the session's preparation worker
 is reading and prepacking on the other core, those threads oversubscribe the machine and a 2-thread
 GEMM can run many times slower than a 1-thread one (measured on tiny-llm prefill: 376 ms -> 61 ms at
-load 4). The cold path therefore runs BLAS single-threaded; the hot path restores the default.
+load 4); and its results depend on the thread count. :mod:`onnx_prepared.kernels.threads` therefore
+keeps it fixed for every run (default 1); this module is the only place that calls OpenBLAS.
 
 Works on the OpenBLAS numpy ships (``scipy_openblas*`` symbols) and on a system OpenBLAS; with any
 other BLAS it does nothing (``available()`` is False). No third-party dependency (threadpoolctl does

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from onnx_prepared.errors import InternalError
-from onnx_prepared.kernels import _blas
+from onnx_prepared.kernels import threads
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, producer_error
 from onnx_prepared.runtime.state import ExecutionSubmission
@@ -32,7 +32,7 @@ on_cold_action: Callable[[int], None] | None = None
 
 def run_hot(session: RuntimeSession, task: Task, sub: ExecutionSubmission) -> None:
     """The hot path: the lease was taken at submission; replay everything; release it."""
-    _blas.set_threads(session.blas_threads)
+    threads.bind(session.intra_op_threads, session.scheduler, blas=session.blas_threads)
     try:
         session.plan.execution.replay(sub.values)
     finally:
@@ -41,8 +41,8 @@ def run_hot(session: RuntimeSession, task: Task, sub: ExecutionSubmission) -> No
 
 def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
     """The cold path continuation (see the module docstring). Returns a Resume to yield."""
-    # Preparation runs on the other core meanwhile: multi-threaded BLAS would oversubscribe it.
-    _blas.set_threads(1)
+    # Preparation may hold CPU slots meanwhile: kernels use only the threads it leaves (kernels.threads).
+    threads.bind(session.intra_op_threads, session.scheduler, blas=session.blas_threads)
     plan = session.plan
     actions = plan.execution.actions
     needs = plan.action_requirements

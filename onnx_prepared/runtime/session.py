@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_prepared.errors import InvalidFeedError
+from onnx_prepared.kernels import threads
 from onnx_prepared.memory import Arenas
 from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
 from onnx_prepared.model.loader import inline_nested_external
@@ -53,15 +54,16 @@ _DEFAULT_LOCK = threading.Lock()
 def default_scheduler() -> RuntimeScheduler:
     """The process-wide scheduler shared by sessions that bring none (like onnxruntime's global pools).
 
-    Its CPU executor has one slot reserved for inference and one for preparation on a 2-core machine.
-    Created on first use; closed at interpreter exit.
+    Its CPU executor has one worker per core (:func:`~onnx_prepared.kernels.threads.machine_threads`), one
+    of them reserved for inference: preparation may use the others. Created on first use; closed at
+    interpreter exit.
     """
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
             import atexit
 
-            workers = min(2, os.cpu_count() or 1)
+            workers = threads.machine_threads()
             _DEFAULT = RuntimeScheduler(cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
                                         io_workers=4, name="onnx-prepared")
             atexit.register(_DEFAULT.close, cancel=True)
@@ -116,16 +118,17 @@ class RuntimeSession:
         self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader),
                                             self.prepared_store)
         self.store = self.state.store
+        # Threads one kernel call may use (native pool, BLAS); fewer while preparation holds CPU slots.
+        self.intra_op_threads = threads.resolve(opt("intra_op_num_threads", 0))
         # A session gets its own scheduler only when asked for non-default resources or a trace;
         # otherwise it shares the process-wide one (thread start-up is not free, and N sessions must
         # not mean N thread pools).
-        custom = any(opt(k, d) != d for k, d in (("intra_op_num_threads", 0), ("io_workers", 4),
-                                                  ("memory_limit", None)))
+        custom = any(opt(k, d) != d for k, d in (("io_workers", 4), ("memory_limit", None)))
         custom = custom or options.records_trace
         self._owns_scheduler = scheduler is None and custom
         if scheduler is None:
             if custom:
-                workers = opt("intra_op_num_threads", 0) or min(2, os.cpu_count() or 1)
+                workers = threads.machine_threads()
                 scheduler = RuntimeScheduler(
                     cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
                     io_workers=opt("io_workers", 4),
@@ -143,8 +146,8 @@ class RuntimeSession:
         self.producers.on_evict = self._evicted
         self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
-        # OpenBLAS threads of hot runs (cold runs always use 1: preparation shares the cores)
-        self.blas_threads = opt("blas_threads", 1)
+        # OpenBLAS's thread count, the same for every run (None: kernels.threads.DEFAULT_BLAS_THREADS)
+        self.blas_threads = opt("blas_threads", None)
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = 8
         firsts = self.plan.first_need

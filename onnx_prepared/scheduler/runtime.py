@@ -122,7 +122,8 @@ class RuntimeScheduler:
         self._pools.append(io_pool)
         self._queues[Resource.IO.value] = _ResourceQueue(Resource.IO.value, io_pool, io_workers, io_reserved)
         c = self.cpu
-        self._queues[Resource.CPU.value] = _ResourceQueue(Resource.CPU.value, c.pool, c.workers, c.critical_reserved)
+        self._cpu_queue = _ResourceQueue(Resource.CPU.value, c.pool, c.workers, c.critical_reserved)
+        self._queues[Resource.CPU.value] = self._cpu_queue
         self._inline = _ResourceQueue(Resource.INLINE.value, None, _UNBOUNDED, 0)
         self._queues[Resource.INLINE.value] = self._inline
         for dev, spec in (devices or {}).items():
@@ -206,6 +207,11 @@ class RuntimeScheduler:
                 task._callbacks.append(callback)
                 return
         _call_logged(callback, task)
+
+    def cpu_preparation_running(self) -> int:
+        """CPU slots prefetch/background tasks hold now. Read without the lock: a hint for kernels sizing
+        their intra-op threads (:mod:`onnx_prepared.kernels.threads`), never for scheduling decisions."""
+        return self._cpu_queue.noncritical
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes charged now, in total and per domain (running tasks plus unreleased leases)."""

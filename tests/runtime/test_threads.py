@@ -1,0 +1,122 @@
+"""Threading policy (``onnx_prepared.kernels.threads``): budgets from ``intra_op_num_threads``, fewer kernel
+threads while preparation holds CPU slots, BLAS fixed for every run, executor defaults that scale."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from onnx_prepared.kernels import _blas, threads
+from onnx_prepared.runtime import RuntimeSession, continuation
+from onnx_prepared.runtime.session import default_scheduler
+from onnx_prepared.scheduler import CpuExecutor, Priority, Resource, RuntimeScheduler, Task
+from tests.helpers.models import gemm_mlp
+
+
+class _Gauge:
+    def __init__(self, n: int):
+        self.n = n
+
+    def cpu_preparation_running(self) -> int:
+        return self.n
+
+
+@pytest.fixture
+def unbound():
+    """Leave this thread's binding as a test found it (kernels called outside runs see the machine)."""
+    saved = dict(threads._local.__dict__)
+    yield
+    threads._local.__dict__.clear()
+    threads._local.__dict__.update(saved)
+
+
+def test_budget_from_intra_op_num_threads():
+    assert threads.resolve(0) == threads.resolve(None) == threads.machine_threads() >= 1
+    assert threads.resolve(3) == 3
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        threads.resolve(-1)
+
+
+def test_available_subtracts_running_preparation_never_below_one(unbound):
+    gauge = _Gauge(0)
+    threads.bind(4, gauge)
+    assert threads.available() == 4
+    gauge.n = 1
+    assert threads.available() == 3
+    gauge.n = 9
+    assert threads.available() == 1
+    threads.bind(2, None)
+    assert threads.available() == 2
+
+
+def test_binding_is_per_thread(unbound):
+    threads.bind(1, None)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(threads.available()))
+    t.start()
+    t.join()
+    assert seen == [threads.machine_threads()] and threads.available() == 1
+
+
+def test_default_scheduler_scales_with_the_machine():
+    cpu = default_scheduler().cpu
+    n = threads.machine_threads()
+    assert cpu.workers == n and cpu.critical_reserved == (1 if n > 1 else 0)
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    return gemm_mlp(tmp_path, layers=3, width=16, share_b=False)
+
+
+def test_intra_op_num_threads_sets_the_session_budget_without_a_scheduler_of_its_own(mlp):
+    with RuntimeSession(mlp, {"intra_op_num_threads": 3}) as s:
+        assert s.intra_op_threads == 3 and s.scheduler is default_scheduler()
+    with RuntimeSession(mlp) as s:
+        assert s.intra_op_threads == threads.machine_threads()
+
+
+def test_cold_run_kernels_get_the_threads_preparation_leaves(mlp, monkeypatch):
+    """A preparation task held on the CPU (gated) while the first run executes: every action of that cold
+    run sees budget - 1 threads; a later hot run sees the whole budget. BLAS stays at its fixed count."""
+    cpu = CpuExecutor(2, critical_reserved=1)
+    sched = RuntimeScheduler(cpu=cpu, io_workers=2)
+    started, release = threading.Event(), threading.Event()
+
+    def hold(_t):
+        started.set()
+        assert release.wait(20)
+
+    x = {"x": np.ones((2, 16), np.float32)}
+    seen: list[int] = []
+    monkeypatch.setattr(continuation, "on_cold_action", lambda pc: seen.append(threads.available()))
+    try:
+        with RuntimeSession(mlp, {"intra_op_num_threads": 2}, scheduler=sched) as s:
+            blocker = sched.submit(Task(hold, resource=Resource.CPU, priority=Priority.PREFETCH, name="P.hold"))
+            assert started.wait(20)
+            assert sched.cpu_preparation_running() == 1
+            cold = s.run(x)
+            assert seen and set(seen) == {1}
+            if _blas.available():
+                assert _blas._current == threads.DEFAULT_BLAS_THREADS
+            release.set()
+            blocker.wait()
+            assert sched.cpu_preparation_running() == 0
+            s.prepare()
+            hot_seen = []
+            orig = threads.bind
+
+            def spy(*a, **k):
+                orig(*a, **k)
+                hot_seen.append(threads.available())
+
+            monkeypatch.setattr(threads, "bind", spy)
+            hot = s.run(x)
+            assert hot_seen == [2] and s.counters["hot_runs"] == 1
+            assert all(np.array_equal(a, b) for a, b in zip(cold, hot))
+    finally:
+        release.set()
+        sched.close(cancel=True)
+        cpu.close()
