@@ -6,7 +6,7 @@
 
 CLI (hooked into ``onnx-prepared`` by :func:`add_generate_parser`)::
 
-    onnx-prepared generate tiny-llm OUT_DIR [--preset tiny|medium|large] [--layers N] [--hidden N] ...
+    onnx-prepared generate tiny-llm OUT_DIR [--preset tiny|medium|large] [--embedding tied|fp32] [--layers N] ...
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import sys
 
 from onnx_prepared.generate.checker import check_model
-from onnx_prepared.generate.config import PRESETS, TinyLlmConfig
+from onnx_prepared.generate.config import EMBEDDINGS, PRESETS, TinyLlmConfig
 from onnx_prepared.generate.feeds import decode_feeds, empty_past, prefill_feeds
 from onnx_prepared.generate.tiny_llm import DATA_FILE, MODEL_FILE, generate_tiny_llm, timed_generate, weight_names
 
@@ -53,13 +53,17 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     for name in _DIM_OPTIONS:
         t.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None,
                        help=f"override the preset (tiny: {getattr(PRESETS['tiny'], name)})")
+    t.add_argument("--embedding", choices=EMBEDDINGS, default=None,
+                   help="tied (default): the INT4 LM head doubles as the embedding; fp32: genai's builder default, "
+                        "an untied float32 embedding table and a separate INT4 LM head")
     t.set_defaults(fn=_cmd_tiny_llm)
     return gen
 
 
 def _cmd_tiny_llm(args: argparse.Namespace) -> int:
     try:
-        config = TinyLlmConfig.from_preset(args.preset, **{k: getattr(args, k) for k in _DIM_OPTIONS})
+        config = TinyLlmConfig.from_preset(args.preset, embedding=getattr(args, "embedding", None),
+                                           **{k: getattr(args, k) for k in _DIM_OPTIONS})
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -69,7 +73,7 @@ def _cmd_tiny_llm(args: argparse.Namespace) -> int:
     print(f"model: {path}")
     print(f"data:  {data} ({os.path.getsize(data):,} bytes)")
     print(f"config: layers={c.layers} hidden={c.hidden} intermediate={c.intermediate} heads={c.heads} "
-          f"kv_heads={c.kv_heads} vocab={c.vocab} block_size={c.block_size} seed={c.seed}")
-    print(f"parameters: {c.num_parameters:,} (tied embedding); INT4+scales {c.int4_bytes:,} bytes; "
-          f"generated in {seconds:.2f} s")
+          f"kv_heads={c.kv_heads} vocab={c.vocab} block_size={c.block_size} seed={c.seed} embedding={c.embedding}")
+    print(f"parameters: {c.num_parameters:,} ({'tied' if c.tied else 'untied fp32'} embedding); "
+          f"INT4+scales {c.int4_bytes:,} bytes; generated in {seconds:.2f} s")
     return 0

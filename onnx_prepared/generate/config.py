@@ -2,6 +2,8 @@
 
 The default preset is the spec's "Tiny INT4 LLM example" (4 blocks, hidden 512, intermediate 2048,
 vocabulary 8192, INT4 group size 32). ``medium`` and ``large`` scale the same graph up for benchmarks.
+``embedding="fp32"`` gives onnxruntime-genai's builder default instead of the tied INT4 embedding: an
+untied float32 embedding table (a plain Gather) and a separate INT4 LM head.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class TinyLlmConfig:
     rms_eps: float = 1e-6
     init_std: float = 0.02  # normal std of projection / embedding weights before quantization
     accuracy_level: int = 4  # MatMulNBits accuracy_level; 4 (int8 compute) is genai's CPU default
+    # "tied": the LM head's INT4 weight doubles as the embedding (GatherBlockQuantized); "fp32": genai's
+    # builder default, a float32 embedding table (Gather) and a separate INT4 LM head
+    embedding: str = "tied"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -66,6 +71,9 @@ class TinyLlmConfig:
                                  f"block_size {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"tiny-llm config: accuracy_level must be 0..4, got {self.accuracy_level}")
+        if self.embedding not in EMBEDDINGS:
+            raise ValueError(f"tiny-llm config: embedding must be one of {', '.join(EMBEDDINGS)}, got "
+                             f"{self.embedding!r}")
 
     # ---- derived dimensions -------------------------------------------------------------------
 
@@ -78,9 +86,16 @@ class TinyLlmConfig:
         """Output features of the fused QKV projection: Q heads, then K heads, then V heads."""
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
+    @property
+    def tied(self) -> bool:
+        return self.embedding == "tied"
+
     def projections(self) -> list[tuple[str, int, int]]:
-        """(logical name, K = input features, N = output features) of every INT4 matrix, in file order."""
-        out = [("emb", self.hidden, self.vocab)]
+        """(logical name, K = input features, N = output features) of every INT4 matrix, in file order.
+
+        The LM head is ``emb`` when tied (first: the embedding reads it), ``lm_head`` when untied (last).
+        """
+        out = [("emb", self.hidden, self.vocab)] if self.tied else []
         for i in range(self.layers):
             out += [
                 (f"layer{i}.qkv", self.hidden, self.qkv_out),
@@ -88,15 +103,16 @@ class TinyLlmConfig:
                 (f"layer{i}.gate_up", self.hidden, 2 * self.intermediate),
                 (f"layer{i}.down", self.intermediate, self.hidden),
             ]
-        return out
+        return out if self.tied else out + [("lm_head", self.hidden, self.vocab)]
 
     # ---- sizes ----------------------------------------------------------------------------------
 
     @property
     def num_parameters(self) -> int:
-        """Logical parameters (embedding counted once: it is tied to the LM head)."""
+        """Logical parameters (a tied embedding counted once)."""
         matrices = sum(k * n for _, k, n in self.projections())
-        return matrices + (2 * self.layers + 1) * self.hidden
+        untied = 0 if self.tied else self.vocab * self.hidden
+        return matrices + untied + (2 * self.layers + 1) * self.hidden
 
     @property
     def int4_bytes(self) -> int:
@@ -108,7 +124,8 @@ class TinyLlmConfig:
         """All tensor bytes in the data file, before alignment padding."""
         norms = (2 * self.layers + 1) * self.hidden * 4
         rope = 2 * self.context_length * (self.head_dim // 2) * 4
-        return self.int4_bytes + norms + rope
+        table = 0 if self.tied else self.vocab * self.hidden * 4  # the untied float32 embedding
+        return self.int4_bytes + norms + rope + table
 
     def kv_cache_bytes(self, tokens: int, itemsize: int = 4) -> int:
         """Caller-owned KV-cache size for ``tokens`` positions (batch 1)."""
@@ -117,7 +134,10 @@ class TinyLlmConfig:
     # ---- (de)serialization ----------------------------------------------------------------------
 
     def to_json(self) -> str:
-        return json.dumps({"format_version": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        d = asdict(self)
+        if d["embedding"] == "tied":
+            del d["embedding"]  # the field's default is left out: tied models stay byte-identical
+        return json.dumps({"format_version": FORMAT_VERSION, **d}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> TinyLlmConfig:
@@ -146,6 +166,8 @@ class TinyLlmConfig:
             raise ValueError(f"unknown tiny-llm config field(s): {', '.join(sorted(unknown))}")
         return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
 
+
+EMBEDDINGS = ("tied", "fp32")
 
 PRESETS: dict[str, TinyLlmConfig] = {
     # The spec's example model.

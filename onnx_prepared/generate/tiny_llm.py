@@ -9,13 +9,14 @@ Graph (L = layers; names follow genai's builder so tooling written for genai mod
 
     attention_mask -> ReduceSum(axis 1) -> Sub 1 -> Cast int32        = seqlens_k      [batch]
     attention_mask -> Shape -> Gather 1 -> Cast int32                 = total_seq_len  scalar
-    lm_head weight -> Reshape [V, H/2] -> GatherBlockQuantized(input_ids)   tied INT4 embedding
+    lm_head weight -> Reshape [V, H/2] -> GatherBlockQuantized(input_ids)   tied INT4 embedding, or
+    (embedding="fp32") model.embed_tokens.weight -> Gather(input_ids)     untied float32 table
     per layer i:
       (i == 0) SimplifiedLayerNormalization | (i > 0) SkipSimplifiedLayerNormalization (residual add)
       MatMulNBits qkv_proj -> GroupQueryAttention(do_rotary=1, cos/sin caches, past/present KV)
       MatMulNBits o_proj -> SkipSimplifiedLayerNormalization (residual add)
       MatMulNBits gate_up_proj -> Slice gate | Slice up -> Sigmoid, Mul (SiLU) -> Mul -> MatMulNBits down_proj
-    SkipSimplifiedLayerNormalization (final norm) -> MatMulNBits lm_head -> logits
+    SkipSimplifiedLayerNormalization (final norm) -> MatMulNBits lm_head -> logits (tied: the embedding's weight)
 
 Departures from a current genai export, all deliberate: gate and up are one fused ``gate_up_proj``
 MatMulNBits followed by two Slices (the spec's ``layer0.gate_up``; genai's Phi-3-era packed-MLP
@@ -58,9 +59,15 @@ _CHUNK_ELEMS = 1 << 22  # float32 elements generated per chunk (16 MiB) while st
 # **** initializer names (genai's shared-embedding / RTN naming) ****
 
 
+EMBED_TABLE = "model.embed_tokens.weight"  # the untied float32 embedding (embedding="fp32")
+
+
 def weight_names(config: TinyLlmConfig, logical: str) -> tuple[str, str]:
-    """(packed INT4 initializer, scales initializer) of one logical projection such as ``layer0.qkv``."""
-    if logical == "emb":
+    """(packed INT4 initializer, scales initializer) of one logical projection such as ``layer0.qkv``.
+
+    ``emb`` (tied) and ``lm_head`` (untied) both name the LM head.
+    """
+    if logical in ("emb", "lm_head"):
         base = "lm_head.MatMul"
     else:
         layer, proj = logical.split(".")
@@ -129,7 +136,12 @@ def _write_weights(config: TinyLlmConfig, writer: ExternalDataWriter) -> list[Te
         inits.append(writer.add(norms[logical], TensorProto.FLOAT, (config.hidden,), [g],
                                 {LOGICAL_NAME_KEY: logical, LOGICAL_PART_KEY: "weight"}))
 
-    projection("emb", config.hidden, config.vocab)
+    if config.tied:
+        projection("emb", config.hidden, config.vocab)
+    else:
+        inits.append(writer.add(EMBED_TABLE, TensorProto.FLOAT, (config.vocab, config.hidden),
+                                _fp32_chunks(config, "emb", config.vocab, config.hidden),
+                                {LOGICAL_NAME_KEY: "emb", LOGICAL_PART_KEY: "weight"}))
     cos, sin = _rope_caches(config)
     for name, arr in (("cos_cache", cos), ("sin_cache", sin)):
         inits.append(writer.add(name, TensorProto.FLOAT, arr.shape, [arr],
@@ -143,7 +155,19 @@ def _write_weights(config: TinyLlmConfig, writer: ExternalDataWriter) -> list[Te
         projection(f"layer{i}.gate_up", *proj[f"layer{i}.gate_up"])
         projection(f"layer{i}.down", *proj[f"layer{i}.down"])
     norm("final_norm")
+    if not config.tied:
+        projection("lm_head", config.hidden, config.vocab)
     return inits
+
+
+def _fp32_chunks(config: TinyLlmConfig, logical: str, rows: int, cols: int) -> Iterator[np.ndarray]:
+    rng = _rng(config, logical)
+    step = max(1, _CHUNK_ELEMS // cols)
+    std = np.float32(config.init_std)
+    for r0 in range(0, rows, step):
+        w = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32)
+        w *= std
+        yield w
 
 
 # **** graph ****
@@ -198,11 +222,14 @@ def _build_nodes(config: TinyLlmConfig) -> list[onnx.NodeProto]:
     total = g.node("Gather", [shape, g.const(1)], f"{mb}/Gather", axis=0)
     total_seq_len = g.node("Cast", [total], f"{mb}/Gather/Cast", to=TensorProto.INT32)
 
-    # Tied INT4 embedding: the LM head's packed weight, viewed as [V, H/2], gathered by token id.
-    lm_w, lm_s = weight_names(c, "emb")
-    flat = g.node("Reshape", [lm_w, g.const([c.vocab, c.hidden // 2])], "/model/embed_tokens/Reshape")
-    x = g.node("GatherBlockQuantized", [flat, "input_ids", lm_s], "/model/embed_tokens/GatherBlockQuantized",
-               domain=MS, logical="emb", bits=4, block_size=c.block_size, gather_axis=0, quantize_axis=1)
+    if c.tied:
+        # Tied INT4 embedding: the LM head's packed weight, viewed as [V, H/2], gathered by token id.
+        lm_w, lm_s = weight_names(c, "emb")
+        flat = g.node("Reshape", [lm_w, g.const([c.vocab, c.hidden // 2])], "/model/embed_tokens/Reshape")
+        x = g.node("GatherBlockQuantized", [flat, "input_ids", lm_s], "/model/embed_tokens/GatherBlockQuantized",
+                   domain=MS, logical="emb", bits=4, block_size=c.block_size, gather_axis=0, quantize_axis=1)
+    else:
+        x = g.node("Gather", [EMBED_TABLE, "input_ids"], "/model/embed_tokens/Gather", logical="emb", axis=0)
 
     residual, skip = x, None
     for i in range(c.layers):
@@ -244,7 +271,8 @@ def _build_nodes(config: TinyLlmConfig) -> list[onnx.NodeProto]:
     p = f"/model/layers.{c.layers}/final_norm_layernorm"
     h = g.node("SkipSimplifiedLayerNormalization", [residual, skip, norms["final_norm"]], f"{p}/SkipLayerNorm",
                outputs=[f"{p}/output_0"], domain=MS, logical="final_norm", epsilon=eps)
-    _matmul_nbits(g, c, h, "emb", "/lm_head/MatMulNBits", c.hidden, c.vocab, output="logits")
+    _matmul_nbits(g, c, h, "emb" if c.tied else "lm_head", "/lm_head/MatMulNBits", c.hidden, c.vocab,
+                  output="logits")
     return g.nodes
 
 
@@ -358,18 +386,20 @@ def generate_tiny_llm(
     block_size: int | None = None,
     context_length: int | None = None,
     accuracy_level: int | None = None,
+    embedding: str | None = None,
 ) -> str:
     """Generate the tiny INT4 LLM into ``out_dir`` and return the path of its ``tiny-llm.onnx``.
 
     ``preset`` (``tiny`` default, ``medium``, ``large``) picks the base dimensions; any explicit
-    argument overrides it. Same arguments give byte-identical files.
+    argument overrides it; ``embedding="fp32"`` gives genai's untied float32 embedding and a separate
+    INT4 LM head. Same arguments give byte-identical files.
 
     >>> path = generate_tiny_llm("/tmp/llm", layers=2, hidden=64, intermediate=128, heads=4,
     ...                          kv_heads=2, vocab=256)  # doctest: +SKIP
     """
     overrides = dict(layers=layers, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
                      vocab=vocab, seed=seed, block_size=block_size, context_length=context_length,
-                     accuracy_level=accuracy_level)
+                     accuracy_level=accuracy_level, embedding=embedding)
     if config is None:
         config = TinyLlmConfig.from_preset(preset, **overrides)
     elif preset is not None or any(v is not None for v in overrides.values()):
