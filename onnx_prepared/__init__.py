@@ -28,3 +28,36 @@ __all__ = [
     "SessionOptions",
     "UnsupportedOpError",
 ]
+
+# onnxruntime's module-level names, loaded on first access so `import onnx_prepared` stays light.
+_API = "onnx_prepared.compat.api"
+_LAZY = {
+    **dict.fromkeys(
+        ("GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "OrtAllocatorType", "OrtMemType", "RunOptions",
+         "get_available_providers", "get_all_providers", "get_device", "get_version_string", "get_build_info",
+         "disable_telemetry_events", "enable_telemetry_events", "set_default_logger_severity",
+         "set_default_logger_verbosity", "set_seed", "set_global_thread_pool_sizes"), _API),
+    "OrtValue": "onnx_prepared.compat.ortvalue",
+    "IOBinding": "onnx_prepared.compat.iobinding",
+    "SessionIOBinding": "onnx_prepared.compat.iobinding",
+    "ModelMetadata": "onnx_prepared.session",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name == "capi":
+        return importlib.import_module("onnx_prepared.capi")
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'onnx_prepared' has no attribute {name!r}")
+    attr = "IOBinding" if name == "SessionIOBinding" else name
+    value = getattr(importlib.import_module(where), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"capi"})
+

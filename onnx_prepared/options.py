@@ -186,8 +186,8 @@ ORT_FIELDS: dict[str, tuple[Any, Callable[[str, Any], Any], bool, str]] = {
     "use_per_session_threads": (True, _flag, False, "sessions with default resources share one scheduler"),
     "log_verbosity_level": (0, _count(0), False, "verbose logging is log_severity_level=0"),
     "logid": ("", _text, False, "log records name the 'onnx_prepared' logger"),
-    "profile_file_prefix": ("onnxruntime_profile_", _text, False,
-                            "the session writes no profile file; session.scheduler.trace.save(path) writes the trace"),
+    "profile_file_prefix": ("onnxruntime_profile_", _text, True,
+                            "InferenceSession.end_profiling() writes the trace to <prefix>_<date>_<time>.json"),
 }
 
 _ALL = {**{k: (d, v) for k, (d, v, _) in OWN_FIELDS.items()}, **{k: (d, v) for k, (d, v, _, _) in ORT_FIELDS.items()}}

@@ -7,13 +7,16 @@ Everything runs through prepared execution: the model is resolved metadata-only,
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from onnx_prepared.compat.ortvalue import OrtValue, unwrap
 from onnx_prepared.errors import InvalidFeedError
 from onnx_prepared.model import LoadedModel, load_model
 from onnx_prepared.model.loader import describe_model, load_model_bytes
@@ -21,6 +24,9 @@ from onnx_prepared.options import SessionOptions
 from onnx_prepared.runtime import RuntimeSession
 from onnx_prepared.runtime.feeds import shape_of, type_string
 from onnx_prepared.scheduler import ExecutionHandle
+
+if TYPE_CHECKING:
+    from onnx_prepared.compat.iobinding import IOBinding
 
 __all__ = ["InferenceSession", "ModelMetadata", "NodeArg", "SessionOptions"]
 
@@ -54,10 +60,16 @@ class InferenceSession:
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes | onnx.ModelProto,
                  sess_options: SessionOptions | None = None,
-                 providers: Sequence[Any] | None = None, **kwargs: Any) -> None:
+                 providers: Sequence[Any] | None = None, provider_options: Sequence[dict] | None = None,
+                 **kwargs: Any) -> None:
         self._options = sess_options or SessionOptions()
+        if providers is not None:  # onnxruntime's warning for each provider this build lacks, then CPU
+            from onnx_prepared.compat.api import check_providers
+
+            check_providers(providers, provider_options)
         model = _load(path_or_bytes)
         self._rt = RuntimeSession(model, self._options)
+        self._profiling_start_ns = time.time_ns() if self._rt.options.records_trace else 0
         g = model.graph
         init_names = set(model.weights) | {sp.values.name for sp in g.sparse_initializer}
         self._inputs = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
@@ -95,6 +107,22 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]
 
+    def get_provider_options(self) -> dict[str, dict]:
+        return {"CPUExecutionProvider": {}}
+
+    def set_providers(self, providers: Sequence[Any] | None = None,
+                      provider_options: Sequence[dict] | None = None) -> None:
+        """Accepted like onnxruntime's (a warning for each provider this build lacks); CPU stays in use."""
+        from onnx_prepared.compat.api import check_providers
+
+        check_providers(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """onnxruntime's switch for falling back to CPU when a provider fails: CPU is all there is."""
+
+    def enable_fallback(self) -> None:
+        """See :meth:`disable_fallback`."""
+
     def get_session_options(self) -> SessionOptions:
         return self._options
 
@@ -111,7 +139,39 @@ class InferenceSession:
         None. Thread-safe: each call is its own submission.
         """
         pick = self._picker(output_names)
-        return pick(self._rt.run(input_feed))
+        return pick(self._rt.run(_plain_feeds(input_feed)))
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None, input_dict_ortvalues: Mapping[str, Any],
+                            run_options: Any = None) -> list[OrtValue]:
+        """:meth:`run` with OrtValue feeds and OrtValue results (plain arrays are accepted as feeds too)."""
+        return [OrtValue(v) for v in self.run(output_names, input_dict_ortvalues, run_options)]
+
+    def io_binding(self) -> IOBinding:
+        """A new :class:`~onnx_prepared.compat.iobinding.IOBinding` for :meth:`run_with_iobinding`."""
+        from onnx_prepared.compat.iobinding import IOBinding
+
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
+        """Run with the binding's inputs; its outputs are then ``iobinding.get_outputs()``."""
+        iobinding._run(run_options)
+
+    def end_profiling(self) -> str:
+        """Write the task trace recorded since the session started as a Chrome trace (a JSON array of
+        events, as onnxruntime writes its profile) to ``<profile_file_prefix>_<date>_<time>.json`` in the
+        current folder and return that name; "" when profiling (``enable_profiling``) is off or ended."""
+        trace = self._rt.scheduler.trace if self._profiling_start_ns else None
+        if trace is None:
+            return ""
+        self._profiling_start_ns = 0
+        prefix = getattr(self._rt.options, "profile_file_prefix", "onnxruntime_profile_")
+        path = f"{prefix}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(trace.to_chrome()["traceEvents"], f)
+        return path
+
+    def get_profiling_start_time_ns(self) -> int:
+        return self._profiling_start_ns
 
     def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
                   callback: Callable[[list | None, Any, str], Any], user_data: Any = None,
@@ -122,7 +182,7 @@ class InferenceSession:
         Returns the underlying :class:`ExecutionHandle` as well, for ``await`` or ``cancel``.
         """
         pick = self._picker(output_names)
-        handle = self._rt.run_async(input_feed)
+        handle = self._rt.run_async(_plain_feeds(input_feed))
 
         def done(h: ExecutionHandle) -> None:
             try:
@@ -150,6 +210,14 @@ class InferenceSession:
         except KeyError as e:
             raise InvalidFeedError(f"unknown output {e.args[0]!r}; outputs: {list(self._output_index)}") from None
         return lambda outs: [outs[i] for i in idx]
+
+
+def _plain_feeds(feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``feeds`` with OrtValues replaced by what they hold (onnxruntime accepts both in ``run``)."""
+    for v in feeds.values():
+        if type(v) is OrtValue:
+            return {k: unwrap(x) for k, x in feeds.items()}
+    return feeds
 
 
 def _load(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedModel) -> LoadedModel:
