@@ -164,36 +164,62 @@ def group_query_attention(
         present_v[i, :, p0: p0 + n_new] = vh[i, :n_new].transpose(1, 0, 2)
         keys = present_k[i, :, :t].astype(np.float32, copy=False)  # [kvh, t, h]
         vals = present_v[i, :, :t].astype(np.float32, copy=False)
-        qi = qh[i].transpose(1, 0, 2).reshape(kv_num_heads, group * s, h)  # head = kv * group + g
-        scores = np.matmul(qi, keys.transpose(0, 2, 1)).reshape(num_heads, s, t)
-        scores *= scale_
-        if attention_bias is not None:
-            bias = np.broadcast_to(attention_bias, (attention_bias.shape[0], attention_bias.shape[1], s, total))
-            scores += bias[min(i, bias.shape[0] - 1), :, :, :t].astype(np.float32)
-        if softcap > 0:
-            scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-        # Query j sits at p0 + j; a decode step (s == 1, key t - 1 = p0) masks nothing unless a window does.
-        windowed = causal and local_window_size > 0 and p0 + s - 1 >= local_window_size
-        mask = None
-        if causal and (s > 1 or windowed):
-            qpos = p0 + np.arange(s)[:, None]
-            kpos = np.arange(t)[None, :]
-            mask = kpos > qpos
-            if windowed:
-                mask |= kpos <= qpos - local_window_size
-        if want_qk and qk_output == 1:  # onnxruntime leaves masked entries at 0
-            qk_out[i, :, :, :t] = scores if mask is None else np.where(mask, np.float32(0), scores)
-        if mask is not None:  # one [s, t] additive bias broadcast over heads (boolean assignment is ~4x slower)
-            scores += np.where(mask, np.float32(-np.inf), np.float32(0))
-        probs = _softmax(scores, head_sink, smooth_softmax > 0)
-        if want_qk and qk_output == 2:
-            qk_out[i, :, :, :t] = probs
-        ctx = np.matmul(probs.reshape(kv_num_heads, group * s, t), vals)  # [kvh, g*s, h]
-        out[i] = ctx.reshape(num_heads, s, h).transpose(1, 0, 2)
+        qi = qh[i].transpose(1, 0, 2)  # [heads, s, h]; head = kv * group + g
+        # Causal prompts in query chunks: chunk [j0, j1) reads only the keys [0, p0 + j1), so the masked
+        # upper triangle is neither multiplied, exponentiated nor summed (about half the work at s = 128).
+        chunk = s if not causal or s <= _CHUNK or attention_bias is not None or want_qk else _CHUNK
+        for j0 in range(0, s, chunk):
+            j1 = min(s, j0 + chunk)
+            tj = min(t, p0 + j1) if chunk < s else t
+            out[i, j0:j1] = _attend(qi[:, j0:j1], keys[:, :tj], vals[:, :tj], p0 + j0, group, scale_, softcap,
+                                    bool(causal), local_window_size, head_sink, smooth_softmax > 0,
+                                    None if attention_bias is None else _bias(attention_bias, i, s, total, t),
+                                    qk_out[i] if want_qk else None, qk_output)
     res = (out.reshape(b, s, num_heads * h).astype(dtype, copy=False), present_k, present_v)
     if want_qk:
         res += (qk_out.astype(dtype, copy=False),)
     return res
+
+
+_CHUNK = 64  # query rows per causal chunk of a prompt
+
+
+def _bias(attention_bias: np.ndarray, i: int, s: int, total: int, t: int) -> np.ndarray:
+    bias = np.broadcast_to(attention_bias, (attention_bias.shape[0], attention_bias.shape[1], s, total))
+    return bias[min(i, bias.shape[0] - 1), :, :, :t].astype(np.float32)
+
+
+def _attend(q, keys, vals, q0, group, scale, softcap, causal, window, head_sink, smooth, bias, qk_out, qk_output):
+    """Attention of queries ``q [heads, n, h]`` at positions ``q0..q0+n-1`` over ``keys/vals [kvh, t, h]``;
+    returns ``[n, heads, h]``. ``qk_out [heads, s, total]`` (when wanted: the prompt is then one chunk)
+    receives rows ``0..n-1``."""
+    heads, n, h = q.shape
+    kvh, t = keys.shape[0], keys.shape[1]
+    scores = np.matmul(q.reshape(kvh, group * n, h), keys.transpose(0, 2, 1)).reshape(heads, n, t)
+    scores *= scale
+    if bias is not None:
+        scores += bias
+    if softcap > 0:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    # Query j sits at q0 + j: keys after q0 exist only in a prompt chunk (a decode step, n == 1 and key t - 1
+    # = q0, masks nothing unless a window does).
+    windowed = causal and window > 0 and q0 + n - 1 >= window
+    mask = None
+    if causal and (t - 1 > q0 or windowed):
+        qpos = q0 + np.arange(n)[:, None]
+        kpos = np.arange(t)[None, :]
+        mask = kpos > qpos
+        if windowed:
+            mask |= kpos <= qpos - window
+    if qk_out is not None and qk_output == 1:  # onnxruntime leaves masked entries at 0
+        qk_out[:, :n, :t] = scores if mask is None else np.where(mask, np.float32(0), scores)
+    if mask is not None:  # one [n, t] additive bias broadcast over heads (boolean assignment is ~4x slower)
+        scores += np.where(mask, np.float32(-np.inf), np.float32(0))
+    probs = _softmax(scores, head_sink, smooth)
+    if qk_out is not None and qk_output == 2:
+        qk_out[:, :n, :t] = probs
+    ctx = np.matmul(probs.reshape(kvh, group * n, t), vals)  # [kvh, g*n, h]
+    return ctx.reshape(heads, n, h).transpose(1, 0, 2)
 
 
 def _softmax(x: np.ndarray, head_sink: np.ndarray | None, smooth: bool) -> np.ndarray:

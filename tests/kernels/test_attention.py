@@ -148,3 +148,19 @@ def test_unsupported_inputs_raise_kernel_error():
     with pytest.raises(KernelError, match="query_seqlens"):
         group_query_attention(*[feeds.get(n) for n in _INPUTS], None, None, None, None,
                               np.ones(2, np.int32), num_heads=4, kv_num_heads=2)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"local_window_size": 50}, {"softcap": 3.0}, {"smooth_softmax": 1}])
+@pytest.mark.parametrize("past", [0, 7])
+def test_long_prompts_in_causal_chunks(attrs, past):
+    """Prompts longer than one query chunk (attention._CHUNK) read only the keys up to each chunk's end."""
+    rng = np.random.default_rng(51 + past + len(attrs))
+    feeds = _case(rng, b=1, s=150, past=past, packed=True, rotary=True, max_pos=160)
+    _check(feeds, num_heads=4, kv_num_heads=2, do_rotary=1, **attrs)
+    if not past and "local_window_size" not in attrs:  # right-padded entries (their padding rows see no key)
+        feeds = _case(rng, b=2, s=130, past=0, packed=True, rotary=True, max_pos=160)
+        feeds["seqlens_k"] = np.array([129, 70], np.int32)
+        want = _ort_gqa(feeds, 3, num_heads=4, kv_num_heads=2, do_rotary=1, **attrs)
+        got = _ours(feeds, num_heads=4, kv_num_heads=2, do_rotary=1, **attrs)
+        np.testing.assert_allclose(got[0][0], want[0][0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[0][1, :71], want[0][1, :71], rtol=1e-4, atol=1e-5)
