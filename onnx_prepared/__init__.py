@@ -2,8 +2,10 @@
 
 from onnx_prepared.errors import (
     Cancelled,
+    CancelledError,
     ExternalDataError,
     InvalidFeedError,
+    InvalidOptionError,
     KernelError,
     ModelLoadError,
     OnnxPreparedError,
@@ -17,9 +19,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled",
+    "CancelledError",
     "ExternalDataError",
     "InferenceSession",
     "InvalidFeedError",
+    "InvalidOptionError",
     "KernelError",
     "ModelLoadError",
     "NodeArg",

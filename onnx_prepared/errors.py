@@ -3,10 +3,13 @@
 Every user-facing error derives from :class:`OnnxPreparedError` and names what it is about (file,
 tensor, node, feed). Broken internal invariants raise :class:`InternalError` instead, so a user error
 type never hides a bug. :class:`Cancelled` derives from ``BaseException`` (as trio's does) so that a
-broad ``except Exception`` cannot swallow a cancellation.
+broad ``except Exception`` inside a task cannot swallow a cancellation; a waiter sees
+:class:`CancelledError` instead (rule W1 in ``onnx_prepared.scheduler``).
 """
 
 from __future__ import annotations
+
+import concurrent.futures
 
 
 class OnnxPreparedError(Exception):
@@ -70,3 +73,12 @@ class InternalError(Exception):
 
 class Cancelled(BaseException):
     """The operation was cancelled and its effect did not happen."""
+
+
+class CancelledError(concurrent.futures.CancelledError, Cancelled):
+    """What a waiter sees for a cancelled submission (``wait``, ``result``, ``exception``; rule W1).
+
+    A ``concurrent.futures.CancelledError`` (an ``Exception``: a server's ``except Exception`` contains it,
+    as it would a cancelled ``Future``'s) and a :class:`Cancelled` (code written for trio-style
+    cancellation still catches it).
+    """

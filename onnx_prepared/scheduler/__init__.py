@@ -50,7 +50,8 @@ C4. ``cancel()`` is idempotent and non-blocking; on a terminal submission it doe
 C5. Cancelling one submission never cancels a task another live submission wants (an eager preparation
     handle or another inference): it only withdraws its interest. A task is cancelled when its last
     interested submission cancels. A cancelled submission does not wait for shared tasks it released.
-C6. ``Cancelled`` derives from ``BaseException``, so ``except Exception`` cannot swallow it.
+C6. ``Cancelled`` derives from ``BaseException``, so ``except Exception`` cannot swallow it inside a task
+    (at the waiter boundary it becomes ``CancelledError``, W1).
 C7. Cleanup always runs: a cancelled or failed task's slot and memory charge are released; leases it
     already handed out stay with their owner.
 C8. Dependents of a cancelled task are cancelled (their ``cause`` names it). A cancelled task is revived,
@@ -72,8 +73,8 @@ F3. Every submission reaches exactly one terminal state, only after every task i
     of its tasks was cancelled or it released shared tasks by cancelling; otherwise SUCCEEDED.
 F4. ``wait()`` and ``result()`` re-raise the first failure the submission observed (the others are in
     ``diagnostics.errors``, with the failing tasks, the suppressed tasks and their causes, the cancelled and
-    the released tasks; ``diagnostics.exception_group()`` groups them all), or raise ``Cancelled`` for a
-    CANCELLED submission. ``TimeoutError`` when the timeout passes first (the submission keeps running).
+    the released tasks; ``diagnostics.exception_group()`` groups them all), or raise ``CancelledError``
+    (W1) for a CANCELLED submission. ``TimeoutError`` when the timeout passes first (the submission keeps running).
 F5. Broken internal invariants raise :class:`~onnx_prepared.errors.InternalError`, never a user error.
 
 Handles
@@ -89,11 +90,29 @@ H3. ``await handle`` returns ``result()`` without blocking the event loop; cance
 H4. Done callbacks run once, after the terminal state and after ``wait()`` callers were released, on the
     thread that completed the submission and outside the scheduler lock (on the caller's thread if it was
     already terminal). ``when_done`` task callbacks run before the submissions they complete are released.
+
+The waiter boundary (tests/scheduler/test_futures.py quotes these)
+-------------------------------------------------------------------
+W1. Trio inside, futures outside: task bodies see the bare ``Cancelled`` (a ``BaseException``, C6); a
+    waiter (``wait``, ``result``, ``exception``, ``with handle``) sees
+    :class:`~onnx_prepared.errors.CancelledError`, which is a ``concurrent.futures.CancelledError`` (an
+    ``Exception``, so a server's ``except Exception`` contains it, as for a cancelled ``Future``) and
+    still a ``Cancelled``.
+W2. ``await handle`` on a cancelled submission raises ``asyncio.CancelledError``, as awaiting a cancelled
+    asyncio future does.
+W3. A handle answers ``concurrent.futures.Future``'s questions: ``done()``, ``cancelled()``,
+    ``running()``, ``result(timeout)``, ``exception(timeout)`` (the error ``result`` would raise, or None;
+    ``CancelledError`` if cancelled; ``TimeoutError`` first), ``add_done_callback``. ``cancel()`` returns
+    whether the submission was still live; unlike a ``Future``, a running submission can be cancelled
+    (C2), and one whose started tasks all finish anyway ends SUCCEEDED (C3).
+W4. ``handle.future`` is a ``concurrent.futures.Future`` given the same outcome (result, exception or
+    cancellation) once the submission is terminal, for ``concurrent.futures.wait`` / ``as_completed`` and
+    ``asyncio.wrap_future``. Cancelling it cancels the submission; it is done only when the submission is.
 """
 
 from __future__ import annotations
 
-from onnx_prepared.errors import Cancelled
+from onnx_prepared.errors import Cancelled, CancelledError
 from onnx_prepared.scheduler.executor import CpuExecutor
 from onnx_prepared.scheduler.handle import Diagnostics, ExecutionHandle, HandleState
 from onnx_prepared.scheduler.memory import Domain, MemoryBudget, MemoryEstimate, MemoryLease
@@ -105,6 +124,7 @@ from onnx_prepared.scheduler.workers import WorkerPool
 __all__ = [
     "CancelToken",
     "Cancelled",
+    "CancelledError",
     "CpuExecutor",
     "Diagnostics",
     "Domain",

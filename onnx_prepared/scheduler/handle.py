@@ -8,6 +8,7 @@ waits for the submission (the spec's documented choice: tasks may still use call
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import contextlib
 import logging
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from onnx_prepared.errors import Cancelled, InternalError
+from onnx_prepared.errors import CancelledError, InternalError
 from onnx_prepared.scheduler.task import Task
 from onnx_prepared.scheduler.workers import current_pool
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from onnx_prepared.scheduler.runtime import RuntimeScheduler
 
 _log = logging.getLogger("onnx_prepared.scheduler")
+_future_lock = threading.Lock()  # creates a handle's future once (rare: only callers that ask for one)
 
 
 class HandleState(IntEnum):
@@ -165,15 +167,18 @@ class ExecutionHandle:
     >>> h.result(timeout=10)          # waits; re-raises the first failure
     >>> await h                       # from asyncio, without blocking the event loop
     >>> with scheduler.submit(tasks) as h: ...   # exit waits; an exception in the block cancels first
+    >>> concurrent.futures.wait([h.future, ...]); asyncio.wrap_future(h.future)
 
-    Semantics (cancellation, failure, destruction) are stated once in ``onnx_prepared.scheduler``.
-    Every method is thread-safe.
+    It follows ``concurrent.futures.Future`` (``done``, ``cancelled``, ``result``, ``exception``,
+    ``add_done_callback``, ``cancel``). Semantics (cancellation, failure, destruction, the waiter
+    boundary) are stated once in ``onnx_prepared.scheduler``. Every method is thread-safe.
     """
 
-    __slots__ = ("__weakref__", "_sub")
+    __slots__ = ("__weakref__", "_future", "_sub")
 
     def __init__(self, sub: _Submission):
         self._sub = sub
+        self._future: _HandleFuture | None = None
 
     # **** completion ****
 
@@ -185,8 +190,20 @@ class ExecutionHandle:
         """True once the submission reached its terminal state (never blocks)."""
         return self._sub.done.is_set()
 
+    def done(self) -> bool:
+        """``Future.done()``: the submission is terminal (succeeded, failed or cancelled)."""
+        return self._sub.done.is_set()
+
+    def cancelled(self) -> bool:
+        """``Future.cancelled()``: the submission ended CANCELLED."""
+        return self._sub.state is H.CANCELLED
+
+    def running(self) -> bool:
+        """``Future.running()``: not terminal yet."""
+        return not self._sub.done.is_set()
+
     def wait(self, timeout: float | None = None) -> None:
-        """Block until terminal; re-raise the first failure, or Cancelled if it was cancelled.
+        """Block until terminal; re-raise the first failure, or CancelledError if it was cancelled (W1).
 
         ``TimeoutError`` if ``timeout`` seconds pass first (the submission keeps running).
         """
@@ -197,7 +214,7 @@ class ExecutionHandle:
         if st is H.FAILED:
             raise sub.errors[0]
         if st is H.CANCELLED:
-            raise Cancelled(self._cancel_reason())
+            raise CancelledError(self._cancel_reason())
 
     def result(self, timeout: float | None = None) -> Any:
         """:meth:`wait`, then the designated result: a task's value, or a callable's (called once)."""
@@ -220,6 +237,37 @@ class ExecutionHandle:
             raise value
         return value
 
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """``Future.exception()``: the error ``result()`` would raise, or None; CancelledError if cancelled."""
+        try:
+            self.result(timeout)
+        except CancelledError:
+            raise
+        except TimeoutError:
+            if not self.done():
+                raise
+            return self._sub.errors[0] if self._sub.errors else None
+        except BaseException as e:
+            return e
+        return None
+
+    @property
+    def future(self) -> concurrent.futures.Future:
+        """A ``concurrent.futures.Future`` completed with this submission's outcome once it is terminal.
+
+        For ``concurrent.futures.wait`` / ``as_completed`` and ``asyncio.wrap_future`` (W4). Cancelling it
+        cancels the submission; it is done only when the submission is terminal.
+        """
+        fut = self._future
+        if fut is None:
+            sub = self._sub
+            with _future_lock:
+                fut = self._future
+                if fut is None:
+                    fut = self._future = _HandleFuture(sub)
+                    sub.scheduler._add_sub_callback(sub, lambda: _complete(fut, sub))
+        return fut
+
     def add_done_callback(self, fn: Callable[[ExecutionHandle], Any]) -> None:
         """Call ``fn(handle)`` once, after the terminal state (now, if already there).
 
@@ -230,9 +278,14 @@ class ExecutionHandle:
 
     # **** control ****
 
-    def cancel(self) -> None:
-        """Request cancellation (idempotent, non-blocking; a no-op once terminal)."""
+    def cancel(self) -> bool:
+        """Request cancellation (idempotent, non-blocking; a no-op once terminal).
+
+        Returns whether the submission was still live (so the request can take effect; W3).
+        """
+        live = not self._sub.done.is_set()
         self._sub.scheduler._cancel_submission(self._sub)
+        return live
 
     def add(self, tasks: Iterable[Task] | Task) -> None:
         """Add tasks (with their unfinished dependencies) to this live submission.
@@ -249,8 +302,8 @@ class ExecutionHandle:
     # **** integration: asyncio, with-blocks, destruction ****
 
     def __await__(self) -> Generator[Any, None, Any]:
-        """``await handle`` gives ``result()``; cancelling the awaiting task cancels the submission
-        (as ``asyncio.wrap_future`` does for concurrent futures)."""
+        """``await handle`` gives ``result()``; a cancelled submission raises ``asyncio.CancelledError`` (W2);
+        cancelling the awaiting task cancels the submission (as ``asyncio.wrap_future`` does)."""
         if not self.is_ready():
             import asyncio  # NOTE: imported here: 10 ms of start-up most sessions never need
 
@@ -267,6 +320,10 @@ class ExecutionHandle:
             except asyncio.CancelledError:
                 self.cancel()
                 raise
+        if self._sub.state is H.CANCELLED:
+            import asyncio
+
+            raise asyncio.CancelledError(self._cancel_reason())
         return self.result(timeout=0)
 
     def __enter__(self) -> ExecutionHandle:
@@ -301,6 +358,37 @@ class ExecutionHandle:
 
     def __repr__(self) -> str:
         return f"<ExecutionHandle {self._sub.state.name} tasks={len(self._sub.members)}>"
+
+
+class _HandleFuture(concurrent.futures.Future):
+    """The handle's ``concurrent.futures.Future``: ``cancel()`` cancels the submission; the outcome is set
+    by :func:`_complete` when the submission is terminal (so done() means terminal, as for the handle)."""
+
+    def __init__(self, sub: _Submission):
+        super().__init__()
+        self._submission = sub
+
+    def cancel(self) -> bool:
+        if self.done():
+            return self.cancelled()
+        self._submission.scheduler._cancel_submission(self._submission)
+        return True
+
+
+def _complete(fut: _HandleFuture, sub: _Submission) -> None:
+    """Copy a terminal submission's outcome into its future (a done callback; never raises)."""
+    if fut.done():
+        return
+    if sub.state is H.CANCELLED:
+        concurrent.futures.Future.cancel(fut)
+        fut.set_running_or_notify_cancel()  # wakes concurrent.futures.wait / as_completed
+        return
+    try:
+        value = ExecutionHandle(sub).result(timeout=0)
+    except Exception as e:
+        fut.set_exception(e)
+    else:
+        fut.set_result(value)
 
 
 def _settle(fut: asyncio.Future[None]) -> None:
