@@ -124,17 +124,16 @@ def plan_table(plan: Any, width: int = 100) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from onnx_prepared.kernels import registry
     from onnx_prepared.model import load_model
+    from onnx_prepared.resolve import resolve_model
     from onnx_prepared.runtime.feeds import shape_of as _shape
     from onnx_prepared.runtime.feeds import type_string as _type_string
 
     m = load_model(args.model)
+    resolved = resolve_model(m)  # binds every node once: "(fallback)" below reads those bindings
     if args.plan:
         from onnx_prepared.plan.prepared_plan import build_prepared_plan
-        from onnx_prepared.resolve import resolve_model
 
-        resolved = resolve_model(m)
         plan = build_prepared_plan(resolved)
         print(plan.table() if args.wide else plan_table(plan))
         n_s, n_i = len(plan.session_tasks), len(plan.invocation_tasks)
@@ -156,10 +155,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  {o.name}: {_type_string(o.type)} {_shape(o.type)}")
     ops = Counter((n.domain, n.op_type) for n in g.node)
     print(f"nodes: {len(g.node)}")
+    fallback = {(n.domain, n.op_type) for n, k in zip(resolved.graph().node, resolved.kernels) if k.is_fallback}
     slow = []
     for (dom, op), c in sorted(ops.items(), key=lambda kv: -kv[1]):
-        dom_n = registry.normalize_domain(dom)
-        fast = registry.lookup(dom_n, op, m.opsets.get(dom_n, 1)) is not None
+        fast = (dom, op) not in fallback
         if not fast:
             slow.append(f"{dom + '::' if dom else ''}{op}")
         print(f"  {c:6d}  {dom + '::' if dom else ''}{op}{'' if fast else '  (fallback)'}")

@@ -11,7 +11,7 @@ import pkgutil
 from onnx_prepared.kernels.registry import REGISTRY, KernelSpec, kernel, lookup
 
 for _m in pkgutil.iter_modules(__path__):
-    if _m.name not in ("registry", "fallback", "binding", "prepack") and not _m.name.startswith("_"):
+    if _m.name not in ("registry", "prepack") and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
 __all__ = ["REGISTRY", "KernelSpec", "kernel", "lookup"]

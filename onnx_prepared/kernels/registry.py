@@ -6,7 +6,7 @@ the signature, and it returns a tuple of arrays. A kernel knows nothing about no
 
 Register with ``@kernel("Gemm", since=13)``; :func:`lookup` picks the highest ``since`` <= the model's
 opset (and < ``until`` when given). Ops without a fast kernel go through the named, counted
-``onnx.reference`` fallback in :mod:`onnx_prepared.kernels.fallback`.
+``onnx.reference`` fallback in :mod:`onnx_prepared.bind.reference`.
 
 A kernel that needs the node's output count declares a keyword-only ``n_outputs`` parameter; the
 binder passes it (Split-13 splits evenly by the number of outputs, for example).

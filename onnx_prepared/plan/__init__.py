@@ -1,5 +1,16 @@
-"""Planning: the sequential ExecutionPlan (and, later, the scope-aware PreparedExecutionPlan)."""
+"""Planning: the one immutable, scope-aware PreparedExecutionPlan of session and invocation tasks.
 
-from onnx_prepared.plan.execution_plan import ExecuteAction, ExecutionPlan, build_execution_plan
+Its invocation tasks are ranges of the resolved graph's frozen ExecutionPlan (built in
+:mod:`onnx_prepared.bind`).
+"""
 
-__all__ = ["ExecuteAction", "ExecutionPlan", "build_execution_plan"]
+from onnx_prepared.plan.prepared_plan import (
+    PlanError,
+    PreparedExecutionPlan,
+    TaskDescriptor,
+    TaskKind,
+    TaskScope,
+    build_prepared_plan,
+)
+
+__all__ = ["PlanError", "PreparedExecutionPlan", "TaskDescriptor", "TaskKind", "TaskScope", "build_prepared_plan"]

@@ -19,9 +19,8 @@ from types import MappingProxyType
 
 import onnx
 
+from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
-from onnx_prepared.kernels.binding import BoundKernel, bind_node
-from onnx_prepared.plan.execution_plan import ExecutionPlan, build_execution_plan
 from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
 
 
@@ -223,24 +222,16 @@ def _slot_name(key: PreparedKey) -> str:
 
 
 def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> ExecutionPlan:
-    """The compact action list, with prepacked nodes rewired to read their prepared object."""
-    opsets = dict(resolved.opsets)
-    functions = resolved.functions
-    packed_by_outputs: dict[tuple[str, ...], BoundKernel] = {}
+    """The compact action list over the resolution's bindings, with prepacked nodes rewired to read
+    their prepared object (their binding is the prepack rule's kernel)."""
     for idx, np_ in resolved.node_prepacks.items():
         node = graph.node[idx]
         others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
         del node.input[:]
         node.input.extend([np_.key.slot_name, *others])
-        packed_by_outputs[tuple(node.output)] = BoundKernel(np_.spec.kernel, f"prepacked:{np_.spec.layout}", False)
         if not any(t.name == np_.key.slot_name for t in graph.initializer):
             graph.initializer.append(onnx.TensorProto(name=np_.key.slot_name))  # a placeholder slot
-
-    def bind(node: onnx.NodeProto) -> BoundKernel:
-        k = packed_by_outputs.get(tuple(node.output))
-        return k if k is not None else bind_node(node, opsets, functions)
-
-    return build_execution_plan(graph, opsets, functions, bind=bind)
+    return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels)
 
 
 def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) -> list[TaskDescriptor]:

@@ -1,8 +1,10 @@
 """Model resolution before weight loading: LoadedModel -> frozen ResolvedModel, reading no weight byte.
 
-Resolution applies the standard transformations (dead-node and dead-initializer elimination), chooses
-every node's kernel, binds constant inputs to prepared objects (a :class:`PreparedKey` per kernel
-request, identical requests sharing one key) and freezes the minimal payload manifest.
+Resolution applies the standard transformations (dead-node and dead-initializer elimination), binds
+every node's kernel once (:mod:`onnx_prepared.bind`; a prepacked node gets its prepack rule's kernel),
+binds constant inputs to prepared objects (a :class:`PreparedKey` per kernel request, identical
+requests sharing one key) and freezes the minimal payload manifest. The plan, the runtime and
+``inspect`` read the bindings stored here; nothing binds a node a second time.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ from typing import Any
 
 import onnx
 
+from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inputs_of, parse_attributes
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
-from onnx_prepared.kernels import registry
-from onnx_prepared.kernels.binding import _NeedsFallback, implicit_inputs_of, parse_attributes
 from onnx_prepared.model import LoadedModel, WeightDescriptor
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
@@ -87,7 +88,7 @@ class ResolvedModel:
     source: LoadedModel
     graph_bytes: bytes
     opsets: Mapping[str, int]
-    kernel_choices: tuple[str, ...]  # per node of the transformed graph
+    kernels: tuple[BoundKernel, ...]  # per node of the transformed graph: the one kernel binding
     requirements: tuple[PreparedRequirement, ...]
     node_prepacks: Mapping[int, NodePrepack]
     raw_inputs: Mapping[int, tuple[tuple[int, PreparedKey], ...]]  # node -> (input position, raw key)
@@ -97,6 +98,11 @@ class ResolvedModel:
     policy: str = "disabled"  # the prepared-model policy resolution ran under
     node_count: int = 0  # nodes of the transformed graph (so `complete` needs no parse)
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
+    #: per node, the bound kernel's name ("ai.onnx::Gemm-13", "prepacked:...", "fallback:..."): derived
+    kernel_choices: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kernel_choices", tuple(k.name for k in self.kernels))
 
     def graph(self) -> onnx.GraphProto:
         g = onnx.GraphProto()
@@ -110,7 +116,7 @@ class ResolvedModel:
     @property
     def complete(self) -> bool:
         """Every node has a kernel and every requirement's sources are active manifest entries."""
-        return len(self.kernel_choices) == self.node_count and all(
+        return len(self.kernels) == self.node_count and all(
             (r.active.name in self.manifest.active) if isinstance(r.active, ReadPackedPayload)
             else all(s in self.manifest.active for s in r.sources)
             for r in self.requirements
@@ -146,7 +152,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
     reqs: dict[PreparedKey, dict] = {}
     node_prepacks: dict[int, NodePrepack] = {}
     raw_inputs: dict[int, list[tuple[int, PreparedKey]]] = {}
-    choices = []
+    kernels: list[BoundKernel] = []
+    env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
         r = reqs.setdefault(key, {"sources": sources, "spec": spec, "consumers": []})
@@ -161,10 +168,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
         shapes = {i: (weights[node.input[i]].dims, weights[node.input[i]].dtype.name) for i in const_pos
                   if _has_numpy_dtype(weights[node.input[i]])}
         spec = None
-        try:
-            attrs = parse_attributes(node)
-        except _NeedsFallback:
-            attrs = None
+        attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
+        implicit = implicit_inputs_of(node)
         if attrs is not None and const_pos:
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
         if spec is not None:
@@ -172,18 +177,17 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
             key = PreparedKey(sources, spec.layout, "cpu", _digest(sources, weights, sidecar))
             require(key, sources, spec, idx)
             node_prepacks[idx] = NodePrepack(key, spec)
-            choices.append(f"prepacked:{spec.layout}")
+            # called as kernel(packed, *other inputs): the plan rewires the node's inputs to match
+            kernels.append(BoundKernel(spec.kernel, f"prepacked:{spec.layout}", False))
         else:
-            dom = registry.normalize_domain(node.domain)
-            k = registry.lookup(dom, node.op_type, opsets.get(dom, 1))
-            choices.append(k.name if k is not None else f"fallback:{dom or 'ai.onnx'}::{node.op_type}")
+            kernels.append(bind_kernel(node, env, implicit=implicit, attrs=attrs))
         packed_pos = set(spec.source_inputs) if spec is not None else set()
         raws = []
         for i in sorted(const_pos - packed_pos):
             key = raw_key(node.input[i])
             require(key, key.lineage, None, idx)
             raws.append((i, key))
-        for name in implicit_inputs_of(node):
+        for name in implicit:
             if name in weights:
                 key = raw_key(name)
                 require(key, key.lineage, None, idx)
@@ -222,13 +226,13 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
             for s in r.sources:
                 if s not in active and s not in dormant:
                     dormant[s] = ManifestEntry(s, weights[s], f"dormant source of cached {r.key}")
-    if len(choices) != len(graph.node):
-        raise InternalError("kernel choice missing for a node")
+    if len(kernels) != len(graph.node):
+        raise InternalError("kernel binding missing for a node")
     return ResolvedModel(
         source=model,
         graph_bytes=graph.SerializeToString(),
         opsets=MappingProxyType(dict(opsets)),
-        kernel_choices=tuple(choices),
+        kernels=tuple(kernels),
         requirements=requirements,
         node_prepacks=MappingProxyType(node_prepacks),
         raw_inputs=MappingProxyType({k: tuple(v) for k, v in raw_inputs.items()}),

@@ -25,8 +25,6 @@ from onnx_prepared.scheduler.workers import current_pool
 if TYPE_CHECKING:
     import asyncio
 
-    from onnx_prepared.scheduler.runtime import RuntimeScheduler
-
 _log = logging.getLogger("onnx_prepared.scheduler")
 _future_lock = threading.Lock()  # creates a handle's future once (rare: only callers that ask for one)
 
@@ -134,7 +132,7 @@ class _Submission:
         "state",
     )
 
-    def __init__(self, scheduler: RuntimeScheduler, *, fail_fast: bool, result: Any, keepalive: Any):
+    def __init__(self, scheduler: Any, *, fail_fast: bool, result: Any, keepalive: Any):  # a RuntimeScheduler
         self.scheduler = scheduler
         self.state = H.RUNNING  # written only by _transition
         self.members: dict[Task, None] = {}  # every task it wanted (closure), dependencies first

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Any
 
 from onnx_prepared.errors import InternalError
-
-if TYPE_CHECKING:
-    from onnx_prepared.scheduler.runtime import RuntimeScheduler
 
 #: "No limit": large enough that no sum of real byte counts reaches it, still an int (fast compares).
 UNLIMITED = 1 << 62
@@ -158,7 +155,7 @@ class MemoryLease:
 
     __slots__ = ("_released", "_scheduler", "domain", "nbytes")
 
-    def __init__(self, scheduler: RuntimeScheduler, domain: Domain, nbytes: int):
+    def __init__(self, scheduler: Any, domain: Domain, nbytes: int):  # the RuntimeScheduler (a layer above)
         self._scheduler = scheduler
         self.domain = domain
         self.nbytes = nbytes

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from onnx_prepared.errors import Cancelled, InternalError
 from onnx_prepared.scheduler.memory import NO_MEMORY, MemoryEstimate, MemoryLease
-
-if TYPE_CHECKING:
-    from onnx_prepared.scheduler.handle import _Submission
-    from onnx_prepared.scheduler.runtime import RuntimeScheduler, _ResourceQueue
 
 
 class Priority(IntEnum):
@@ -173,9 +169,11 @@ class Task:
         self.cause: Task | None = None  # SUPPRESSED: the failed task; CANCELLED: the cancelled root
         self.runs = 0  # body executions (resume_after makes more than one)
         # Scheduler bookkeeping, all guarded by the scheduler lock:
-        self._sched: RuntimeScheduler | None = None  # set once, at first attach
-        self._queue: _ResourceQueue | None = None
-        self._subs: list[_Submission] = []  # live submissions that want this task (interest)
+        # NOTE: typed Any: the scheduler's layers run runtime -> handle -> task (import-linter), so a
+        # task does not import the RuntimeScheduler, its queues or the handle's _Submission.
+        self._sched: Any = None  # the RuntimeScheduler; set once, at first attach
+        self._queue: Any = None  # its _ResourceQueue for this task's resource
+        self._subs: list[Any] = []  # live _Submissions that want this task (interest)
         self._dependents: list[Task] = []  # attached tasks waiting on this one
         self._waiting = 0  # dependencies not yet succeeded
         self._where = IN_NONE

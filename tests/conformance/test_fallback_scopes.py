@@ -12,9 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_prepared
+from onnx_prepared.bind import FALLBACK_CALLS, FallbackEnv, bind_fallback, bind_node
 from onnx_prepared.errors import KernelError, UnsupportedOpError
-from onnx_prepared.kernels.binding import bind_node
-from onnx_prepared.kernels.fallback import FALLBACK_CALLS, FallbackEnv, bind_fallback
 
 F = TensorProto.FLOAT
 
@@ -282,3 +281,22 @@ def test_global_lp_pool_missing_from_the_reference_is_provided():
     (y,) = got = _run(model, {"x": x})
     np.testing.assert_allclose(y, (np.abs(x) ** 3).sum(axis=(2, 3), keepdims=True) ** (1 / 3), rtol=1e-5)
     _check_against_ort(model, {"x": x}, got)
+
+
+def test_subgraph_factory_is_what_the_fallback_builds_bodies_with():
+    """The fallback imports no planner: bodies come from the env's subgraph factory (graph_env's)."""
+    from onnx_prepared.bind import SubgraphEvaluator, graph_env
+
+    then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["r"])], "then", [], [_vi("r", F, [2])])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=then_g)
+    built = []
+
+    def factory(graph, env):
+        built.append(graph.name)
+        return SubgraphEvaluator(graph, env)
+
+    call = bind_fallback(node, {"": 17}, {}, ("x",), FallbackEnv({"": 17}, {}, subgraph=factory))
+    (y,) = call(np.array(True), np.ones(2, np.float32))
+    np.testing.assert_array_equal(y, [-1.0, -1.0])
+    assert built == ["then", "then"]
+    assert graph_env({"": 17})._subgraph is SubgraphEvaluator

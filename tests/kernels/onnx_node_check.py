@@ -13,7 +13,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_prepared.kernels.binding import bind_node
+from onnx_prepared.bind import bind_node
 
 
 def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:

@@ -183,8 +183,8 @@ def test_model_written_by_onnxruntime_quantizer():
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_prepack_rule_contract(with_zp, with_bias):
     """The prepared-execution contract: pack(*sources) once, then kernel(packed, A, *other inputs)."""
+    from onnx_prepared.bind import parse_attributes
     from onnx_prepared.kernels import prepack
-    from onnx_prepared.kernels.binding import parse_attributes
 
     rng = np.random.default_rng(9)
     K, N, bs = 72, 12, 32
@@ -209,8 +209,8 @@ def test_prepack_rule_contract(with_zp, with_bias):
 
 
 def test_prepack_rule_declines_non_constant_weights():
+    from onnx_prepared.bind import parse_attributes
     from onnx_prepared.kernels import prepack
-    from onnx_prepared.kernels.binding import parse_attributes
 
     node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=32, N=4, block_size=32)
     shapes = {2: ((4, 1), "float32")}

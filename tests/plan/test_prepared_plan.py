@@ -28,7 +28,7 @@ def test_plan_rejects_unfrozen_or_incomplete_model(tmp_path):
     r = resolve_model(load_model(gemm_mlp(tmp_path)))
     import dataclasses
 
-    broken = dataclasses.replace(r, kernel_choices=r.kernel_choices[:-1])
+    broken = dataclasses.replace(r, kernels=r.kernels[:-1])
     with pytest.raises(PlanError, match="incomplete"):
         build_prepared_plan(broken)
 
@@ -37,3 +37,14 @@ def test_session_closure_orders_dependencies_first(tmp_path):
     plan = build_prepared_plan(resolve_model(load_model(gemm_mlp(tmp_path, layers=1))))
     prepack = next(t.id for t in plan.tasks if t.kind is TaskKind.PREPACK)
     assert plan.session_closure([prepack]) == ["S.W0.read_source", prepack]
+
+
+def test_plan_runs_the_bindings_resolution_made(tmp_path):
+    """A node's kernel is chosen once, at resolution: every action calls the ResolvedModel's binding."""
+    resolved = resolve_model(load_model(gemm_mlp(tmp_path, layers=2)))
+    plan = build_prepared_plan(resolved)
+    assert len(plan.execution.actions) == len(resolved.kernels)
+    for act in plan.execution.actions:
+        assert act.kernel is resolved.kernels[act.node_index]
+    assert resolved.kernel_choices == tuple(k.name for k in resolved.kernels)
+    assert any(name.startswith("prepacked:") for name in resolved.kernel_choices)

@@ -1,144 +1,43 @@
-"""The sequential ExecutionPlan: compact actions built once per session, replayed per run.
+"""Bind a whole graph into its frozen ExecutionPlan; subgraph bodies get one of their own.
 
-Values live in a flat list indexed by slot; the plan maps every graph name to a slot once. Each
-:class:`ExecuteAction` carries its bound kernel, input/output slots and the slots whose last use it is,
-so intermediates are released as soon as nothing later reads them. The replay loop touches no
-protobuf and looks nothing up by name.
-
-Slot :data:`NONE_SLOT` (0) always reads as ``None``: omitted optional inputs read it, omitted optional
-outputs are written to it and the same action clears it again, so the loop needs no branch for either.
+:func:`build_execution_plan` orders the nodes topologically, gives every value a slot, binds every
+node (or takes the bindings resolution made) and computes last uses. :class:`SubgraphEvaluator` is the
+subgraph factory handed to the reference fallback (:func:`graph_env`): an If/Loop/Scan body keeps the
+reference op's semantics while its nodes get fast kernels and slot-indexed replay.
 """
 
 from __future__ import annotations
 
 import heapq
-import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
-from onnx_prepared.errors import KernelError, ModelLoadError
-from onnx_prepared.kernels.binding import BoundKernel, bind_node, implicit_inputs_of
-from onnx_prepared.kernels.fallback import FallbackEnv
-
-#: Slot that reads as None (omitted optional inputs; omitted outputs are written here and cleared).
-NONE_SLOT = 0
-#: Kept for callers of the first skeleton: an omitted input/output now maps to NONE_SLOT.
-ABSENT = NONE_SLOT
+from onnx_prepared.bind.execution_plan import NONE_SLOT, ExecuteAction, ExecutionPlan
+from onnx_prepared.bind.kernel import BoundKernel, bind_kernel
+from onnx_prepared.bind.reference import FallbackEnv
+from onnx_prepared.bind.scopes import implicit_inputs_of, subgraph_outer_names
+from onnx_prepared.errors import ModelLoadError
 
 
-@dataclass(frozen=True, slots=True)
-class ExecuteAction:
-    """Run one node, then release the slots whose last reader it was."""
-
-    node_index: int
-    kernel: BoundKernel
-    inputs: tuple[int, ...]  # explicit inputs, then the kernel's implicit (outer-scope) inputs
-    outputs: tuple[int, ...]
-    release: tuple[int, ...]
+def graph_env(opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto] | None = None
+              ) -> FallbackEnv:
+    """The fallback state of one graph, whose subgraph bodies run as :class:`SubgraphEvaluator`."""
+    return FallbackEnv(opsets, functions or {}, subgraph=SubgraphEvaluator)
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionPlan:
-    """Slots, constants and the ordered action list of one graph (immutable; shared by runs)."""
-
-    slot_names: tuple[str, ...]
-    input_slots: tuple[int, ...]  # graph inputs, in graph order (initializer-backed defaults excluded)
-    output_slots: tuple[int, ...]
-    constant_slots: dict[str, int]  # initializer name -> slot
-    actions: tuple[ExecuteAction, ...]
-    node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
-    # per action, what replay unpacks and nothing else (derived from actions): see _step()
-    steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "steps", tuple(_step(a) for a in self.actions))
-
-    @property
-    def n_slots(self) -> int:
-        return len(self.slot_names)
-
-    def new_values(self) -> list:
-        """A fresh per-run slot list (all None)."""
-        return [None] * len(self.slot_names)
-
-    def replay(
-        self,
-        values: list,
-        *,
-        on_release: Callable[[int], None] | None = None,
-        on_step: Callable[[ExecuteAction, list], None] | None = None,
-    ) -> None:
-        """Execute every action over ``values`` (a per-run list of length ``n_slots``).
-
-        ``on_step(action, values)`` runs after an action stored its outputs and before it releases
-        anything (peak live memory); ``on_release(slot)`` after each release. Both are for tests and
-        diagnostics; without them the loop is the bare hot path. Thread-safe: the plan is read-only.
-        """
-        if on_release is not None or on_step is not None:
-            return self._replay_traced(values, on_release, on_step)
-        for call, n_in, arg, out, outs, rel, act in self.steps:
-            try:
-                if n_in == 1:
-                    res = call(values[arg])
-                elif n_in:
-                    res = call(*arg(values))
-                else:
-                    res = call()
-                if out >= 0:
-                    values[out] = res[0]
-                else:
-                    for slot, v in zip(outs, res):
-                        values[slot] = v
-            except Exception as e:
-                raise self.kernel_error(act, [values[i] for i in act.inputs], e) from e
-            for slot in rel:
-                values[slot] = None
-        return None
-
-    def _replay_traced(self, values: list, on_release, on_step) -> None:
-        for act in self.actions:
-            args = [values[i] for i in act.inputs]
-            try:
-                res = act.kernel.call(*args)
-                for slot, v in zip(act.outputs, res):
-                    values[slot] = v
-            except Exception as e:
-                raise self.kernel_error(act, args, e) from e
-            if on_step is not None:
-                on_step(act, values)
-            for slot in act.release:
-                values[slot] = None
-                if on_release is not None:
-                    on_release(slot)
-
-    def kernel_error(self, act: ExecuteAction, args: Sequence, e: BaseException) -> KernelError:
-        """The user-facing error for a failed kernel: node, op, kernel and every input's dtype/shape."""
-        sig = ", ".join(_describe(a) for a in args)
-        return KernelError(f"node {self.node_labels[act.node_index]} [{act.kernel.name}] failed on inputs ({sig}): "
-                           f"{type(e).__name__}: {e}")
-
-
-def _step(act: ExecuteAction) -> tuple:
-    """``(call, n_in, arg, out, outs, release, action)``: arity-specialised so the replay loop avoids
-    building an argument list (``arg`` is the slot for one input, an itemgetter for several) and a zip
-    for the common single output (``out`` is its slot, or -1 when there are several)."""
-    ins = act.inputs
-    arg = ins[0] if len(ins) == 1 else (operator.itemgetter(*ins) if ins else None)
-    out = act.outputs[0] if len(act.outputs) == 1 else -1
-    return (act.kernel.call, len(ins), arg, out, act.outputs, act.release, act)
-
-
-def _describe(a: object) -> str:
-    if a is None:
-        return "None"
-    if isinstance(a, list):
-        return f"seq[{len(a)}]({', '.join(_describe(x) for x in a[:3])}{', ...' if len(a) > 3 else ''})"
-    if hasattr(a, "dtype") and hasattr(a, "shape"):
-        return f"{a.dtype}{list(a.shape)}"
-    return type(a).__name__
+def bind_node(
+    node: onnx.NodeProto,
+    opsets: dict[str, int],
+    functions: Mapping[tuple[str, str], onnx.FunctionProto] | None = None,
+    *,
+    env: FallbackEnv | None = None,
+    implicit: tuple[str, ...] | None = None,
+) -> BoundKernel:
+    """Bind one node on its own (tests, single-node checks): :func:`bind_kernel` with a fresh env."""
+    return bind_kernel(node, env or graph_env(opsets, functions), implicit=implicit)
 
 
 def build_execution_plan(
@@ -147,26 +46,22 @@ def build_execution_plan(
     functions: Mapping[tuple[str, str], onnx.FunctionProto] | None = None,
     *,
     bind: Callable[[onnx.NodeProto], BoundKernel] | None = None,
+    kernels: Sequence[BoundKernel] | None = None,
     outer_names: Sequence[str] = (),
     env: FallbackEnv | None = None,
 ) -> ExecutionPlan:
     """Topologically order ``graph``, bind every node and compute last uses.
 
-    ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots);
-    ``env`` is the fallback state shared with the enclosing graph (built here when omitted).
+    ``kernels`` are the nodes' bindings made earlier (per node index: the ResolvedModel's); else
+    ``bind(node)`` binds each node; else :func:`~onnx_prepared.bind.kernel.bind_kernel` does, with
+    ``env`` (the fallback state shared with the enclosing graph; built here when omitted).
+    ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots).
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
     implicit = [implicit_inputs_of(n) for n in graph.node]
-    if bind is None:
-        env = env or FallbackEnv(opsets, functions)
-
-        def bind(n: onnx.NodeProto, _imp: tuple[str, ...] | None = None) -> BoundKernel:
-            return bind_node(n, opsets, functions, env=env, implicit=_imp)
-
-        bind_with_implicit = True
-    else:
-        bind_with_implicit = False
+    if kernels is None and bind is None:
+        env = env or graph_env(opsets, functions)
     slots: dict[str, int] = {"": NONE_SLOT}
 
     def slot(name: str) -> int:
@@ -190,7 +85,12 @@ def build_execution_plan(
     bound = []
     for idx in order:
         node = graph.node[idx]
-        k = bind(node, implicit[idx]) if bind_with_implicit else bind(node)
+        if kernels is not None:
+            k = kernels[idx]
+        elif bind is not None:
+            k = bind(node)
+        else:
+            k = bind_kernel(node, env, implicit=implicit[idx])
         ins = tuple(slot(n) for n in node.input) + tuple(slot(n) for n in k.implicit_inputs)
         outs = tuple(slot(n) for n in node.output)
         bound.append((idx, k, ins, outs))
@@ -278,10 +178,6 @@ class SubgraphEvaluator:
     has_linked_attribute = False
 
     def __init__(self, graph: onnx.GraphProto, env: FallbackEnv):
-        from onnx import numpy_helper
-
-        from onnx_prepared.kernels.binding import subgraph_outer_names
-
         self.graph = graph
         outer = sorted(subgraph_outer_names(graph))
         self._plan = plan = build_execution_plan(graph, env.opsets, env.function_protos, outer_names=outer, env=env)
@@ -307,8 +203,3 @@ class SubgraphEvaluator:
             return [values[s] for s in self._plan.output_slots]
         index = dict(zip(self.output_names, self._plan.output_slots))
         return [values[index[n]] for n in output_names]
-
-
-def live_bytes(values: list) -> int:
-    """Bytes held by ndarray values in a slot list (test and diagnostics helper)."""
-    return sum(v.nbytes for v in values if isinstance(v, np.ndarray))

@@ -7,9 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnx_prepared.bind import NONE_SLOT, BoundKernel, build_execution_plan, live_bytes
 from onnx_prepared.errors import KernelError, ModelLoadError
-from onnx_prepared.kernels.binding import BoundKernel
-from onnx_prepared.plan.execution_plan import NONE_SLOT, build_execution_plan, live_bytes
 
 OPSETS = {"": 17}
 

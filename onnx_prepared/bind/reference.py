@@ -1,4 +1,4 @@
-"""The one fallback path: run an op through ``onnx.reference``'s implementation.
+"""The ``onnx.reference`` adapter: the one fallback path, with our patches to the reference ops.
 
 Every standard op without a fast kernel runs here (control flow, sequence/optional ops, function-bodied
 and context-dependent function ops, ``ai.onnx.ml``, ``ai.onnx.preview[.training]``, model-local
@@ -40,15 +40,25 @@ def _no_log(*_args: Any) -> None:
     return None
 
 
+#: Builds the evaluator of a plain subgraph (If/Loop/Scan body): ``factory(graph, env)``.
+SubgraphFactory = Callable[[onnx.GraphProto, "FallbackEnv"], Any]
+
+
 class FallbackEnv:
     """What every fallback node of one graph shares: opsets, model-local functions, ``run_params``.
 
-    Model-local functions become reference evaluators on first use (most models have none), each
-    seeing the functions it calls. Not thread-safe while being built; read-only afterwards.
+    ``subgraph`` builds the evaluator of a plain subgraph; :func:`onnx_prepared.bind.graph.graph_env`
+    passes one that runs the body through its own slot-indexed ExecutionPlan (fast kernels inside
+    control flow). Without it, bodies run on the reference evaluator. Model-local functions become
+    reference evaluators on first use (most models have none), each seeing the functions it calls.
+    Not thread-safe while being built; read-only afterwards.
     """
 
-    def __init__(self, opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto]):
+    def __init__(self, opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto],
+                 *, subgraph: SubgraphFactory | None = None):
+        self.model_opsets = dict(opsets)  # as the model spells them (bind_kernel's opset lookup)
         self.opsets = {("" if d == "ai.onnx" else d): v for d, v in opsets.items()}
+        self._subgraph = subgraph
         self._function_protos = dict(functions)
         self._functions: dict[tuple[str, str], ReferenceEvaluator] | None = None
         self._run_params: dict[str, Any] | None = None
@@ -78,15 +88,14 @@ class FallbackEnv:
         return self._run_params
 
     def make_evaluator(self, proto: Any, opsets=None, functions=None, verbose: int = 0, new_ops=None, **kw: Any):
-        """What reference ops build for a body: our plan for a plain subgraph, the reference otherwise.
+        """What reference ops build for a body: the subgraph factory's evaluator for a plain subgraph,
+        the reference otherwise.
 
         Function bodies (FunctionProto) and graphs whose nodes reference function attributes stay with
         the reference evaluator, which resolves attribute references per call.
         """
-        if isinstance(proto, onnx.GraphProto) and not _references_attributes(proto):
-            from onnx_prepared.plan.execution_plan import SubgraphEvaluator
-
-            return SubgraphEvaluator(proto, self)
+        if self._subgraph is not None and isinstance(proto, onnx.GraphProto) and not _references_attributes(proto):
+            return self._subgraph(proto, self)
         return _Evaluator(proto, opsets=opsets, functions=functions, verbose=verbose, new_ops=new_ops, **kw)
 
     def load(self, node: onnx.NodeProto, input_types: Sequence[onnx.TypeProto] | None = None) -> Callable:

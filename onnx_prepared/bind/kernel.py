@@ -1,0 +1,78 @@
+"""Choose and bind one node's kernel: the fast kernel when it understands the node, else the fallback.
+
+The choice is made once, at resolution (:func:`onnx_prepared.resolve.resolve_model` stores a
+:class:`BoundKernel` per node in the frozen ``ResolvedModel``); the plan, the runtime and ``inspect``
+read that binding. Nodes whose subgraphs read outer-scope values (If, Loop, Scan) list those names as
+``implicit_inputs``; the executor passes them after the explicit inputs, and the fallback hands them
+to the subgraph's own plan.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_prepared.bind.attributes import parse_attributes
+from onnx_prepared.bind.reference import FallbackEnv, bind_fallback
+from onnx_prepared.bind.scopes import implicit_inputs_of
+from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
+from onnx_prepared.kernels import registry
+
+
+@dataclass(frozen=True, slots=True)
+class BoundKernel:
+    """A node's kernel with its attributes settled: ``call(*inputs) -> tuple``."""
+
+    call: Callable[..., tuple]
+    name: str  # e.g. "ai.onnx::Gemm-13", "prepacked:<layout>" or "fallback:ai.onnx::Loop-16"
+    is_fallback: bool
+    implicit_inputs: tuple[str, ...] = ()
+
+
+def node_opset(node: onnx.NodeProto, opsets: dict[str, int]) -> int:
+    """The opset a node's domain is imported at (the default domain may be spelled "ai.onnx")."""
+    domain = registry.normalize_domain(node.domain)
+    return opsets.get(domain, opsets.get("ai.onnx", 0)) if domain == "" else opsets.get(domain, 1)
+
+
+def bind_kernel(
+    node: onnx.NodeProto,
+    env: FallbackEnv,
+    *,
+    implicit: tuple[str, ...] | None = None,
+    attrs: dict | None = None,
+) -> BoundKernel:
+    """Choose and bind the kernel for ``node`` (fast kernel first, then the reference fallback).
+
+    ``env`` is the graph's shared fallback state; ``implicit`` the node's outer-scope names and
+    ``attrs`` its parsed attributes when the caller already computed them.
+    """
+    domain = registry.normalize_domain(node.domain)
+    opsets = env.model_opsets
+    opset = node_opset(node, opsets)
+    if implicit is None:
+        implicit = implicit_inputs_of(node)
+    functions = env.function_protos
+    spec = None if (node.domain, node.op_type) in functions else registry.lookup(domain, node.op_type, opset)
+    if spec is not None and not implicit:
+        if attrs is None:
+            attrs = parse_attributes(node)
+        if attrs is not None and (spec.var_kwargs or set(attrs) <= spec.params):
+            attrs = dict(attrs)
+            if spec.wants_n_outputs:
+                attrs["n_outputs"] = len(node.output)
+            call = functools.partial(spec.fn, **attrs) if attrs else spec.fn
+            return BoundKernel(call, spec.name, False)
+    try:
+        call = bind_fallback(node, opsets, functions, implicit, env)
+    except (ModelLoadError, UnsupportedOpError):
+        raise  # a broken or unsupported subgraph: its own error names the inner node
+    except Exception as e:
+        raise UnsupportedOpError(
+            f"no kernel for node {node.name!r} op {domain or 'ai.onnx'}::{node.op_type} at opset {opset}: "
+            f"{e}. Fast kernels for this op: {registry.available(domain, node.op_type) or 'none'}"
+        ) from e
+    return BoundKernel(call, f"fallback:{domain or 'ai.onnx'}::{node.op_type}-{opset}", True, implicit)

@@ -1,0 +1,38 @@
+"""Outer-scope names: what a node's subgraphs (If/Loop/Scan bodies) read from enclosing graphs."""
+
+from __future__ import annotations
+
+import onnx
+
+
+def subgraph_outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph (recursively) reads from enclosing scopes."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.name for i in graph.sparse_initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        for a in node.attribute:
+            for g in graphs_of(a):
+                used |= subgraph_outer_names(g)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def graphs_of(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The subgraphs one attribute holds (none, one, or a list)."""
+    if a.type == onnx.AttributeProto.GRAPH:
+        return [a.g]
+    if a.type == onnx.AttributeProto.GRAPHS:
+        return list(a.graphs)
+    return []
+
+
+def implicit_inputs_of(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The outer-scope names ``node``'s subgraphs read, sorted: the node's implicit inputs."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for g in graphs_of(a):
+            names |= subgraph_outer_names(g)
+    return tuple(sorted(names))
