@@ -11,9 +11,32 @@ from __future__ import annotations
 
 import concurrent.futures
 
+#: Longest message an error keeps; the middle of a longer one is elided (a 10 MB node name must not
+#: become a 10-million-character message).
+MESSAGE_LIMIT = 2000
+#: Longest name (node, tensor, file, option) ``short`` lets through whole.
+NAME_LIMIT = 120
+
+
+def short(name: object, limit: int = NAME_LIMIT) -> str:
+    """``repr``-free bounded text of a user-controlled name for messages: head ... tail, with the count."""
+    s = name if isinstance(name, str) else str(name)
+    if len(s) <= limit:
+        return s
+    keep = max(8, limit - 40)
+    return f"{s[: keep // 2 + keep % 2]}...<{len(s) - keep} chars>...{s[-(keep // 2):]}"
+
 
 class OnnxPreparedError(Exception):
-    """Base class of every error the package raises on bad input or failed execution."""
+    """Base class of every error the package raises on bad input or failed execution.
+
+    The message is bounded (``MESSAGE_LIMIT``) whatever the names inside it.
+    """
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            args = (short(args[0], MESSAGE_LIMIT), *args[1:])
+        super().__init__(*args)
 
 
 class ModelLoadError(OnnxPreparedError):
@@ -26,9 +49,9 @@ class ExternalDataError(ModelLoadError):
     def __init__(self, message: str, *, tensor: str | None = None, file: str | None = None):
         parts = [message]
         if tensor is not None:
-            parts.append(f"tensor={tensor!r}")
+            parts.append(f"tensor={short(tensor)!r}")
         if file is not None:
-            parts.append(f"file={file!r}")
+            parts.append(f"file={short(file, 400)!r}")
         super().__init__(" ".join(parts) if len(parts) == 1 else f"{parts[0]} ({', '.join(parts[1:])})")
         self.tensor = tensor
         self.file = file
@@ -65,6 +88,11 @@ class UnknownOptionError(InvalidOptionError, AttributeError):
 
 class CacheError(OnnxPreparedError):
     """A prepared-cache entry is structurally corrupt (bad checksum, truncated, missing payload)."""
+
+
+class ResourceLimitError(OnnxPreparedError, MemoryError):
+    """An allocation would exceed a configured memory limit or the machine's physical memory; raised
+    before anything is allocated, naming what needed the bytes."""
 
 
 class InternalError(Exception):

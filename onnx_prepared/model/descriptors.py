@@ -8,7 +8,7 @@ byte, INT2/UINT2 four per byte, FLOAT6 four per three bytes, as ``onnx.numpy_hel
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -85,6 +85,9 @@ class ExternalPayload:
     offset: int
     length: int
     checksum: str | None = None  # as recorded by the producer; see model.checksum for the sha256 form
+    #: ``safe_open.fingerprint`` of the file when the model was loaded: a digest of these bytes is
+    #: trusted only while the file still has it (change detection, never identity).
+    fingerprint: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

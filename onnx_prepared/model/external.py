@@ -15,8 +15,12 @@ import stat
 
 import onnx
 
-from onnx_prepared.errors import ExternalDataError
+from onnx_prepared.errors import ExternalDataError, short
 from onnx_prepared.model.descriptors import ExternalPayload, elem_type_name, expected_nbytes
+from onnx_prepared.model.safe_open import fingerprint
+
+#: offset/length are byte positions in a file: 20 digits already exceed 2**64.
+_MAX_DIGITS = 20
 
 
 def _is_absolute(location: str) -> bool:
@@ -34,10 +38,11 @@ class LocationResolver:
     def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
         self.real_base = os.path.realpath(base_dir)
-        self._ok: dict[str, tuple[str, int]] = {}  # location -> (real path, size); successes only
+        self._ok: dict[str, tuple[str, int, str]] = {}  # location -> (real path, size, fingerprint)
 
-    def resolve(self, location: str, tensor: str) -> tuple[str, int]:
-        """(absolute real path, file size) of ``location``; raises ExternalDataError naming ``tensor``."""
+    def resolve(self, location: str, tensor: str) -> tuple[str, int, str]:
+        """(absolute real path, file size, stat fingerprint) of ``location``; raises ExternalDataError
+        naming ``tensor``."""
         hit = self._ok.get(location)
         if hit is not None:
             return hit
@@ -67,15 +72,18 @@ class LocationResolver:
                                     file=location) from None
         if not stat.S_ISREG(st.st_mode):
             raise ExternalDataError("external data location is not a regular file", tensor=tensor, file=location)
-        self._ok[location] = (real, st.st_size)
-        return real, st.st_size
+        self._ok[location] = hit = (real, st.st_size, fingerprint(st))
+        return hit
 
 
 def _parse_uint(value: str, key: str, tensor: str, location: str) -> int:
     # Strict: int() would also take " 12", "1_000" and "+3", which no producer writes.
     if not (value.isascii() and value.isdigit()):
-        raise ExternalDataError(f"external data {key} {value!r} is not a non-negative integer",
+        raise ExternalDataError(f"external data {key} {short(value, 40)!r} is not a non-negative integer",
                                 tensor=tensor, file=location)
+    if len(value) > _MAX_DIGITS:  # also keeps int() below Python's 4300-digit conversion limit
+        raise ExternalDataError(f"external data {key} has {len(value)} digits: larger than any file "
+                                f"({short(value, 40)})", tensor=tensor, file=location)
     return int(value)
 
 
@@ -100,8 +108,8 @@ def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str 
     if want is None:
         raise ExternalDataError("STRING tensors cannot be stored as external data", tensor=name, file=location)
     if any(d < 0 for d in dims):
-        raise ExternalDataError(f"negative dimension in {list(dims)}", tensor=name, file=location)
-    file, size = resolver.resolve(location, name)
+        raise ExternalDataError(f"negative dimension in {short(list(dims))}", tensor=name, file=location)
+    file, size, fp = resolver.resolve(location, name)
     offset = _parse_uint(info["offset"], "offset", name, location) if "offset" in info else 0
     if offset > size:
         raise ExternalDataError(f"offset {offset} lies past the end of the file ({size} bytes)",
@@ -116,4 +124,4 @@ def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str 
             tensor=name,
             file=location,
         )
-    return ExternalPayload(file, offset, length, info.get("checksum") or None)
+    return ExternalPayload(file, offset, length, info.get("checksum") or None, fp)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import onnx
 from google.protobuf.message import Error as ProtobufError
 
-from onnx_prepared.errors import ModelLoadError
+from onnx_prepared.errors import ModelLoadError, short
 from onnx_prepared.model.descriptors import (
     ExternalPayload,
     InlinePayload,
@@ -27,7 +27,10 @@ from onnx_prepared.model.descriptors import (
     expected_nbytes,
 )
 from onnx_prepared.model.external import LocationResolver, external_payload
+from onnx_prepared.model.nesting import graph_depth
 from onnx_prepared.model.reader import ExternalDataReader
+from onnx_prepared.model.safe_open import NotRegularFile, read_regular
+from onnx_prepared.model.versions import check_versions
 
 __all__ = [
     "LoadedModel",
@@ -88,15 +91,14 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data, _ = read_regular(path)
     except FileNotFoundError:
-        raise ModelLoadError(f"model file not found: {path!r}") from None
-    except IsADirectoryError:
-        raise ModelLoadError(f"model path is a directory, not a file: {path!r}") from None
+        raise ModelLoadError(f"model file not found: {short(path, 400)!r}") from None
+    except NotRegularFile as e:
+        raise ModelLoadError(f"model path is a {e.kind}, not a regular file: {short(path, 400)!r}") from None
     except OSError as e:
-        raise ModelLoadError(f"cannot read model file {path!r}: {e.strerror or e}") from None
-    model = _parse(data, repr(path))
+        raise ModelLoadError(f"cannot read model file {short(path, 400)!r}: {e.strerror or e}") from None
+    model = _parse(data, repr(short(path, 400)))
     return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path)
 
 
@@ -114,7 +116,7 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
     weights: dict[str, WeightDescriptor] = {}
     for t in model.graph.initializer:
         if t.name in weights:
-            raise ModelLoadError(f"duplicate initializer {t.name!r} in {path!r}")
+            raise ModelLoadError(f"duplicate initializer {short(t.name)!r} in {short(path, 400)!r}")
         weights[t.name] = describe(t, base_dir, resolver, model_path=path)
     nested = tuple(
         NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))
@@ -132,6 +134,10 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (ProtobufError, RuntimeError, ValueError, TypeError) as e:
+        depth = graph_depth(data)
+        if depth is not None and depth > 16:
+            raise ModelLoadError(f"{what} nests subgraphs {depth} levels deep, beyond protobuf's recursion limit "
+                                 f"(100 nested messages, about 33 levels of If/Loop/Scan)") from None
         raise ModelLoadError(f"malformed ONNX protobuf in {what} (truncated or not an ONNX model): {e}") from None
     if not model.HasField("graph"):
         raise ModelLoadError(f"{what} is not an ONNX model (no graph)")
@@ -139,6 +145,7 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     # still parses, and only this check notices (test_truncated_model_every_cut).
     if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
         raise ModelLoadError(f"{what} declares no opset_import (truncated file or not an ONNX model)")
+    check_versions(model, what)
     return model
 
 
@@ -153,18 +160,18 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
     if t.data_location == onnx.TensorProto.EXTERNAL:
         payload = external_payload(t, resolver or LocationResolver(base_dir), name)
         return WeightDescriptor(name, t.data_type, dims, payload)
-    where = f" in {model_path!r}" if model_path else ""
+    where = f" in {short(model_path, 400)!r}" if model_path else ""
     if t.HasField("segment"):
-        raise ModelLoadError(f"tensor {name!r}{where} uses segments, which are not supported")
+        raise ModelLoadError(f"tensor {short(name)!r}{where} uses segments, which are not supported")
     try:
         want = expected_nbytes(t.data_type, dims)
     except ValueError as e:
-        raise ModelLoadError(f"tensor {name!r}{where}: {e}") from None
+        raise ModelLoadError(f"tensor {short(name)!r}{where}: {e}") from None
     if any(d < 0 for d in dims):
-        raise ModelLoadError(f"tensor {name!r}{where} has a negative dimension: {list(dims)}")
+        raise ModelLoadError(f"tensor {short(name)!r}{where} has a negative dimension: {list(dims)}")
     if t.HasField("raw_data") and len(t.raw_data) != want:
         kind = "STRING tensors cannot use raw_data" if want is None else f"raw_data holds {len(t.raw_data)} bytes"
-        raise ModelLoadError(f"tensor {name!r}{where}: {kind}; {elem_type_name(t.data_type)} x {list(dims)} "
+        raise ModelLoadError(f"tensor {short(name)!r}{where}: {kind}; {elem_type_name(t.data_type)} x {list(dims)} "
                              f"needs {want} bytes")
     return WeightDescriptor(name, t.data_type, dims, InlinePayload(t))
 

@@ -12,7 +12,6 @@ after load into a SIGBUS instead of an :class:`ExternalDataError`, so it is not 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import threading
 
@@ -20,54 +19,66 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnx_prepared.errors import ExternalDataError, ModelLoadError
+from onnx_prepared.errors import ExternalDataError, ModelLoadError, ResourceLimitError, short
+from onnx_prepared.model.checksum import recorded_sha256, sha256_hex
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor, is_packed
+from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, open_regular, physical_memory
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+_RAM = physical_memory()
 
 
 class ExternalDataReader:
-    """Reads descriptors' bytes with ``os.preadv``; file descriptors are opened once per file and shared.
+    """Reads descriptors' bytes with ``os.preadv`` through a bounded pool of shared descriptors.
 
     ``pread`` is position-free, so I/O workers can read concurrently with no lock around the read.
-    ``read``/``read_bytes`` are thread-safe; ``close`` must not race with reads (a read after
-    ``close`` reopens the file). ``bytes_read`` counts external-data bytes of completed reads
-    (inline payloads are not counted).
+    ``read``/``read_bytes`` are thread-safe; ``close`` closes idle descriptors (a read after ``close``
+    reopens its file). ``bytes_read`` counts external-data bytes of completed reads (inline payloads
+    are not counted).
+
+    Every (re)open is ``safe_open.open_regular`` (non-blocking, no symlink, regular files only), and at
+    most ``fd_bound`` descriptors stay open (LRU), so any number of data files works under a low
+    ``ulimit -n``. A tensor larger than ``max_tensor_bytes`` (the session's memory limits) or than
+    physical memory raises :class:`ResourceLimitError` before its buffer is allocated.
+
+    A tensor whose external data records a sha256 is verified on its first read from each file
+    fingerprint (mismatch: :class:`ExternalDataError`); with ``hash_reads`` every external read is
+    hashed. ``source_digest`` then gives (sha256, fingerprint of the file the bytes came from), the
+    pair a companion cache may trust later without reading the source.
 
     >>> with ExternalDataReader() as r:
     ...     w = r.read(loaded.weights["W"])
     """
 
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()  # guards _fds and bytes_read
+    def __init__(self, *, max_tensor_bytes: int | None = None, hash_reads: bool = False,
+                 fd_bound: int | None = None) -> None:
+        self._pool = FdPool(_open_data, fd_bound)
+        self._lock = threading.Lock()  # guards bytes_read and _digests
         self.bytes_read = 0
+        self.max_tensor_bytes = max_tensor_bytes
+        self.hash_reads = hash_reads
+        self._digests: dict[tuple[str, int, int], tuple[str, str]] = {}  # (file, offset, length) -> (sha, fp)
 
-    # ---- file descriptors ----
-
-    def _fd(self, desc: WeightDescriptor, file: str) -> int:
-        fd = self._fds.get(file)
-        if fd is not None:
-            return fd
-        with self._lock:
-            fd = self._fds.get(file)
-            if fd is None:
-                fd = _open_regular(desc, file)
-                self._fds[file] = fd
-        return fd
+    @property
+    def open_files(self) -> int:
+        """Descriptors currently pooled (at most ``fd_bound``)."""
+        return len(self._pool)
 
     def close(self) -> None:
-        """Close every cached file descriptor. Idempotent."""
-        with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-        for fd in fds:
-            os.close(fd)
+        """Close every pooled file descriptor. Idempotent."""
+        self._pool.close()
 
     def __enter__(self) -> ExternalDataReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def source_digest(self, desc: WeightDescriptor) -> tuple[str, str] | None:
+        """(hex sha256, file fingerprint) of ``desc``'s stored bytes from a read of this reader, or None."""
+        p = desc.payload
+        if not isinstance(p, ExternalPayload):
+            return None
+        return self._digests.get((p.file, p.offset, p.length))
 
     # ---- reads ----
 
@@ -77,17 +88,20 @@ class ExternalDataReader:
         With ``out`` (a writable C-contiguous uint8 array of at least ``desc.nbytes`` elements) the bytes
         land in ``out`` and ``out[:desc.nbytes]`` is returned. Otherwise external bytes go to a new buffer,
         and an inline tensor's ``raw_data`` comes back as a read-only view (no copy).
-        Raises :class:`ExternalDataError` if the file is gone, shrank, or cannot be read.
+        Raises :class:`ExternalDataError` if the file is gone, shrank, is no longer a regular file, cannot
+        be read or does not match its recorded sha256; :class:`ResourceLimitError` if it cannot fit.
         """
         p = desc.payload
         if not isinstance(p, ExternalPayload):
             return _copy_into(_inline_bytes(desc), out)
+        if out is None:
+            check_allocation(desc.name, p.length, self.max_tensor_bytes)
         buf = _check_out(out, p.length) if out is not None else np.empty(p.length, dtype=np.uint8)
-        fd = self._fd(desc, p.file)
+        fd = self._acquire(desc, p.file)
         try:
-            size = os.fstat(fd).st_size
-            if p.offset + p.length > size:
-                raise ExternalDataError(f"external data file shrank to {size} bytes since load; tensor needs "
+            st = os.fstat(fd)
+            if p.offset + p.length > st.st_size:
+                raise ExternalDataError(f"external data file shrank to {st.st_size} bytes since load; tensor needs "
                                         f"bytes {p.offset}..{p.offset + p.length}", tensor=desc.name, file=p.file)
             mv, got = memoryview(buf), 0
             while got < p.length:
@@ -96,12 +110,47 @@ class ExternalDataReader:
                     raise ExternalDataError(f"external data file truncated: got {got} of {p.length} bytes "
                                             f"at offset {p.offset}", tensor=desc.name, file=p.file)
                 got += n
+            want = recorded_sha256(desc)
+            if want is not None or self.hash_reads:
+                self._verify(desc, p, fd, st, buf, want)
         except OSError as e:
             raise ExternalDataError(f"cannot read external data: {e.strerror or e}", tensor=desc.name,
                                     file=p.file) from None
+        finally:
+            self._pool.release(fd)
         with self._lock:
             self.bytes_read += p.length
         return buf
+
+    def _acquire(self, desc: WeightDescriptor, file: str) -> int:
+        try:
+            return self._pool.acquire(file)
+        except FileNotFoundError:
+            raise ExternalDataError("external data file disappeared since load", tensor=desc.name,
+                                    file=file) from None
+        except NotRegularFile as e:
+            raise ExternalDataError(f"external data file is no longer a regular file (it is a {e.kind})",
+                                    tensor=desc.name, file=file) from None
+        except OSError as e:
+            raise ExternalDataError(f"cannot open external data file: {e.strerror or e}", tensor=desc.name,
+                                    file=file) from None
+
+    def _verify(self, desc: WeightDescriptor, p: ExternalPayload, fd: int, st: os.stat_result, buf: np.ndarray,
+                want: str | None) -> None:
+        """Hash the bytes just read (once per file fingerprint) and compare with the recorded sha256."""
+        key, fp = (p.file, p.offset, p.length), fingerprint(st)
+        have = self._digests.get(key)
+        if have is not None and have[1] == fp:
+            sha = have[0]
+        else:
+            sha = sha256_hex(buf)
+            if fingerprint(os.fstat(fd)) == fp:  # unchanged while hashed: the pair may be trusted later
+                with self._lock:
+                    self._digests[key] = (sha, fp)
+        if want is not None and sha != want:
+            raise ExternalDataError(f"external data checksum mismatch: bytes {p.offset}..{p.offset + p.length} "
+                                    f"hash to sha256 {sha[:16]}..., the model records {want[:16]}... (the data "
+                                    f"file changed or is corrupt)", tensor=desc.name, file=p.file)
 
     def read(self, desc: WeightDescriptor) -> np.ndarray:
         """The value of ``desc`` as a read-only numpy array of its logical dtype and shape.
@@ -132,19 +181,20 @@ def decode(desc: WeightDescriptor, raw: np.ndarray) -> np.ndarray:
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
-def _open_regular(desc: WeightDescriptor, file: str) -> int:
-    # O_NOFOLLOW: load resolved symlinks to a real path, so a symlink here was swapped in since load.
-    try:
-        fd = os.open(file, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise ExternalDataError("external data file disappeared since load", tensor=desc.name, file=file) from None
-    except OSError as e:
-        raise ExternalDataError(f"cannot open external data file: {e.strerror or e}", tensor=desc.name,
-                                file=file) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ExternalDataError("external data file is no longer a regular file", tensor=desc.name, file=file)
-    return fd
+def _open_data(file: str) -> int:
+    # follow=False: load resolved symlinks to a real path, so a symlink here was swapped in since load.
+    return open_regular(file, follow=False)[0]
+
+
+def check_allocation(what: str, nbytes: int, limit: int | None = None) -> None:
+    """Raise ResourceLimitError naming ``what`` if ``nbytes`` exceed ``limit`` or physical memory."""
+    if limit is not None and nbytes > limit:
+        raise ResourceLimitError(f"{short(what)!r} needs {nbytes} bytes, more than the memory limit of {limit} "
+                                 f"bytes")
+    ram = _RAM
+    if ram is not None and nbytes > ram:
+        raise ResourceLimitError(f"{short(what)!r} needs {nbytes} bytes, more than this machine's {ram} bytes "
+                                 f"of physical memory")
 
 
 def _check_out(out: np.ndarray, n: int) -> np.ndarray:

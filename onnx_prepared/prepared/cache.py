@@ -43,6 +43,7 @@ import onnx
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.kernels.prepack import KERNEL_ABI
+from onnx_prepared.model.safe_open import read_regular
 from onnx_prepared.prepared import cache_io as io
 from onnx_prepared.prepared.cache_check import info, verify
 from onnx_prepared.prepared.cache_format import (
@@ -88,8 +89,7 @@ def source_model_digest(model_path: str | os.PathLike, model: onnx.ModelProto | 
     """
     if model is None:
         try:
-            with open(model_path, "rb") as f:
-                data = f.read()
+            data, _ = read_regular(os.fspath(model_path))
         except OSError as e:
             raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: {e}") from None
         model = onnx.ModelProto()

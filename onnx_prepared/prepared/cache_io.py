@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from onnx_prepared.errors import CacheError
+from onnx_prepared.model.safe_open import NotRegularFile, file_kind, open_regular, read_regular
 from onnx_prepared.prepared.cache_format import (
     ALIGNMENT,
     CacheEntry,
@@ -44,8 +45,10 @@ try:
 except ImportError:  # NOTE: not POSIX (Windows): no inter-process locking, single writer assumed
     fcntl = None  # type: ignore[assignment]
 
-_RD = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 16 << 20
+#: A manifest holds metadata only (a few hundred bytes per entry): a larger file is not one.
+MANIFEST_LIMIT = 256 << 20
 
 
 def checkpoint(stage: str) -> None:
@@ -70,14 +73,20 @@ def flocked(fd: int | None, exclusive: bool) -> Iterator[None]:
 
 def open_lock(path: str, *, create: bool) -> int | None:
     """The lock file's descriptor; None if it does not exist and ``create`` is False (read-only use)."""
+    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | _SAFE
     try:
-        return os.open(path, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(path, flags, 0o644)
     except FileNotFoundError:
         return None
     except PermissionError:
         if create:
             raise
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device here would block or lie about locking
+        mode = os.fstat(fd).st_mode
+        os.close(fd)
+        raise CacheError(f"cache lock {path!r} is not a regular file (it is a {file_kind(mode)})")
+    return fd
 
 
 def _try_lock(fd: int) -> bool:
@@ -158,15 +167,13 @@ def write_atomic(path: str, data: bytes, root: str) -> None:
 def open_payload_file(file: str) -> tuple[int | None, int, str]:
     """(fd, size, problem) for a data file: fd None and a reason if it is missing or not a regular file."""
     try:
-        fd = os.open(file, _RD)
+        fd, st = open_regular(file)
     except FileNotFoundError:
         return None, 0, "payload file is missing"
+    except NotRegularFile as e:
+        return None, 0, f"payload file is not a regular file (it is a {e.kind})"
     except OSError as e:
         return None, 0, f"cannot open payload file: {e.strerror or e}"
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return None, 0, "payload file is not a regular file"
     return fd, st.st_size, ""
 
 
@@ -225,7 +232,7 @@ def cleanup(folder: str, root: str, referenced: set[str]) -> list[str]:
 
 def _dead_writer(path: str) -> bool:
     try:
-        fd = os.open(path, _RD)
+        fd, _ = open_regular(path, follow=False)
     except OSError:
         return False
     try:
@@ -248,13 +255,12 @@ def read_manifest(path: str) -> tuple[Manifest | None, int | None]:
     """(decoded manifest, its inode); (None, None) if there is no companion. Raises CacheError if it
     cannot be parsed."""
     try:
-        with open(path, "rb") as f:
-            ino = os.fstat(f.fileno()).st_ino
-            data = f.read()
+        data, st = read_regular(path, limit=MANIFEST_LIMIT)
     except FileNotFoundError:
         return None, None
     except OSError as e:
         raise CacheError(f"cannot read companion prepared model {path!r}: {e.strerror or e}") from None
+    ino = st.st_ino
     try:
         model = parse(data, path)
     except ValueError as e:

@@ -111,6 +111,10 @@ class RuntimeSession:
                 opt("prepared_model_path", None) or default_prepared_path(loaded.path, digest=digest),
                 source_digest=digest, policy=policy,
             )
+        if reader is None:
+            # A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy
+            # is asked for the buffer; prepared_memory_limit is a residency target one object may exceed.
+            reader = ExternalDataReader(max_tensor_bytes=opt("memory_limit", None) or None)
         self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
         self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
         self.arenas = Arenas.create(prepared_limit=opt("prepared_memory_limit", None),

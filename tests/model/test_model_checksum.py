@@ -1,4 +1,4 @@
-"""sha256 checksums recorded in external_data: verified on request, never computed at load."""
+"""sha256 checksums recorded in external_data: verified on the first read of the bytes, never at load."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import numpy_helper
 
+from onnx_prepared.errors import ExternalDataError
 from onnx_prepared.model import ExternalDataReader, load_model, recorded_sha256, sha256_hex, verify_checksum
 from tests.model.model_builders import Spec, write_model
 
@@ -32,9 +33,13 @@ def test_matching_checksum(tmp_path, form):
     assert verify_checksum(d, ExternalDataReader().read(d))  # plain dtypes: the array's bytes are the stored bytes
 
 
-def test_mismatch(tmp_path):
+def test_mismatch_raises_on_read(tmp_path):
     d = _desc(tmp_path, hashlib.sha256(b"other").hexdigest())
-    assert not verify_checksum(d, ExternalDataReader().read_bytes(d))
+    with pytest.raises(ExternalDataError, match="checksum mismatch") as ei:
+        ExternalDataReader().read_bytes(d)
+    assert ei.value.tensor == "w" and ei.value.file == d.payload.file
+    with pytest.raises(ExternalDataError, match="checksum mismatch"):
+        ExternalDataReader().read(d)
 
 
 def test_corrupted_file_is_caught(tmp_path):
@@ -42,7 +47,31 @@ def test_corrupted_file_is_caught(tmp_path):
     with open(d.payload.file, "r+b") as f:
         f.seek(d.payload.offset + 5)
         f.write(b"\xff")
-    assert not verify_checksum(d, ExternalDataReader().read_bytes(d))
+    with pytest.raises(ExternalDataError, match="checksum mismatch"):
+        ExternalDataReader().read_bytes(d)
+
+
+def test_rewrite_in_place_after_a_verified_read_is_caught(tmp_path):
+    """Verification is cached per file fingerprint: a same-size rewrite changes it, so the next read re-hashes."""
+    d = _desc(tmp_path, DIGEST)
+    r = ExternalDataReader()
+    r.read_bytes(d)
+    sha, fp = r.source_digest(d)
+    assert sha == DIGEST and fp == d.payload.fingerprint
+    r.close()  # the pool reopens: a rewrite through another descriptor changes mtime/ctime
+    with open(d.payload.file, "r+b") as f:
+        f.seek(d.payload.offset)
+        f.write(b"\x01\x02")
+    with pytest.raises(ExternalDataError, match="checksum mismatch"):
+        r.read_bytes(d)
+
+
+def test_hash_reads_records_digest_without_checksum(tmp_path):
+    d = _desc(tmp_path, None)
+    assert ExternalDataReader().source_digest(d) is None
+    r = ExternalDataReader(hash_reads=True)
+    r.read(d)
+    assert r.source_digest(d) == (DIGEST, d.payload.fingerprint)
 
 
 @pytest.mark.parametrize("checksum", [None, "", hashlib.sha1(V.tobytes()).hexdigest(), "z" * 64])

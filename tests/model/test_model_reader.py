@@ -119,7 +119,7 @@ def test_many_tensors_one_file_at_aligned_offsets(tmp_path):
     with ExternalDataReader() as r:
         for k in reversed(list(vals)):  # out of file order
             _same(r.read(m.weights[k]), vals[k])
-        assert len(r._fds) == 1  # one descriptor per file, shared
+        assert r.open_files == 1 and r._pool.opens == 1  # one descriptor per file, shared
 
 
 def test_read_bytes_into_out(tmp_path):
@@ -202,7 +202,7 @@ def test_concurrent_reads_from_one_reader(tmp_path):
             names = list(vals)[tid::2] if rnd % 2 else list(vals)
             expected += sum(vals[k].nbytes for k in names)
     assert r.bytes_read == expected
-    assert len(r._fds) == 1
+    assert r.open_files == 1
     r.close()
 
 

@@ -1,0 +1,85 @@
+"""Refuse at load what the installed ``onnx`` cannot describe: IR versions, opsets and op versions
+beyond the ones it knows (onnxruntime refuses them too; running them would guess at semantics)."""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+import onnx.defs
+
+from onnx_prepared.errors import ModelLoadError, short
+
+#: Domains whose operator sets the installed onnx defines; custom domains (com.microsoft, ...) are the
+#: kernels' business.
+_ONNX_DOMAINS = {"": "", "ai.onnx": "", "ai.onnx.ml": "ai.onnx.ml"}
+
+
+@functools.cache
+def max_opset(domain: str) -> int:
+    """Highest opset of an onnx-defined ``domain`` the installed onnx knows."""
+    if domain == "":
+        return onnx.defs.onnx_opset_version()
+    if domain == "ai.onnx.ml":
+        return onnx.defs.onnx_ml_opset_version()
+    return max((s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.domain == domain), default=0)
+
+
+def check_versions(model: onnx.ModelProto, what: str) -> None:
+    """Raise ModelLoadError naming the version if ``model`` needs a newer onnx than the installed one."""
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(f"{what} has IR version {model.ir_version}; the installed onnx {onnx.__version__} "
+                             f"knows IR versions up to {onnx.IR_VERSION}")
+    opsets: dict[str, int] = {}
+    for o in model.opset_import:
+        dom = _ONNX_DOMAINS.get(o.domain)
+        if dom is None:
+            continue
+        if o.version > max_opset(dom) or o.version < 1:
+            raise ModelLoadError(f"{what} imports opset {o.version} of domain {o.domain or 'ai.onnx'!r}; the "
+                                 f"installed onnx {onnx.__version__} knows opsets 1..{max_opset(dom)}")
+        opsets[dom] = o.version
+    local = {(f.domain, f.name) for f in model.functions}
+    _check_nodes(model.graph.node, opsets, local, what)
+    for f in model.functions:
+        fops = dict(opsets)
+        for o in f.opset_import:
+            dom = _ONNX_DOMAINS.get(o.domain)
+            if dom is not None:
+                fops[dom] = o.version
+        _check_nodes(f.node, fops, local, what)
+
+
+def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], what: str) -> None:
+    stack = [iter(nodes)]
+    while stack:  # iterative: subgraphs nest arbitrarily deep
+        node = next(stack[-1], None)
+        if node is None:
+            stack.pop()
+            continue
+        dom = _ONNX_DOMAINS.get(node.domain)
+        if dom is not None and dom in opsets and (node.domain, node.op_type) not in local:
+            _check_op(node, dom, opsets[dom], what)
+        for a in node.attribute:
+            if a.HasField("g"):
+                stack.append(iter(a.g.node))
+            for g in a.graphs:
+                stack.append(iter(g.node))
+
+
+def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> None:
+    if not onnx.defs.has(node.op_type, domain):
+        return  # not an onnx op at all: reported as unsupported by kernel choice, naming the node
+    try:
+        onnx.defs.get_schema(node.op_type, version, domain)
+    except onnx.defs.SchemaError:
+        first = onnx.defs.get_schema(node.op_type, max_opset(domain), domain)
+        while True:  # the earliest version, to say when the op appeared
+            try:
+                first = onnx.defs.get_schema(node.op_type, first.since_version - 1, domain)
+            except onnx.defs.SchemaError:
+                break
+        raise ModelLoadError(
+            f"{what}: node {short(node.name or node.op_type)!r} uses {node.op_type}, which opset {version} of "
+            f"domain {domain or 'ai.onnx'!r} does not define (it first appears in opset {first.since_version})"
+        ) from None
