@@ -53,17 +53,19 @@ def single_node_model(op_type: str, inputs: list[np.ndarray | None], *, opset: i
 
 
 def run_ort(op_type: str, inputs: list[np.ndarray | None], *, opset: int, n_outputs: int = 1,
-            out_elem: int | None = None, **attrs) -> list[np.ndarray]:
+            out_elem: int | list[int] | None = None, **attrs) -> list[np.ndarray]:
     """onnxruntime's outputs for a single node (the reference where onnx.reference is wrong or missing).
 
-    ORT wants typed outputs: ``out_elem`` (default: the first input's element type).
+    ORT wants typed outputs: ``out_elem`` (default: the first input's element type), one per output
+    when a list.
     """
     import onnxruntime as ort
 
     model = single_node_model(op_type, inputs, opset=opset, n_outputs=n_outputs, **attrs)
     elem = out_elem or _value_info("", inputs[0]).type.tensor_type.elem_type
-    for o in model.graph.output:
-        o.type.tensor_type.elem_type = elem
+    elems = elem if isinstance(elem, list) else [elem] * len(model.graph.output)
+    for o, e in zip(model.graph.output, elems):
+        o.type.tensor_type.elem_type = e
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {f"x{i}": v for i, v in enumerate(inputs) if v is not None})
 
@@ -108,5 +110,18 @@ def check(op_type: str, inputs: list[np.ndarray | None], *, opset: int, n_output
           rtol: float = 1e-6, atol: float = 0.0, **attrs) -> tuple[np.ndarray, ...]:
     """run_both + assert_same; returns our outputs for extra assertions."""
     ours, ref = run_both(op_type, inputs, opset=opset, n_outputs=n_outputs, **attrs)
+    assert_same(ours, ref, rtol=rtol, atol=atol)
+    return ours
+
+
+def check_ort(op_type: str, inputs: list[np.ndarray | None], *, opset: int, n_outputs: int = 1,
+              out_elem: int | list[int] | None = None, rtol: float = 1e-3, atol: float = 1e-4,
+              **attrs) -> tuple[np.ndarray, ...]:
+    """Our fast kernel against onnxruntime (the project's definition of correct); returns our outputs.
+
+    Floats within ``atol`` + ``rtol`` (default: the project's 1e-4 + 1e-3), integers exactly.
+    """
+    ours = run_ours(op_type, inputs, opset=opset, n_outputs=n_outputs, **attrs)
+    ref = run_ort(op_type, inputs, opset=opset, n_outputs=n_outputs, out_elem=out_elem, **attrs)
     assert_same(ours, ref, rtol=rtol, atol=atol)
     return ours

@@ -1,0 +1,106 @@
+"""Conv on numpy + BLAS: im2col over a strided window view and one GEMM per group, bias fused.
+
+Three variants, chosen per call from shapes only:
+
+- pointwise (1x1 kernel, stride 1, no pads): a pure GEMM on the input reshaped to [N, g, C/g, P];
+- depthwise (one input channel per group): a multiply-add per kernel tap on strided views, no im2col;
+- general: the window view ``[N, C, *out, *k]`` copied once to columns ``[N, g, C/g*K, P]``, then
+  ``W[g, M/g, C/g*K] @ cols`` (numpy's matmul loops BLAS over batch and groups).
+
+The weight is used as the matrix ``[g, M/g, C/g*prod(k)]``; :mod:`conv_prepacked` stores exactly that
+matrix (in the compute dtype) in the prepared cache. Half-precision inputs compute in float32.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels.registry import kernel
+
+
+def weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
+    """``W [M, C/g, *k]`` as the contiguous compute-dtype matrix ``[g, M/g, C/g*prod(k)]``."""
+    m = w.shape[0]
+    if group < 1 or m % group:
+        raise KernelError(f"Conv: {m} output channels do not split into group={group}")
+    wm = w.reshape(group, m // group, -1)
+    return np.ascontiguousarray(wm, dtype=sp.work_dtype(w.dtype))
+
+
+def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple[int, ...], *, auto_pad: str,
+              dilations, group: int, pads, strides) -> np.ndarray:
+    """The convolution of ``x [N, C, *S]`` with the weight matrix ``wm [g, M/g, C/g*K]``."""
+    nd = x.ndim - 2
+    if nd < 1 or len(kshape) != nd:
+        raise KernelError(f"Conv: input of shape {list(x.shape)} does not match a {len(kshape)}-D kernel")
+    n, c = x.shape[:2]
+    g, mg, cgk = wm.shape
+    if g != group or c % group or (c // group) * sp.prod(kshape) != cgk:
+        raise KernelError(f"Conv: input channels {c} do not match the weight ({g * mg} x {cgk // sp.prod(kshape)} "
+                          f"x {list(kshape)}) with group={group}")
+    begins, ends, out = sp.geometry("Conv", x.shape[2:], kshape, auto_pad=auto_pad, pads=pads, strides=strides,
+                                    dilations=dilations)
+    strides = sp.ints(strides, nd, 1, "strides", "Conv")
+    dilations = sp.ints(dilations, nd, 1, "dilations", "Conv")
+    dtype = x.dtype
+    wd = wm.dtype
+    xw = x if x.dtype == wd else x.astype(wd)
+    p = sp.prod(out)
+    m = g * mg
+    cg = c // g
+    if all(k == 1 for k in kshape) and all(s == 1 for s in strides) and not any(begins) and not any(ends):
+        y = np.matmul(wm, xw.reshape(n, g, cg, p))
+    elif cg == 1:
+        y = _depthwise(xw, wm, kshape, begins, ends, out, strides, dilations)
+    else:
+        xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
+        win = sp.windows(xp, out, kshape, strides, dilations)
+        axes = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+        cols = win.transpose(axes).reshape(n, g, cgk, p)
+        y = np.matmul(wm, cols)
+    y = y.reshape((n, m) + tuple(out))
+    if b is not None:
+        if b.shape != (m,):
+            raise KernelError(f"Conv: bias shape {list(b.shape)} is not [{m}]")
+        y += b.astype(wd, copy=False).reshape((m,) + (1,) * nd)
+    return y if y.dtype == dtype else y.astype(dtype)
+
+
+def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:
+    """One input channel per group: y[n, c, j] = sum over taps of w[c, j, tap] * window tap (multiplier j)."""
+    n, c = x.shape[:2]
+    mult = wm.shape[1]
+    nd = len(kshape)
+    xp = sp.pad_input(x, begins, ends, out, kshape, strides, dilations, 0)
+    win = sp.windows(xp, out, kshape, strides, dilations)  # [N, C, *out, *k]
+    ones = (1,) * nd
+    y = np.zeros((n, c, mult) + tuple(out), dtype=x.dtype)
+    tmp = np.empty_like(y)
+    for t, tap in enumerate(itertools.product(*(range(k) for k in kshape))):
+        view = win[(Ellipsis,) + tap][:, :, None]  # [N, C, 1, *out]
+        np.multiply(view, wm[:, :, t].reshape((c, mult) + ones), out=tmp)
+        y += tmp
+    return y
+
+
+@kernel("Conv", since=1)
+def conv(
+    X: np.ndarray, W: np.ndarray, B: np.ndarray | None = None, *, auto_pad: str = "NOTSET",
+    dilations: list[int] | None = None, group: int = 1, kernel_shape: list[int] | None = None,
+    pads: list[int] | None = None, strides: list[int] | None = None,
+) -> tuple[np.ndarray]:
+    kshape = tuple(W.shape[2:])
+    if kernel_shape and tuple(kernel_shape) != kshape:
+        raise KernelError(f"Conv: kernel_shape={list(kernel_shape)} differs from the weight's {list(kshape)}")
+    return (conv_core(X, weight_matrix(W, group) if W.dtype.name in sp.HALF else _wm_view(W, group), B, kshape,
+                      auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides),)
+
+
+def _wm_view(w: np.ndarray, group: int) -> np.ndarray:
+    if group < 1 or w.shape[0] % group:
+        raise KernelError(f"Conv: {w.shape[0]} output channels do not split into group={group}")
+    return w.reshape(group, w.shape[0] // group, -1)

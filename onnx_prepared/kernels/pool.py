@@ -1,0 +1,144 @@
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool and the Global* pools, every spatial rank.
+
+Windowed pools reduce a strided window view ``[N, C, *out, *k]`` of the padded input (see
+:mod:`_spatial`); max pads with the dtype's lowest value, average and Lp with zeros. AveragePool's
+divisor is the number of window elements inside the input (count_include_pad=0) or inside the
+explicitly padded input (count_include_pad=1); ceil-mode overhang never counts, as in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels.registry import kernel
+
+
+def _lowest(dtype: np.dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _setup(op: str, x: np.ndarray, kernel_shape, auto_pad, pads, strides, dilations, ceil_mode):
+    nd = x.ndim - 2
+    if nd < 1:
+        raise KernelError(f"{op}: input must have a batch, a channel and at least one spatial axis, got "
+                          f"shape {list(x.shape)}")
+    kshape = sp.ints(kernel_shape, nd, 0, "kernel_shape", op)
+    if any(k < 1 for k in kshape):
+        raise KernelError(f"{op}: kernel_shape={list(kernel_shape or [])} is required and must be positive")
+    begins, ends, out = sp.geometry(op, x.shape[2:], kshape, auto_pad=auto_pad, pads=pads, strides=strides,
+                                    dilations=dilations, ceil_mode=ceil_mode, same_undilated=True)
+    return kshape, begins, ends, out, sp.ints(strides, nd, 1, "strides", op), sp.ints(dilations, nd, 1,
+                                                                                         "dilations", op)
+
+
+def _reduce_axes(nd: int) -> tuple[int, ...]:
+    return tuple(range(2 + nd, 2 + 2 * nd))
+
+
+@kernel("MaxPool", since=1)
+def max_pool(
+    X: np.ndarray, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: list[int] | None = None,
+    kernel_shape: list[int] | None = None, pads: list[int] | None = None, storage_order: int = 0,
+    strides: list[int] | None = None, n_outputs: int = 1,
+) -> tuple:
+    kshape, begins, ends, out, strides, dilations = _setup("MaxPool", X, kernel_shape, auto_pad, pads, strides,
+                                                           dilations, ceil_mode)
+    nd = len(kshape)
+    xp = sp.pad_input(X, begins, ends, out, kshape, strides, dilations, _lowest(X.dtype))
+    win = sp.windows(xp, out, kshape, strides, dilations)
+    if n_outputs < 2:
+        return (np.max(win, axis=_reduce_axes(nd)) if win.size else np.empty(win.shape[:2 + nd], X.dtype),)
+    flat = win.reshape(win.shape[:2 + nd] + (-1,))
+    arg = np.argmax(flat, axis=-1)
+    y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    # window offset -> input coordinates -> flat index into X (row- or column-major spatial order)
+    taps = np.unravel_index(arg, kshape)
+    n, c = X.shape[:2]
+    spatial = X.shape[2:]
+    idx = np.zeros(arg.shape, dtype=np.int64)
+    coords = []
+    for i in range(nd):
+        pos = np.arange(out[i], dtype=np.int64).reshape((-1,) + (1,) * (nd - 1 - i)) * strides[i] - begins[i]
+        coords.append(pos + taps[i].astype(np.int64) * dilations[i])
+    order = range(nd) if not storage_order else range(nd - 1, -1, -1)
+    for i in order:
+        idx = idx * spatial[i] + coords[i]
+    plane = sp.prod(spatial)
+    base = (np.arange(n * c, dtype=np.int64) * plane).reshape((n, c) + (1,) * nd)
+    return y, idx + base
+
+
+@kernel("AveragePool", since=1)
+def average_pool(
+    X: np.ndarray, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0,
+    dilations: list[int] | None = None, kernel_shape: list[int] | None = None, pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> tuple[np.ndarray]:
+    kshape, begins, ends, out, strides, dilations = _setup("AveragePool", X, kernel_shape, auto_pad, pads,
+                                                           strides, dilations, ceil_mode)
+    nd = len(kshape)
+    dtype = X.dtype
+    xw = X.astype(sp.work_dtype(dtype), copy=False)
+    xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
+    y = np.sum(sp.windows(xp, out, kshape, strides, dilations), axis=_reduce_axes(nd))
+    y /= _counts(X.shape[2:], begins, ends, out, kshape, strides, dilations, count_include_pad, xw.dtype)
+    return (y.astype(dtype, copy=False),)
+
+
+def _counts(spatial, begins, ends, out, kshape, strides, dilations, include_pad: int, dtype) -> np.ndarray:
+    """Per-output divisor: window taps inside the input (or inside the explicitly padded input)."""
+    nd = len(spatial)
+    total = None
+    for i in range(nd):
+        lo, hi = (-begins[i], spatial[i] + ends[i]) if include_pad else (0, spatial[i])
+        pos = np.arange(out[i])[:, None] * strides[i] - begins[i] + np.arange(kshape[i])[None, :] * dilations[i]
+        cnt = ((pos >= lo) & (pos < hi)).sum(axis=1).astype(dtype).reshape((-1,) + (1,) * (nd - 1 - i))
+        total = cnt if total is None else total * cnt
+    return np.maximum(total, 1)
+
+
+@kernel("LpPool", since=1)
+def lp_pool(
+    X: np.ndarray, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: list[int] | None = None,
+    kernel_shape: list[int] | None = None, p: int = 2, pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> tuple[np.ndarray]:
+    kshape, begins, ends, out, strides, dilations = _setup("LpPool", X, kernel_shape, auto_pad, pads, strides,
+                                                           dilations, ceil_mode)
+    dtype = X.dtype
+    xw = np.abs(X.astype(sp.work_dtype(dtype), copy=False))
+    xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
+    win = sp.windows(xp, out, kshape, strides, dilations)
+    y = np.sum(win * win if p == 2 else win ** p, axis=_reduce_axes(len(kshape)))
+    y = np.sqrt(y) if p == 2 else y ** (1.0 / p)
+    return (y.astype(dtype, copy=False),)
+
+
+def _global_axes(x: np.ndarray, op: str) -> tuple[int, ...]:
+    if x.ndim < 3:
+        raise KernelError(f"{op}: input must have at least one spatial axis, got shape {list(x.shape)}")
+    return tuple(range(2, x.ndim))
+
+
+@kernel("GlobalAveragePool", since=1)
+def global_average_pool(X: np.ndarray) -> tuple[np.ndarray]:
+    axes = _global_axes(X, "GlobalAveragePool")
+    if X.dtype.name in sp.HALF:
+        return (np.mean(X, axis=axes, keepdims=True, dtype=np.float32).astype(X.dtype),)
+    return (np.mean(X, axis=axes, keepdims=True),)
+
+
+@kernel("GlobalMaxPool", since=1)
+def global_max_pool(X: np.ndarray) -> tuple[np.ndarray]:
+    return (np.max(X, axis=_global_axes(X, "GlobalMaxPool"), keepdims=True),)
+
+
+@kernel("GlobalLpPool", since=2)
+def global_lp_pool(X: np.ndarray, *, p: int = 2) -> tuple[np.ndarray]:
+    axes = _global_axes(X, "GlobalLpPool")
+    xw = np.abs(X.astype(sp.work_dtype(X.dtype), copy=False))
+    y = np.sqrt(np.sum(xw * xw, axis=axes, keepdims=True)) if p == 2 else np.sum(
+        xw ** p, axis=axes, keepdims=True) ** (1.0 / p)
+    return (y.astype(X.dtype, copy=False),)

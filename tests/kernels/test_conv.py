@@ -1,0 +1,147 @@
+"""Conv fast kernels (general im2col, pointwise, depthwise) and the Conv weight prepack, against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared import InferenceSession
+from onnx_prepared.kernels.binding import bind_node
+from onnx_prepared.model import load_model
+from onnx_prepared.resolve import resolve_model
+from onnx_prepared.runtime import RuntimeSession
+from tests.kernels.onnx_node_check import check, check_ort
+
+RNG = np.random.default_rng(0)
+
+
+def _r(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("xs", "ws", "attrs"),
+    [
+        ((1, 3, 10, 11), (4, 3, 3, 3), {}),
+        ((2, 4, 9, 9), (6, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2]}),
+        ((1, 6, 8, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),  # depthwise
+        ((1, 6, 8, 8), (12, 1, 3, 3), {"group": 6, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),  # multiplier 2
+        ((2, 5, 9, 7), (5, 1, 5, 5), {"group": 5, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ((1, 8, 7, 7), (5, 8, 1, 1), {}),  # pointwise
+        ((2, 8, 7, 7), (6, 4, 1, 1), {"group": 2}),  # grouped pointwise
+        ((1, 8, 7, 7), (5, 8, 1, 1), {"strides": [2, 2]}),  # strided 1x1: im2col
+        ((1, 1, 9, 9), (4, 1, 3, 3), {"pads": [1, 2, 0, 1]}),  # one input channel (depthwise path, multiplier 4)
+        ((1, 3, 9), (2, 3, 4), {"auto_pad": "SAME_UPPER", "strides": [3]}),  # 1-D
+        ((2, 4, 12), (4, 2, 3), {"group": 2, "dilations": [3], "pads": [2, 1]}),
+        ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1], "dilations": [2, 1, 1]}),  # 3-D
+        ((1, 4, 5, 6, 7), (4, 1, 3, 3, 3), {"group": 4, "auto_pad": "VALID"}),  # 3-D depthwise
+        ((1, 3, 7, 7), (2, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 3], "kernel_shape": [3, 3]}),
+        ((1, 3, 224, 224), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),  # ResNet stem shape
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_against_onnxruntime(xs, ws, attrs, bias):
+    inputs = [_r(*xs), _r(*ws)] + ([_r(ws[0])] if bias else [])
+    check_ort("Conv", inputs, opset=11, **attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("group", [1, 3])
+def test_conv_dtypes(dtype, group):
+    """float16 against onnxruntime; float64 (which onnxruntime's CPU Conv lacks) against onnx.reference."""
+    x, w, b = _r(1, 3, 8, 8, dtype=dtype), _r(6, 3 // group, 3, 3, dtype=dtype), _r(6, dtype=dtype)
+    if dtype == np.float16:
+        (y,) = check_ort("Conv", [x, w, b], opset=11, rtol=2e-2, atol=2e-2, group=group, pads=[1, 1, 1, 1])
+    else:
+        (y,) = check("Conv", [x, w, b], opset=11, rtol=1e-10, atol=1e-10, group=group, pads=[1, 1, 1, 1])
+    assert y.dtype == dtype
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nd=st.integers(1, 3), n=st.integers(1, 2), cg=st.integers(1, 3), g=st.integers(1, 3), mg=st.integers(1, 3),
+    k=st.integers(1, 3), s=st.integers(1, 3), d=st.integers(1, 2), p=st.integers(0, 2),
+    auto_pad=st.sampled_from(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]), bias=st.booleans(),
+    extra=st.integers(0, 4),
+)
+def test_conv_hypothesis(nd, n, cg, g, mg, k, s, d, p, auto_pad, bias, extra):
+    if auto_pad.startswith("SAME"):
+        d = 1  # onnxruntime rejects dilated SAME convs
+    size = d * (k - 1) + 1 + extra
+    x, w = _r(n, cg * g, *([size] * nd)), _r(mg * g, cg, *([k] * nd))
+    attrs = {"group": g, "strides": [s] * nd, "dilations": [d] * nd, "auto_pad": auto_pad}
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [p] * nd + [max(0, p - 1)] * nd
+    check_ort("Conv", [x, w] + ([_r(mg * g)] if bias else []), opset=11, **attrs)
+
+
+def test_conv_unknown_attribute_falls_back():
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], made_up=1)
+    assert bind_node(node, {"": 13}).is_fallback
+
+
+def _cnn(path, dtype=TensorProto.FLOAT):
+    """Conv (W initializer) -> BatchNormalization -> Relu -> depthwise Conv -> MaxPool -> GlobalAveragePool."""
+    np_t = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [
+        numpy_helper.from_array(_r(8, 3, 3, 3).astype(np_t), "W0"), numpy_helper.from_array(_r(8).astype(np_t), "B0"),
+        numpy_helper.from_array(_r(8, 1, 3, 3).astype(np_t), "W1"),
+    ]
+    for name in ("s", "b", "m"):
+        inits.append(numpy_helper.from_array(_r(8).astype(np_t), name))
+    inits.append(numpy_helper.from_array((np.abs(_r(8)) + 0.5).astype(np_t), "v"))
+    nodes = [
+        helper.make_node("Conv", ["x", "W0", "B0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c0", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Conv", ["r", "W1"], ["c1"], group=8, pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", dtype, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", dtype, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_conv_weights_are_prepacked_and_restored_from_the_companion(tmp_path):
+    path = _cnn(tmp_path / "cnn.onnx")
+    resolved = resolve_model(load_model(path))
+    layouts = [c for c in resolved.kernel_choices if c.startswith("prepacked:")]
+    assert layouts == ["prepacked:conv-w-gmk-float32-as-float32-g1-m8-ck27-k3x3",
+                       "prepacked:conv-w-gmk-float32-as-float32-g8-m1-ck9-k3x3"]
+    assert not any(c.startswith("fallback:") for c in resolved.kernel_choices)
+    import onnxruntime as ort
+
+    x = _r(1, 3, 16, 16)
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "c.onnx")}
+    with RuntimeSession(path, opts) as s:
+        s.prepare()
+        (y,) = s.run({"x": x})
+        assert sum(1 for k in s.state.counters if k.startswith("prepack:")) == 2
+    np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-4)
+    with RuntimeSession(path, {**opts, "prepared_model_policy": "read_only"}) as s:
+        assert all(r.cached for r in s.resolved.requirements if not r.key.is_raw)
+        (y2,) = s.run({"x": x})
+        assert not any(k.startswith("prepack:") for k in s.state.counters)
+    np.testing.assert_array_equal(y2, y)
+
+
+def test_float16_conv_weights_pack_as_float32(tmp_path):
+    path = _cnn(tmp_path / "cnn16.onnx", TensorProto.FLOAT16)
+    resolved = resolve_model(load_model(path))
+    assert "prepacked:conv-w-gmk-float16-as-float32-g1-m8-ck27-k3x3" in resolved.kernel_choices
+    import onnxruntime as ort
+
+    x = _r(1, 3, 16, 16, dtype=np.float16)
+    (expected,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (y,) = InferenceSession(path).run(None, {"x": x})
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y.astype(np.float32), expected.astype(np.float32), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,89 @@
+"""Pool kernels against onnxruntime: every rank, pads, auto_pad, strides, dilations, ceil_mode,
+count_include_pad, MaxPool's Indices (both storage orders), LpPool and the Global pools."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tests.kernels.onnx_node_check import check, check_ort, run_ours
+
+RNG = np.random.default_rng(1)
+SHAPES = [((2, 3, 9), (3,)), ((1, 2, 7, 8), (3, 2)), ((1, 2, 5, 6, 7), (2, 3, 2))]
+
+
+def _grid():
+    for (xs, k), ceil, s, d, pads, auto_pad in itertools.product(
+        SHAPES, [0, 1], [1, 2], [1, 2], [False, True], ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]
+    ):
+        if auto_pad != "NOTSET" and (pads or ceil):
+            continue
+        nd = len(k)
+        attrs = {"kernel_shape": list(k), "strides": [s] * nd, "auto_pad": auto_pad}
+        if d > 1:
+            attrs["dilations"] = [d] * nd
+        if ceil:
+            attrs["ceil_mode"] = 1
+        if pads:
+            attrs["pads"] = [1] * nd + [min(kk - 1, 2) for kk in k]
+        yield pytest.param(xs, attrs, id=f"{len(xs) - 2}d-" + "-".join(f"{a}{v}" for a, v in attrs.items()))
+
+
+GRID = list(_grid())
+
+
+@pytest.mark.parametrize(("xs", "attrs"), GRID)
+def test_max_pool_with_indices(xs, attrs):
+    x = RNG.standard_normal(xs).astype(np.float32)
+    check_ort("MaxPool", [x], opset=12, n_outputs=2, out_elem=[TensorProto.FLOAT, TensorProto.INT64], **attrs)
+
+
+@pytest.mark.parametrize(("xs", "attrs"), GRID)
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_average_pool(xs, attrs, count_include_pad):
+    x = RNG.standard_normal(xs).astype(np.float32)
+    check_ort("AveragePool", [x], opset=19, count_include_pad=count_include_pad, **attrs)
+
+
+@pytest.mark.parametrize(("xs", "attrs"), GRID[::3])
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool(xs, attrs, p):
+    x = RNG.standard_normal(xs).astype(np.float32)
+    check_ort("LpPool", [x], opset=18, p=p, **attrs)
+
+
+def test_max_pool_column_major_indices_and_ties():
+    x = np.round(RNG.standard_normal((2, 3, 6, 5)) * 2).astype(np.float32)  # many ties
+    check_ort("MaxPool", [x], opset=12, n_outputs=2, out_elem=[TensorProto.FLOAT, TensorProto.INT64],
+              kernel_shape=[3, 2], pads=[1, 1, 1, 0], storage_order=1)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float16])
+def test_max_pool_dtypes(dtype):
+    x = RNG.integers(0, 100, (1, 2, 7, 7)).astype(dtype)
+    (y,) = check_ort("MaxPool", [x], opset=12, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    assert y.dtype == dtype
+
+
+def test_max_pool_single_output_at_opset_1():
+    x = RNG.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    check("MaxPool", [x], opset=1, kernel_shape=[2, 2], strides=[2, 2])
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"])
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 4, 5, 6), (2, 2, 3, 4, 5)])
+def test_global_pools_every_rank(op, shape):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    (y,) = check_ort(op, [x], opset=12)
+    assert y.shape == shape[:2] + (1,) * (len(shape) - 2)  # onnx.reference's GlobalMaxPool gets 3-D wrong
+
+
+def test_global_average_pool_float16_accumulates_in_float32():
+    x = (RNG.standard_normal((1, 2, 64, 64)) * 100).astype(np.float16)
+    (y,) = run_ours("GlobalAveragePool", [x], opset=12)
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y.astype(np.float32), x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+                               rtol=1e-3, atol=1e-2)
