@@ -15,10 +15,7 @@ import onnx_prepared
 from tests.helpers.corpus import MODELS, assert_matches, ort_session
 
 # model -> why it does not match yet (strict: a fix turns the xfail into a failure until removed here).
-_BN9 = ("BatchNormalization-9 (opsets 9-13) runs on onnx.reference's BatchNormalization_9, which uses batch "
-        "statistics because the schema fills in a default momentum; onnxruntime uses the running statistics")
-KNOWN: dict[str, str] = {name: _BN9 for name in ("unet_opset11", "bn_cnn_opset9", "bn_cnn_opset13",
-                                                 "dynamic_minus_one")}
+KNOWN: dict[str, str] = {}
 
 
 def _params():
