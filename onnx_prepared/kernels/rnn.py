@@ -1,0 +1,370 @@
+"""LSTM, GRU and RNN: the input projection of every time step in one GEMM, then one small GEMM and a
+few in-place elementwise ops per step.
+
+Conventions are onnxruntime's: with ``sequence_lens`` a batch entry stops at its length (its Y steps
+past the end are zeros, Y_h/Y_c hold the state at its last valid step, zeros for a zero length), and
+the reverse direction of a short entry starts at its own last valid step. ``layout=1`` (opset 14) is batch-major for X,
+initial states, Y and Y_h/Y_c. Half-precision inputs compute in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels.registry import kernel
+
+# **** activations ****
+
+
+def _sigmoid(x, alpha, beta):
+    # 0.5 * tanh(x / 2) + 0.5: one transcendental, no overflow warning for large |x|
+    x *= 0.5
+    np.tanh(x, out=x)
+    x *= 0.5
+    x += 0.5
+    return x
+
+
+def _tanh(x, alpha, beta):
+    return np.tanh(x, out=x)
+
+
+def _relu(x, alpha, beta):
+    return np.maximum(x, 0, out=x)
+
+
+def _affine(x, alpha, beta):
+    x *= alpha
+    x += beta
+    return x
+
+
+def _leaky_relu(x, alpha, beta):
+    return np.where(x >= 0, x, x * alpha).astype(x.dtype, copy=False)
+
+
+def _thresholded_relu(x, alpha, beta):
+    return np.where(x > alpha, x, 0).astype(x.dtype, copy=False)
+
+
+def _scaled_tanh(x, alpha, beta):
+    return (alpha * np.tanh(beta * x)).astype(x.dtype, copy=False)
+
+
+def _hard_sigmoid(x, alpha, beta):
+    return np.clip(alpha * x + beta, 0, 1).astype(x.dtype, copy=False)
+
+
+def _elu(x, alpha, beta):
+    return np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, 0))).astype(x.dtype, copy=False)
+
+
+def _softsign(x, alpha, beta):
+    return (x / (1 + np.abs(x))).astype(x.dtype, copy=False)
+
+
+def _softplus(x, alpha, beta):
+    return np.logaddexp(x, 0).astype(x.dtype, copy=False)
+
+
+# name -> (function, uses alpha, default alpha, uses beta, default beta)
+_ACTIVATIONS = {
+    "sigmoid": (_sigmoid, False, 0.0, False, 0.0), "tanh": (_tanh, False, 0.0, False, 0.0),
+    "relu": (_relu, False, 0.0, False, 0.0), "affine": (_affine, True, 1.0, True, 0.0),
+    "leakyrelu": (_leaky_relu, True, 0.01, False, 0.0), "thresholdedrelu": (_thresholded_relu, True, 1.0, False, 0.0),
+    "scaledtanh": (_scaled_tanh, True, 1.0, True, 1.0), "hardsigmoid": (_hard_sigmoid, True, 0.2, True, 0.5),
+    "elu": (_elu, True, 1.0, False, 0.0), "softsign": (_softsign, False, 0.0, False, 0.0),
+    "softplus": (_softplus, False, 0.0, False, 0.0),
+}
+
+
+def _activations(op: str, names, alphas, betas, defaults: tuple[str, ...], n_dir: int) -> list[list]:
+    """Per direction, the bound activation functions (alpha/beta consumed in order by those that use them)."""
+    names = list(names) if names else list(defaults) * n_dir
+    n = len(defaults)
+    if len(names) == n and n_dir == 2:
+        names = names * 2
+    if len(names) != n * n_dir:
+        raise KernelError(f"{op}: {len(names)} activations given, {n * n_dir} expected ({n} per direction)")
+    alphas, betas = list(alphas or []), list(betas or [])
+    ia = ib = 0
+    bound = []
+    for name in names:
+        try:
+            fn, ua, da, ub, db = _ACTIVATIONS[name.lower()]
+        except KeyError:
+            raise KernelError(f"{op}: unknown activation {name!r}; known: {sorted(_ACTIVATIONS)}") from None
+        a, b = da, db
+        if ua and ia < len(alphas):
+            a, ia = alphas[ia], ia + 1
+        if ub and ib < len(betas):
+            b, ib = betas[ib], ib + 1
+        bound.append((fn, a, b))
+    return [bound[d * n:(d + 1) * n] for d in range(n_dir)]
+
+
+# **** shared driver ****
+
+
+def _directions(direction: str, op: str) -> tuple[bool, ...]:
+    try:
+        return {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}[direction]
+    except KeyError:
+        raise KernelError(f"{op}: unknown direction {direction!r}") from None
+
+
+def _lengths(seq_lens, seq: int, batch: int, op: str) -> np.ndarray | None:
+    """Per-entry lengths, or None when every entry spans the whole sequence (the unmasked fast path)."""
+    if seq_lens is None:
+        return None
+    lens = np.asarray(seq_lens).astype(np.int64).reshape(-1)
+    if lens.shape != (batch,) or (lens < 0).any() or (lens > seq).any():
+        raise KernelError(f"{op}: sequence_lens {lens.tolist()} must be {batch} values in [0, {seq}]")
+    return None if (lens == seq).all() else lens
+
+
+def _reverse_index(lens: np.ndarray | None, seq: int, batch: int):
+    """Time index per (step, entry) of a reverse pass: entry b's step t reads position lens[b]-1-t."""
+    if lens is None:
+        return None
+    t = np.arange(seq)[:, None]
+    pos = lens[None, :] - 1 - t
+    return np.where(pos >= 0, pos, t)  # steps past the entry's length read anything: they are masked
+
+
+def _prepare(op: str, X, W, R, B, initial, layout: int, n_gates: int, hidden_size: int | None):
+    if layout not in (0, 1):
+        raise KernelError(f"{op}: layout must be 0 or 1, got {layout}")
+    x = X.transpose(1, 0, 2) if layout else X
+    if x.ndim != 3 or W.ndim != 3 or R.ndim != 3:
+        raise KernelError(f"{op}: X, W and R must be 3-D, got {list(X.shape)}, {list(W.shape)}, {list(R.shape)}")
+    hidden = R.shape[-1]
+    if hidden_size is not None and hidden_size != hidden:
+        raise KernelError(f"{op}: hidden_size={hidden_size} but R has hidden size {hidden}")
+    if W.shape[1] != n_gates * hidden or R.shape[1] != n_gates * hidden or W.shape[2] != x.shape[2]:
+        raise KernelError(f"{op}: W {list(W.shape)} / R {list(R.shape)} do not match {n_gates} gates of hidden "
+                          f"size {hidden} and input size {x.shape[2]}")
+    wd = sp.work_dtype(X.dtype)
+    init = [None if v is None else (v.transpose(1, 0, 2) if layout else v).astype(wd, copy=False) for v in initial]
+    return x.astype(wd, copy=False), W.astype(wd, copy=False), R.astype(wd, copy=False), (
+        None if B is None else B.astype(wd, copy=False)), init, hidden, wd
+
+
+def _finish(ys: list, hs: list, cs: list | None, layout: int, dtype) -> tuple:
+    y = np.stack(ys, axis=1)  # [seq, dirs, batch, hidden]
+    h = np.stack(hs)
+    out = [y, h] + ([np.stack(cs)] if cs is not None else [])
+    if layout:
+        out[0] = y.transpose(2, 0, 1, 3)
+        out[1:] = [v.transpose(1, 0, 2) for v in out[1:]]
+    return tuple(np.ascontiguousarray(v, dtype=dtype) for v in out)
+
+
+def _projection(x, w, b_in, rev_idx, reverse: bool) -> np.ndarray:
+    """x @ W^T + bias for every step at once, in processing order (reversed per entry when reverse)."""
+    seq, batch, _ = x.shape
+    if reverse:
+        x = x[::-1] if rev_idx is None else x[rev_idx, np.arange(batch)[None, :]]
+    xw = np.matmul(x.reshape(seq * batch, -1), w.T).reshape(seq, batch, -1)
+    if b_in is not None:
+        xw += b_in
+    return xw
+
+
+def _unreverse(y: np.ndarray, rev_idx, reverse: bool) -> np.ndarray:
+    if not reverse:
+        return y
+    if rev_idx is None:
+        return y[::-1]
+    out = np.empty_like(y)
+    out[rev_idx, np.arange(y.shape[1])[None, :]] = y
+    return out
+
+
+def _run(op: str, step, x, lens, directions, n_state: int, init, hidden, wd, make_dir) -> tuple[list, list, list]:
+    """Drive ``step`` over every direction; returns per-direction Y, final states."""
+    seq, batch, _ = x.shape
+    rev_idx = _reverse_index(lens, seq, batch) if any(directions) else None
+    mask = None if lens is None else (np.arange(seq)[:, None] < lens[None, :])[..., None]  # [seq, batch, 1]
+    ys, finals = [], [[] for _ in range(n_state)]
+    for d, reverse in enumerate(directions):
+        ctx = make_dir(d, reverse, rev_idx)
+        state = [np.zeros((batch, hidden), wd) if v is None else np.array(v[d], dtype=wd) for v in init]
+        y = np.zeros((seq, batch, hidden), wd)
+        for t in range(seq):
+            new = step(ctx, t, state)
+            if mask is not None:
+                m = mask[t]
+                new = [np.where(m, n, s) for n, s in zip(new, state)]
+                np.multiply(new[0], m, out=y[t])
+            else:
+                y[t] = new[0]
+            state = new
+        ys.append(_unreverse(y, rev_idx, reverse))
+        if lens is not None and not lens.all():
+            state = [v * (lens > 0)[:, None] for v in state]  # onnxruntime: empty entries end in zeros
+        for k in range(n_state):
+            finals[k].append(state[k])
+    return ys, finals
+
+
+def _clip(g, clip):
+    if clip is not None:
+        np.clip(g, -clip, clip, out=g)
+    return g
+
+
+def _bias(B, d: int, n: int, hidden: int):
+    """(input bias + recurrent bias) of direction d, and the recurrent bias alone."""
+    if B is None:
+        return None, None
+    if B.shape[-1] != 2 * n * hidden:
+        raise KernelError(f"B of shape {list(B.shape)} must have {2 * n * hidden} values per direction")
+    return B[d, :n * hidden] + B[d, n * hidden:], B[d, n * hidden:]
+
+
+# **** LSTM ****
+
+
+@kernel("LSTM", since=1)
+def lstm(
+    X: np.ndarray, W: np.ndarray, R: np.ndarray, B: np.ndarray | None = None,
+    sequence_lens: np.ndarray | None = None, initial_h: np.ndarray | None = None,
+    initial_c: np.ndarray | None = None, P: np.ndarray | None = None, *,
+    activation_alpha: list[float] | None = None, activation_beta: list[float] | None = None,
+    activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
+    hidden_size: int | None = None, input_forget: int = 0, layout: int = 0, output_sequence: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    directions = _directions(direction, "LSTM")
+    x, w, r, b, init, hidden, wd = _prepare("LSTM", X, W, R, B, [initial_h, initial_c], layout, 4, hidden_size)
+    acts = _activations("LSTM", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh", "Tanh"),
+                        len(directions))
+    lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "LSTM")
+    p = None if P is None else P.astype(wd, copy=False).reshape(len(directions), 3, hidden)
+    hs = hidden
+
+    def make_dir(d, reverse, rev_idx):
+        b_sum, _ = _bias(b, d, 4, hs)
+        return (_projection(x, w[d], b_sum, rev_idx, reverse), np.ascontiguousarray(r[d].T), acts[d],
+                None if p is None else p[d])
+
+    def step(ctx, t, state):
+        xw, rt, ((fa, fa_a, fa_b), (ga, ga_a, ga_b), (ha, ha_a, ha_b)), pd = ctx
+        h, c = state
+        g = np.matmul(h, rt)
+        g += xw[t]
+        if pd is None:
+            _clip(g, clip)
+            s = fa(g[:, :3 * hs], fa_a, fa_b)
+            i, o, f = s[:, :hs], s[:, hs:2 * hs], s[:, 2 * hs:]
+        else:  # peepholes join before the clip; the output gate's needs the new cell state
+            g[:, :hs] += pd[0] * c
+            g[:, 2 * hs:3 * hs] += pd[2] * c
+            i = fa(_clip(g[:, :hs], clip), fa_a, fa_b)
+            f = fa(_clip(g[:, 2 * hs:3 * hs], clip), fa_a, fa_b)
+            _clip(g[:, 3 * hs:], clip)
+            o = g[:, hs:2 * hs]
+        if input_forget:
+            f = 1 - i
+        cc = ga(g[:, 3 * hs:], ga_a, ga_b)
+        c_new = f * c
+        cc *= i
+        c_new += cc
+        if pd is not None:
+            o = fa(_clip(o + pd[1] * c_new, clip), fa_a, fa_b)
+        h_new = ha(c_new.copy(), ha_a, ha_b)
+        h_new *= o
+        return [h_new, c_new]
+
+    ys, (h_fin, c_fin) = _run("LSTM", step, x, lens, directions, 2, init, hidden, wd, make_dir)
+    return _finish(ys, h_fin, c_fin, layout, X.dtype)
+
+
+# **** GRU ****
+
+
+@kernel("GRU", since=1)
+def gru(
+    X: np.ndarray, W: np.ndarray, R: np.ndarray, B: np.ndarray | None = None,
+    sequence_lens: np.ndarray | None = None, initial_h: np.ndarray | None = None, *,
+    activation_alpha: list[float] | None = None, activation_beta: list[float] | None = None,
+    activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
+    hidden_size: int | None = None, layout: int = 0, linear_before_reset: int = 0, output_sequence: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    directions = _directions(direction, "GRU")
+    x, w, r, b, init, hidden, wd = _prepare("GRU", X, W, R, B, [initial_h], layout, 3, hidden_size)
+    acts = _activations("GRU", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), len(directions))
+    lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "GRU")
+    hs = hidden
+
+    def make_dir(d, reverse, rev_idx):
+        b_sum, rb = _bias(b, d, 3, hs)
+        if b_sum is not None and linear_before_reset:
+            b_sum = b_sum.copy()
+            b_sum[2 * hs:] -= rb[2 * hs:]  # Rbh goes inside the reset product
+        rt = np.ascontiguousarray(r[d].T)
+        return (_projection(x, w[d], b_sum, rev_idx, reverse), rt, acts[d],
+                None if rb is None else rb[2 * hs:])
+
+    def step(ctx, t, state):
+        xw, rt, ((fa, fa_a, fa_b), (ga, ga_a, ga_b)), rbh = ctx
+        (h,) = state
+        xt = xw[t]
+        if linear_before_reset:
+            hr = np.matmul(h, rt)
+            zr = hr[:, :2 * hs]
+            zr += xt[:, :2 * hs]
+            zr = fa(_clip(zr, clip), fa_a, fa_b)
+            hh = hr[:, 2 * hs:]
+            if rbh is not None:
+                hh += rbh
+            hh *= zr[:, hs:]
+            hh += xt[:, 2 * hs:]
+        else:
+            zr = np.matmul(h, rt[:, :2 * hs])
+            zr += xt[:, :2 * hs]
+            zr = fa(_clip(zr, clip), fa_a, fa_b)
+            hh = np.matmul(zr[:, hs:] * h, rt[:, 2 * hs:])
+            hh += xt[:, 2 * hs:]
+        hh = ga(_clip(hh, clip), ga_a, ga_b)
+        z = zr[:, :hs]
+        # (1 - z) * hh + z * h  ==  hh + z * (h - hh)
+        h_new = h - hh
+        h_new *= z
+        h_new += hh
+        return [h_new]
+
+    ys, (h_fin,) = _run("GRU", step, x, lens, directions, 1, init, hidden, wd, make_dir)
+    return _finish(ys, h_fin, None, layout, X.dtype)
+
+
+# **** RNN ****
+
+
+@kernel("RNN", since=1)
+def rnn(
+    X: np.ndarray, W: np.ndarray, R: np.ndarray, B: np.ndarray | None = None,
+    sequence_lens: np.ndarray | None = None, initial_h: np.ndarray | None = None, *,
+    activation_alpha: list[float] | None = None, activation_beta: list[float] | None = None,
+    activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
+    hidden_size: int | None = None, layout: int = 0, output_sequence: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    directions = _directions(direction, "RNN")
+    x, w, r, b, init, hidden, wd = _prepare("RNN", X, W, R, B, [initial_h], layout, 1, hidden_size)
+    acts = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), len(directions))
+    lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "RNN")
+
+    def make_dir(d, reverse, rev_idx):
+        b_sum, _ = _bias(b, d, 1, hidden)
+        return _projection(x, w[d], b_sum, rev_idx, reverse), np.ascontiguousarray(r[d].T), acts[d][0]
+
+    def step(ctx, t, state):
+        xw, rt, (fa, fa_a, fa_b) = ctx
+        g = np.matmul(state[0], rt)
+        g += xw[t]
+        return [fa(_clip(g, clip), fa_a, fa_b)]
+
+    ys, (h_fin,) = _run("RNN", step, x, lens, directions, 1, init, hidden, wd, make_dir)
+    return _finish(ys, h_fin, None, layout, X.dtype)

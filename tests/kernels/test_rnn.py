@@ -1,0 +1,126 @@
+"""LSTM / GRU / RNN kernels against onnxruntime: directions, initial states, sequence_lens (padded
+steps), peepholes, clip, activations with alpha/beta, GRU linear_before_reset, LSTM input_forget, layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnx_prepared.errors import KernelError
+from tests.kernels.onnx_node_check import check, check_ort, run_ours
+
+RNG = np.random.default_rng(3)
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+
+def _inputs(op, direction, *, seq=5, batch=4, inp=3, hidden=6, lens=None, init=False, bias=True, peep=False,
+            layout=0, dtype=np.float32):
+    nd, g = DIRS[direction], GATES[op]
+    x = RNG.standard_normal((batch, seq, inp) if layout else (seq, batch, inp)).astype(dtype)
+    # weights scaled like a trained net's (~1/sqrt(fan-in)): a chaotic RNN would amplify rounding differences
+    w = (RNG.standard_normal((nd, g * hidden, inp)) * min(0.5, 1.5 / np.sqrt(inp))).astype(dtype)
+    r = (RNG.standard_normal((nd, g * hidden, hidden)) * min(0.5, 1.5 / np.sqrt(hidden))).astype(dtype)
+    hs = (batch, nd, hidden) if layout else (nd, batch, hidden)
+    ins = [x, w, r, RNG.standard_normal((nd, 2 * g * hidden)).astype(dtype) if bias else None,
+           None if lens is None else np.array(lens, np.int32), RNG.standard_normal(hs).astype(dtype) if init else None]
+    if op == "LSTM":
+        ins.append(RNG.standard_normal(hs).astype(dtype) if init else None)
+        ins.append(RNG.standard_normal((nd, 3 * hidden)).astype(dtype) if peep else None)
+    while ins[-1] is None:
+        ins.pop()
+    return ins
+
+
+def _check(op, ins, direction, opset=14, **attrs):
+    n_out = 3 if op == "LSTM" else 2
+    return check_ort(op, ins, opset=opset, n_outputs=n_out, hidden_size=ins[2].shape[-1], direction=direction,
+                     **attrs)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("lens", [None, [5, 5, 5, 5], [5, 3, 0, 1]])
+@pytest.mark.parametrize("init", [False, True])
+def test_directions_lengths_and_initial_state(op, direction, lens, init):
+    _check(op, _inputs(op, direction, lens=lens, init=init), direction)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_layout_1_against_reference(op):
+    """onnxruntime's CPU recurrent ops reject layout=1; onnx.reference's is the oracle (full-length sequences)."""
+    ins = _inputs(op, "bidirectional", init=True, layout=1)
+    check(op, ins, opset=14, n_outputs=3 if op == "LSTM" else 2, rtol=1e-4, atol=1e-5, hidden_size=6,
+          direction="bidirectional", layout=1)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_layout_1_is_layout_0_transposed_with_lengths(op):
+    ins0 = _inputs(op, "bidirectional", init=True, lens=[5, 2, 0, 4])
+    ins1 = [v if v is None or i in (1, 2, 3, 4) or (op == "LSTM" and i == 7) else
+            (v.transpose(1, 0, 2) if v.ndim == 3 else v) for i, v in enumerate(ins0)]
+    n = 3 if op == "LSTM" else 2
+    out0 = run_ours(op, ins0, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional")
+    out1 = run_ours(op, ins1, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional", layout=1)
+    np.testing.assert_array_equal(out1[0], out0[0].transpose(2, 0, 1, 3))
+    for a, b in zip(out1[1:], out0[1:]):
+        np.testing.assert_array_equal(a, b.transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "extra"),
+    [
+        ("LSTM", {}, {"peep": True, "lens": [5, 2, 1, 4], "init": True}),
+        ("LSTM", {"clip": 0.5}, {"peep": True, "init": True}),
+        ("LSTM", {"clip": 0.5}, {"init": True}),
+        ("LSTM", {"input_forget": 1}, {"init": True}),
+        ("GRU", {"linear_before_reset": 1}, {"lens": [5, 2, 1, 4], "init": True}),
+        ("GRU", {"linear_before_reset": 1, "clip": 0.3}, {"init": True}),
+        ("GRU", {"clip": 0.3}, {"init": True}),
+        ("GRU", {}, {"bias": False}),
+        ("RNN", {"activations": ["Relu"]}, {"init": True}),
+        ("RNN", {"clip": 0.2}, {"init": True}),
+        ("GRU", {"activations": ["HardSigmoid", "Affine"], "activation_alpha": [0.3, 0.7],
+                 "activation_beta": [0.4, 0.1]}, {"init": True}),
+        ("LSTM", {"activations": ["Sigmoid", "ScaledTanh", "Elu"], "activation_alpha": [0.8, 0.6],
+                  "activation_beta": [1.2]}, {"init": True}),
+        ("LSTM", {"activations": ["Softsign", "Softplus", "ThresholdedRelu"], "activation_alpha": [0.1]}, {}),
+    ],
+)
+def test_gate_options(op, attrs, extra):
+    _check(op, _inputs(op, "forward", **extra), "forward", **attrs)
+
+
+def test_bidirectional_activations_per_direction():
+    attrs = {"activations": ["LeakyRelu", "HardSigmoid"], "activation_alpha": [0.1, 0.3], "activation_beta": [0.4]}
+    _check("RNN", _inputs("RNN", "bidirectional", init=True), "bidirectional", **attrs)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("opset", [7, 14])
+def test_realistic_sizes(op, opset):
+    ins = _inputs(op, "bidirectional", seq=50, batch=2, inp=40, hidden=64, init=True)
+    _check(op, ins, "bidirectional", opset=opset)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_float64_against_reference(op):
+    """onnxruntime has no double GRU; onnx.reference has no sequence_lens: full-length sequences."""
+    ins = _inputs(op, "forward", init=True, dtype=np.float64)
+    (y, *_) = check(op, ins, opset=14, n_outputs=3 if op == "LSTM" else 2, rtol=1e-9, atol=1e-9, hidden_size=6)
+    assert y.dtype == np.float64
+
+
+def test_float16_computes_in_float32():
+    ins = _inputs("LSTM", "forward", init=True, dtype=np.float16)
+    ours = run_ours("LSTM", ins, opset=14, n_outputs=3, hidden_size=6)
+    ref = run_ours("LSTM", [None if v is None else v.astype(np.float32) for v in ins], opset=14, n_outputs=3,
+                   hidden_size=6)
+    for a, b in zip(ours, ref):
+        assert a.dtype == np.float16
+        np.testing.assert_array_equal(a, b.astype(np.float16))
+
+
+def test_bad_sequence_lens_is_a_clear_error():
+    with pytest.raises(KernelError, match="sequence_lens"):
+        run_ours("GRU", _inputs("GRU", "forward", lens=[6, 1, 1, 1]), opset=14, n_outputs=2, hidden_size=6)
