@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared import InferenceSession
-from onnx_prepared.kernels.binding import bind_node
+from onnx_prepared.bind import bind_node
 from onnx_prepared.model import load_model
 from onnx_prepared.resolve import resolve_model
 from onnx_prepared.runtime import RuntimeSession
