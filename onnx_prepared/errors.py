@@ -86,6 +86,10 @@ class UnknownOptionError(InvalidOptionError, AttributeError):
     """A session option that neither onnxruntime nor onnx-prepared has (usually a misspelling)."""
 
 
+class MissingDependencyError(OnnxPreparedError, ImportError):
+    """An optional extra is needed for this feature; the message says what to install."""
+
+
 class CacheError(OnnxPreparedError):
     """A prepared-cache entry is structurally corrupt (bad checksum, truncated, missing payload)."""
 

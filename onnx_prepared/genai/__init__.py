@@ -1,0 +1,14 @@
+"""Text generation from a genai model folder, in the shape of onnxruntime-genai's Python API.
+
+>>> import onnx_prepared.genai as og      # was: import onnxruntime_genai as og
+>>> model = og.Model("phi-3-mini-int4")   # genai_config.json + model.onnx (+ tokenizer.json for text)
+
+The folder layout is onnxruntime-genai's (its model builder writes it). Text needs the optional
+``tokenizers`` library: ``pip install 'onnx-prepared[genai]'``. The CLI is ``onnx-prepared generate-text``.
+"""
+
+from onnx_prepared.genai.config import GenaiConfig, load_config
+from onnx_prepared.genai.generator import Generator, GeneratorParams, Model
+from onnx_prepared.genai.tokenizer import Tokenizer, TokenizerStream
+
+__all__ = ["GenaiConfig", "Generator", "GeneratorParams", "Model", "Tokenizer", "TokenizerStream", "load_config"]
