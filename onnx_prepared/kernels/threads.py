@@ -9,6 +9,9 @@ The policy, decided here and nowhere else:
   scheduler, a kernel gets the budget minus those slots, at least 1 (:func:`available`). The cold path's
   first inference and the preparation beside it therefore never ask for more threads than there are
   cores; once preparation is done (hot path) a kernel gets the whole budget.
+* The native extension's pool (:mod:`onnx_prepared.kernels.native`) runs every native kernel with
+  :func:`available` threads; :func:`bind` resizes it only when that count changes (its resize waits for
+  a call in flight, so it is never done per kernel call).
 * BLAS does not follow: OpenBLAS's results depend on its thread count (measured on tiny-llm: logits of
   a 1-thread and a 2-thread run differ by up to 5e-7), and a session's runs must be bit-identical
   whether preparation is in flight or not. Its count is process-wide (``openblas_set_num_threads_local``
@@ -68,6 +71,30 @@ def bind(budget: int, gauge: PreparationGauge | None = None, *, blas: int | None
     _local.budget = budget
     _local.gauge = gauge
     _blas.set_threads(DEFAULT_BLAS_THREADS if blas is None else blas)
+    _sync_native(available())
+
+
+_native_threads: int | None = None  # the count last given to the native pool (None: not yet)
+
+
+def _sync_native(n: int) -> None:
+    global _native_threads
+    if n == _native_threads:
+        return
+    native = _native()
+    if native is not None:
+        native.set_num_threads(n)
+    _native_threads = n
+
+
+@functools.cache
+def _native():
+    """The native extension's module when it is built and enabled, else None (imported on first use)."""
+    try:
+        from onnx_prepared.kernels import native
+    except ImportError:
+        return None
+    return native if native.available() else None
 
 
 def available() -> int:

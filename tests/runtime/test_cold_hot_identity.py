@@ -85,3 +85,15 @@ def test_genai_matmul_nbits_model_cold_equals_hot(name):
         for kind in ("key", "value"):
             dec[f"past_key_values.{i}.{kind}"] = out[f"present.{i}.{kind}"]
     _assert_identical(*_cold_then_hot(path, dec))
+
+
+def test_results_do_not_depend_on_intra_op_threads(tiny_llm):
+    """Kernels split over output rows/columns only: 1 and 2 intra-op threads give the same bits."""
+    pre, dec = _feeds(tiny_llm)
+    outs = []
+    for n in (1, 2):
+        with RuntimeSession(tiny_llm, {"intra_op_num_threads": n}) as s:
+            s.prepare()
+            outs.append([s.run(pre), s.run(dec)])
+    for a, b in zip(outs[0], outs[1]):
+        _assert_identical(a, [b])

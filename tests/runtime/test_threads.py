@@ -120,3 +120,33 @@ def test_cold_run_kernels_get_the_threads_preparation_leaves(mlp, monkeypatch):
         release.set()
         sched.close(cancel=True)
         cpu.close()
+
+
+def test_bind_sizes_the_native_pool_once_per_change(unbound, monkeypatch):
+    calls = []
+
+    class FakeNative:
+        @staticmethod
+        def set_num_threads(n):
+            calls.append(n)
+
+    monkeypatch.setattr(threads, "_native", lambda: FakeNative)
+    monkeypatch.setattr(threads, "_native_threads", None)
+    gauge = _Gauge(1)
+    threads.bind(3, gauge)
+    threads.bind(3, gauge)  # unchanged: no resize
+    gauge.n = 0
+    threads.bind(3, gauge)
+    assert calls == [2, 3]
+
+
+def test_native_pool_follows_the_budget_when_built(unbound):
+    native = threads._native()
+    if native is None:
+        pytest.skip("native extension not built")
+    before = native.get_num_threads()
+    try:
+        threads.bind(1, None)
+        assert native.get_num_threads() == 1
+    finally:
+        threads.bind(before, None)
