@@ -1,9 +1,14 @@
-"""The four allocation domains of prepared execution, with live and retained byte accounting.
+"""The session's arenas, one per :class:`~onnx_prepared.memory.Domain`: live and retained byte accounting.
 
 numpy owns the actual buffers; an arena is the ledger that says which domain owns how many bytes,
 so budgets can be trusted. Counters change in exactly two places, :meth:`Arena.acquire` and
-:meth:`Allocation.release`. Freed capacity is *retained* (as an allocator would keep it) up to the
-arena's ``retention_cap`` and trimmed beyond it; an acquire reuses retained capacity first.
+:meth:`Allocation.release` (:meth:`Allocation.transfer` moves already-charged bytes between domains).
+Freed capacity is *retained* (as an allocator would keep it) up to the arena's ``retention_cap`` and
+trimmed beyond it; an acquire reuses retained capacity first.
+
+Limits are real: an acquisition past an arena's limit raises :class:`ArenaLimitError` naming the arena,
+the allocation and the bytes. Work that may wait for memory waits *before* it allocates, in admission
+(the scheduler's, or the residency budget's for prepared objects), never inside an arena.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from onnx_prepared.errors import InternalError, OnnxPreparedError
+from onnx_prepared.memory.domains import Domain
 
 
 class ArenaLimitError(OnnxPreparedError, MemoryError):
@@ -32,8 +38,12 @@ class Allocation:
         self.arena._release(self)
 
     def transfer(self, arena: Arena, tag: str | None = None) -> Allocation:
-        """Hand these bytes to another arena (e.g. a read buffer that becomes a published object)."""
-        new = arena.acquire(self.nbytes, tag if tag is not None else self.tag, force=True)
+        """Hand these bytes to another arena (e.g. a read buffer that becomes a published object).
+
+        Not an acquisition: the bytes already exist and were admitted once, so the target's limit is
+        not checked again (the process holds no more memory than before the hand-off).
+        """
+        new = arena._charge(self.nbytes, tag if tag is not None else self.tag)
         self.release()
         return new
 
@@ -53,19 +63,23 @@ class Arena:
         self.allocations = 0
 
     def acquire(self, nbytes: int, tag: str = "", *, force: bool = False) -> Allocation:
-        """Charge ``nbytes``; raises :class:`ArenaLimitError` past the limit unless ``force``.
+        """Charge ``nbytes``; raises :class:`ArenaLimitError` past the limit. Thread-safe.
 
-        ``force`` exists for hand-offs the scheduler already admitted (its admission, not the arena,
-        decides whether work may start).
+        ``force`` skips the limit check; only tests use it (production work waits in admission first).
         """
         if nbytes < 0:
             raise InternalError(f"negative allocation of {nbytes} bytes in {self.name}")
+        if not force and self.limit is not None:
+            with self._lock:
+                if self.live + nbytes > self.limit:
+                    raise ArenaLimitError(
+                        f"{self.name}: {nbytes} bytes for {tag or 'an allocation'} would exceed the limit "
+                        f"({self.live} live of {self.limit})"
+                    )
+        return self._charge(nbytes, tag)
+
+    def _charge(self, nbytes: int, tag: str) -> Allocation:
         with self._lock:
-            if not force and self.limit is not None and self.live + nbytes > self.limit:
-                raise ArenaLimitError(
-                    f"{self.name}: {nbytes} bytes for {tag or 'an allocation'} would exceed the limit "
-                    f"({self.live} live of {self.limit})"
-                )
             self.live += nbytes
             self.retained -= min(self.retained, nbytes)
             self.peak_live = max(self.peak_live, self.live)
@@ -104,12 +118,16 @@ class Arena:
         return f"<Arena {self.name} live={self.live} retained={self.retained} {lim}>"
 
 
-DOMAINS = ("preparation", "prepared", "execution", "io")
+_NAMES = {Domain.PREPARATION: "PreparationArena", Domain.PREPARED: "PreparedArena",
+          Domain.EXECUTION: "ExecutionArena", Domain.IO: "IOArena"}
 
 
 @dataclass
 class Arenas:
-    """The session's four domains: PreparationArena, PreparedArena, ExecutionArena, IOArena."""
+    """The session's four domains: PreparationArena, PreparedArena, ExecutionArena, IOArena.
+
+    Indexed by :class:`~onnx_prepared.memory.Domain` (or its value: ``arenas["prepared"]``).
+    """
 
     preparation: Arena
     prepared: Arena
@@ -124,16 +142,15 @@ class Arenas:
         limits: dict[str, int | None] | None = None,
         retention_caps: dict[str, int | None] | None = None,
     ) -> Arenas:
-        limits = dict(limits or {})
+        """Keys of ``limits`` and ``retention_caps`` are domains or their values ("execution")."""
+        limits = {Domain(k): v for k, v in (limits or {}).items()}
         if prepared_limit is not None:
-            limits["prepared"] = prepared_limit
-        caps = retention_caps or {}
-        names = {"preparation": "PreparationArena", "prepared": "PreparedArena",
-                 "execution": "ExecutionArena", "io": "IOArena"}
-        return cls(**{d: Arena(names[d], limits.get(d), caps.get(d)) for d in DOMAINS})
+            limits[Domain.PREPARED] = prepared_limit
+        caps = {Domain(k): v for k, v in (retention_caps or {}).items()}
+        return cls(**{d.value: Arena(_NAMES[d], limits.get(d), caps.get(d)) for d in Domain})
 
-    def __getitem__(self, domain: str) -> Arena:
-        return getattr(self, domain)
+    def __getitem__(self, domain: Domain | str) -> Arena:
+        return getattr(self, Domain(domain).value)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        return {d: self[d].snapshot() for d in DOMAINS}
+        return {d.value: self[d].snapshot() for d in Domain}

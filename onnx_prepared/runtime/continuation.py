@@ -3,6 +3,11 @@
 Hot (every prepared object resident, readiness epoch unchanged at submission): the run holds one
 run-level lease taken at submission and replays the compact action list directly.
 
+Both paths charge their activations to the session's ExecutionArena. The cold path charges each value
+as it is produced and releases it at its last use (measuring the run's peak); the hot path, whose loop
+must not pay per action, charges that measured peak once for the whole run, so an ExecutionArena limit
+fails a hot run before its first kernel, with the same ArenaLimitError.
+
 Cold: one continuation over the same action list. Before an action it pins the prepared objects the
 action reads; a missing one gets its producer ensured and promoted to critical, and the continuation
 yields (``resume_after``) until that producer completes, then resumes at the same action. After an
@@ -34,7 +39,11 @@ def run_hot(session: RuntimeSession, task: Task, sub: ExecutionSubmission) -> No
     """The hot path: the lease was taken at submission; replay everything; release it."""
     threads.bind(session.intra_op_threads, session.scheduler, blas=session.blas_threads)
     try:
-        session.plan.execution.replay(sub.values)
+        scratch = session.arenas.execution.acquire(session.state.execution_peak, "activations of a hot run")
+        try:
+            session.plan.execution.replay(sub.values)
+        finally:
+            scratch.release()
     finally:
         session.store.release_lease()
 
@@ -100,9 +109,13 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
                 old = allocs.pop(slot, None)
                 if old is not None:  # an omitted optional output shares one scratch slot
                     old.release()
+                    sub.live_bytes -= old.nbytes
                 nb = getattr(v, "nbytes", 0)
                 if nb:
-                    allocs[slot] = arena.acquire(nb, force=True)
+                    allocs[slot] = arena.acquire(nb, "activation")
+                    sub.live_bytes += nb
+                    if sub.live_bytes > sub.peak_bytes:
+                        sub.peak_bytes = sub.live_bytes
         except Exception as e:
             raise plan.execution.kernel_error(act, args, e) from e
         for slot in act.release:
@@ -110,6 +123,7 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
             a = allocs.pop(slot, None)
             if a is not None:
                 a.release()
+                sub.live_bytes -= a.nbytes
         for b in needs[pc]:  # unpin after the last use in this run
             if last_need[b] == pc and b in sub.pinned:
                 store.unpin(sub.pinned.pop(b))
@@ -117,6 +131,7 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
         sub.pc = pc + 1
         if on_cold_action is not None:
             on_cold_action(pc)
+    session.state.note_execution_peak(sub.peak_bytes)
     return None
 
 

@@ -117,8 +117,10 @@ class RuntimeSession:
             reader = ExternalDataReader(max_tensor_bytes=opt("memory_limit", None) or None)
         self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
         self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
-        self.arenas = Arenas.create(prepared_limit=opt("prepared_memory_limit", None),
-                                    retention_caps=opt("arena_retention_caps", None))
+        # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses
+        # against it, and admits critical work above it: the run that needs it is what frees memory),
+        # so it is not also a hard PreparedArena limit that a publish could fail on.
+        self.arenas = Arenas.create(retention_caps=opt("arena_retention_caps", None))
         self.state = PreparedExecutionState(self.plan, self.arenas, ManifestReader(self.resolved.manifest, reader),
                                             self.prepared_store)
         self.store = self.state.store
@@ -321,7 +323,7 @@ class RuntimeSession:
         outs = [vals[s] for s in self.plan.execution.output_slots]
         nbytes = sum(int(getattr(o, "nbytes", 0)) for o in outs)
         if nbytes:
-            alloc = self.arenas.io.acquire(nbytes, f"outputs of run {sub.invocation_id}", force=True)
+            alloc = self.arenas.io.acquire(nbytes, f"outputs of run {sub.invocation_id}")
             owner = next((o for o in outs if hasattr(o, "nbytes")), None)
             try:
                 weakref.finalize(owner, alloc.release)

@@ -53,10 +53,17 @@ class PreparedExecutionState:
         self._trusted = {n for n, e in reader.manifest.active.items()
                          if e.descriptor is not None and source_checksum(e.descriptor, None) is not None}
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
+        # largest activation peak a completed cold run measured: what a hot run charges ExecutionArena
+        self.execution_peak = 0
         self._invocation_ids = itertools.count(1)
 
     def next_invocation_id(self) -> int:
         return next(self._invocation_ids)
+
+    def note_execution_peak(self, nbytes: int) -> None:
+        """A cold run finished with this activation peak (a benign race: the max only grows)."""
+        if nbytes > self.execution_peak:
+            self.execution_peak = nbytes
 
     # ---- session task bodies (scheduler-agnostic; the sequential reference path calls them too) ----
     def attach_read(self, name: str) -> tuple[ReadEntry, bool]:
@@ -78,13 +85,13 @@ class PreparedExecutionState:
         nbytes = int(getattr(value, "nbytes", 0))
         with self._lock:
             entry.value = value
-            entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}", force=True)
+            entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}")
 
     def publish_raw(self, key: PreparedKey, generation: int, entry: ReadEntry) -> None:
         """Publish a source read as is (a raw prepared object); the read may be shared with a prepack."""
         value = entry.value
         nbytes = int(getattr(value, "nbytes", 0))
-        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        alloc = self.arenas.prepared.acquire(nbytes, str(key))
         self.store.publish(key, generation, value, nbytes, alloc)
 
     def prepack(self, key: PreparedKey, generation: int, entries: list[ReadEntry]) -> None:
@@ -94,7 +101,7 @@ class PreparedExecutionState:
         packed = req.spec.pack(*[e.value for e in entries])
         self.counters[f"prepack:{key}"] += 1
         nbytes = int(getattr(packed, "nbytes", 0))
-        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        alloc = self.arenas.prepared.acquire(nbytes, str(key))
         self.store.publish(key, generation, packed, nbytes, alloc)
 
     def _record_digest(self, name: str, value: np.ndarray) -> None:
@@ -129,7 +136,7 @@ class PreparedExecutionState:
         self.counters[f"read_packed:{key}"] += 1
         packed = req.spec.from_bytes(raw)
         nbytes = int(getattr(packed, "nbytes", raw.nbytes))
-        alloc = self.arenas.prepared.acquire(nbytes, str(key), force=True)
+        alloc = self.arenas.prepared.acquire(nbytes, str(key))
         self.store.publish(key, generation, packed, nbytes, alloc)
 
     def persist(self, key: PreparedKey) -> PreparedKey | None:
@@ -208,6 +215,8 @@ class ExecutionSubmission:
     pinned: dict[int, PreparedKey] = field(default_factory=dict)  # requirement bit -> key pinned now
     held: set[int] = field(default_factory=set)  # requirement bits this run has used (or the caller fed)
     allocations: dict[int, Any] = field(default_factory=dict)  # slot -> ExecutionArena allocation
+    live_bytes: int = 0  # invariant: sum of allocations' bytes
+    peak_bytes: int = 0  # the largest live_bytes of this run
     bound: dict[int, Any] = field(default_factory=dict)  # requirement bit -> producer task bound at submit
     hot: bool = False
     yields: int = 0

@@ -2,8 +2,9 @@
 
 It knows nothing about ONNX; the prepared session builds tasks and submits them. Modules:
 ``workers`` (WorkerPool), ``executor`` (CpuExecutor), ``task`` (Task, states, Priority, Resource),
-``memory`` (domains, MemoryBudget, MemoryLease), ``runtime`` (RuntimeScheduler), ``handle``
-(ExecutionHandle), ``trace`` (Chrome trace export).
+``estimates`` (MemoryEstimate, MemoryLease), ``admission`` (the budget's waitlist: S1/S2), ``runtime``
+(RuntimeScheduler), ``handle`` (ExecutionHandle), ``trace`` (Chrome trace export). The domains and the
+byte budget belong to :mod:`onnx_prepared.memory`, the one memory ledger.
 
 Terms
 -----
@@ -113,9 +114,10 @@ W4. ``handle.future`` is a ``concurrent.futures.Future`` given the same outcome 
 from __future__ import annotations
 
 from onnx_prepared.errors import Cancelled, CancelledError
+from onnx_prepared.memory import Domain, MemoryBudget
+from onnx_prepared.scheduler.estimates import MemoryEstimate, MemoryLease
 from onnx_prepared.scheduler.executor import CpuExecutor
 from onnx_prepared.scheduler.handle import Diagnostics, ExecutionHandle, HandleState
-from onnx_prepared.scheduler.memory import Domain, MemoryBudget, MemoryEstimate, MemoryLease
 from onnx_prepared.scheduler.runtime import RuntimeScheduler
 from onnx_prepared.scheduler.task import CancelToken, Priority, Resource, Resume, Task, TaskState
 from onnx_prepared.scheduler.trace import Trace, TraceRecord

@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from onnx_prepared.errors import Cancelled
+from onnx_prepared.memory import MemoryBudget
+from onnx_prepared.scheduler.admission import Admission
+from onnx_prepared.scheduler.estimates import MemoryLease
 from onnx_prepared.scheduler.executor import CpuExecutor
 from onnx_prepared.scheduler.handle import _DONE, Diagnostics, ExecutionHandle, HandleState, _Submission
-from onnx_prepared.scheduler.memory import MemoryBudget, MemoryLease
 from onnx_prepared.scheduler.task import (
     IN_NONE,
     IN_READY,
@@ -110,12 +112,12 @@ class RuntimeScheduler:
         self._owns_cpu = cpu is None
         self.cpu = cpu if cpu is not None else CpuExecutor(name=f"{name}-cpu")
         self.memory = memory if memory is not None else MemoryBudget()
+        self._admission = Admission(self.memory)  # the memory waitlist lives there
         self._trace: Trace | None = Trace() if trace else None
         #: Test hook, called under the lock each time a task takes a slot: ``audit(task, queue)``.
         self._audit = audit
         self._closed = False
         self._live: set[_Submission] = set()
-        self._wait: tuple[deque[Task], deque[Task], deque[Task]] = (deque(), deque(), deque())  # memory waitlist
         self._pools: list[WorkerPool] = []
         self._queues: dict[str, _ResourceQueue] = {}
         io_pool = WorkerPool(io_workers, name=f"{name}-io")
@@ -229,7 +231,7 @@ class RuntimeScheduler:
                              "queued": sum(len(d) for d in q.ready)}
                     for q in self._queues.values()
                 },
-                "memory_waiting": sum(len(d) for d in self._wait),
+                "memory_waiting": len(self._admission),
             }
 
     def close(self, *, cancel: bool = False) -> None:
@@ -305,9 +307,7 @@ class RuntimeScheduler:
 
     def _retain(self, task: Task, nbytes: int) -> MemoryLease:
         with self._lock:
-            if nbytes < 0 or nbytes > task._held:
-                raise ValueError(f"task {task.name!r} cannot retain {nbytes} bytes: it holds {task._held}")
-            task._held -= nbytes
+            self._admission.retain(task, nbytes)
             return MemoryLease(self, task.memory.domain, nbytes)
 
     def _release_lease(self, lease: MemoryLease) -> None:
@@ -316,7 +316,7 @@ class RuntimeScheduler:
             if lease._released:
                 return
             lease._released = True
-            self.memory.release(lease.domain, lease.nbytes)
+            self._admission.release_lease(lease.domain, lease.nbytes)
             self._dispatch(fx, None)
         self._after(fx)
 
@@ -455,8 +455,7 @@ class RuntimeScheduler:
             t.error = error
             t.cause = cause
             if t._held:  # a queued task that was admitted and then cancelled
-                self.memory.release(t.memory.domain, t._held)
-                t._held = 0
+                self._admission.release(t)
             t._where = IN_NONE
             if state is not _CANCELLED:  # a cancelled task keeps its body: C8 may revive it
                 t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
@@ -555,7 +554,7 @@ class RuntimeScheduler:
                     q.dirty = True  # type: ignore[union-attr]
                     fx.dirty.append(q)  # type: ignore[arg-type]
             elif t._where == IN_WAIT:
-                self._wait[prio].append(t)
+                self._admission.park(t, prio)
             stack.extend(t._deps)
 
     def _resume(self, t: Task, producers: tuple[Task, ...], fx: _Effects) -> None:
@@ -587,45 +586,14 @@ class RuntimeScheduler:
     # ************************************************************************************************
     # **** Dispatch (under the lock) ****
 
-    def _wait_head(self, p: int) -> Task | None:
-        dq = self._wait[p]
-        while dq:
-            t = dq[0]
-            if t.state is _READY and t._where == IN_WAIT and t._prio == p:
-                return t
-            dq.popleft()
-        return None
-
     def _drain_waitlist(self, fx: _Effects) -> None:
-        """Admit memory-blocked tasks in priority order; a blocked head blocks every less urgent one."""
-        mem = self.memory
-        for p in range(3):
-            while True:
-                t = self._wait_head(p)
-                if t is None:
-                    break
-                if not mem.fits(t.memory.domain, t._charge, p == 0):
-                    return
-                self._wait[p].popleft()
-                mem.acquire(t.memory.domain, t._charge, p == 0)
-                t._held = t._charge
-                t._where = IN_READY
-                q = t._queue
-                q.ready[p].appendleft(t)  # type: ignore[union-attr]
-                if not q.dirty:  # type: ignore[union-attr]
-                    q.dirty = True  # type: ignore[union-attr]
-                    fx.dirty.append(q)  # type: ignore[arg-type]
-
-    def _admit(self, t: Task, p: int) -> bool:
-        for hp in range(p + 1):  # FIFO fairness: nobody overtakes a waiting task as urgent or more
-            if self._wait[hp] and self._wait_head(hp) is not None:
-                return False
-        mem = self.memory
-        if not mem.fits(t.memory.domain, t._charge, p == 0):
-            return False
-        mem.acquire(t.memory.domain, t._charge, p == 0)
-        t._held = t._charge
-        return True
+        """Put the memory-blocked tasks admission now admits back at the head of their ready queues."""
+        for t, p in self._admission.drain():
+            q = t._queue
+            q.ready[p].appendleft(t)  # type: ignore[union-attr]
+            if not q.dirty:  # type: ignore[union-attr]
+                q.dirty = True  # type: ignore[union-attr]
+                fx.dirty.append(q)  # type: ignore[arg-type]
 
     def _pick(self, q: _ResourceQueue) -> Task | None:
         for p in range(3):
@@ -637,10 +605,9 @@ class RuntimeScheduler:
                 if t.state is not _READY or t._where != IN_READY or t._prio != p:
                     dq.popleft()  # stale: cancelled, promoted, or moved to the memory waitlist
                     continue
-                if t._charge and not t._held and not self._admit(t, p):
+                if t._charge and not t._held and not self._admission.admit(t, p):
                     dq.popleft()
-                    t._where = IN_WAIT
-                    self._wait[p].append(t)
+                    self._admission.park(t, p)
                     continue
                 dq.popleft()
                 return t
@@ -648,7 +615,7 @@ class RuntimeScheduler:
 
     def _dispatch(self, fx: _Effects, own: _ResourceQueue | None) -> Task | None:
         """Give free slots to admitted ready tasks; return the next task for the calling ``own`` worker."""
-        w = self._wait
+        w = self._admission.waiting
         if w[0] or w[1] or w[2]:
             self._drain_waitlist(fx)
         nxt = None
@@ -708,8 +675,7 @@ class RuntimeScheduler:
         if t._noncritical:
             q.noncritical -= 1
         if t._held:
-            self.memory.release(t.memory.domain, t._held)
-            t._held = 0
+            self._admission.release(t)
         if outcome == _OK:  # the hot path: _terminate's SUCCEEDED branch without the cascade machinery
             t._value = payload
             t._transition(_SUCCEEDED)

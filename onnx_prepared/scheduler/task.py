@@ -14,7 +14,7 @@ from enum import Enum, IntEnum
 from typing import Any
 
 from onnx_prepared.errors import Cancelled, InternalError
-from onnx_prepared.scheduler.memory import NO_MEMORY, MemoryEstimate, MemoryLease
+from onnx_prepared.scheduler.estimates import NO_MEMORY, MemoryEstimate, MemoryLease
 
 
 class Priority(IntEnum):

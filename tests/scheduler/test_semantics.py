@@ -419,7 +419,7 @@ def test_F5_broken_invariants_raise_internal_error():
     """F5. Broken internal invariants raise InternalError, never a user error."""
     assert "InternalError" in quote("F5")
     from onnx_prepared.errors import OnnxPreparedError
-    from onnx_prepared.scheduler.memory import Domain
+    from onnx_prepared.memory import Domain
 
     assert not issubclass(InternalError, OnnxPreparedError)
     with pytest.raises(InternalError):
