@@ -41,7 +41,10 @@ import sys
 import time
 from collections import Counter
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 CONFIGS = ("none", "complete", "missing1", "missing1-build", "ort")
 POLICY = {"none": "disabled", "complete": "read_only", "missing1": "read_only", "missing1-build": "build_if_missing"}

@@ -32,7 +32,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 
 def _load_cases(a: argparse.Namespace) -> list[tuple[str, str, dict]]:

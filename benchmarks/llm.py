@@ -35,7 +35,10 @@ import sys
 import time
 from collections import defaultdict
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 GOALS = {"decode": 1.0, "prefill128": 0.6}  # level 4, ours / onnxruntime
 MODELS = {"tiny": {}, "medium": {"preset": "medium"}, "medium-genai": {"preset": "medium", "embedding": "fp32"}}

@@ -47,7 +47,10 @@ import sys
 import threading
 import time
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 MODES = ("stream", "stream_prefetch", "prepare", "sequential")
 GATE_S = 2.0  # the gated read is released after this long even if cancel() is still waiting for it

@@ -39,7 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 from onnx_prepared.model import ExternalDataReader, ExternalPayload, WeightDescriptor
 

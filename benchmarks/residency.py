@@ -51,7 +51,10 @@ import sys
 import tempfile
 import time
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 LIMITS = ("unlimited", "1/4", "1/8", "fixed")
 CACHES = ("warm", "cold", "none")

@@ -27,7 +27,10 @@ import os
 import sys
 import time
 
-import _common as C
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+else:  # python benchmarks/NAME.py
+    import _common as C
 
 RUNTIMES = ("ort", "ours")
 GOALS = {16: 0.5, 128: 0.7}

@@ -1,6 +1,6 @@
 """onnx-prepared: run, inspect and prepare ONNX models with fast cold start.
 
-Commands: demo, run, inspect, generate, generate-text, cache (build, verify, info).
+Commands: demo, run, inspect, generate, generate-text, bench, cache (build, verify, info).
 Exit codes: 0 success; 1 failure (a model that cannot load or run, a cache with problems);
 2 usage (a bad or missing argument, a file that does not exist). Errors print one line;
 --debug prints the traceback instead.
@@ -224,12 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--plan", action="store_true", help="print the prepared execution plan's tasks instead")
     i.add_argument("--wide", action="store_true", help="with --plan: one table row per task (no wrapping)")
     i.set_defaults(fn=cmd_inspect)
+    from onnx_prepared.bench import add_bench_parser
     from onnx_prepared.cache_cli import add_cache_parser
     from onnx_prepared.genai.cli import add_generate_text_parser
     from onnx_prepared.generate import add_generate_parser
 
     add_generate_parser(sub)
     add_generate_text_parser(sub)
+    add_bench_parser(sub)
     add_cache_parser(sub)
     return p
 
