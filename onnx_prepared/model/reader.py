@@ -41,21 +41,23 @@ class ExternalDataReader:
     physical memory raises :class:`ResourceLimitError` before its buffer is allocated.
 
     A tensor whose external data records a sha256 is verified on its first read from each file
-    fingerprint (mismatch: :class:`ExternalDataError`); with ``hash_reads`` every external read is
-    hashed. ``source_digest`` then gives (sha256, fingerprint of the file the bytes came from), the
-    pair a companion cache may trust later without reading the source.
+    fingerprint (mismatch: :class:`ExternalDataError`; ``verify_checksums=False`` skips it where no
+    cache identity depends on the checksum: it costs a sha256 pass per weight); with ``hash_reads``
+    every external read is hashed. ``source_digest`` then gives (sha256, fingerprint of the file the
+    bytes came from), the pair a companion cache may trust later without reading the source.
 
     >>> with ExternalDataReader() as r:
     ...     w = r.read(loaded.weights["W"])
     """
 
     def __init__(self, *, max_tensor_bytes: int | None = None, hash_reads: bool = False,
-                 fd_bound: int | None = None) -> None:
+                 verify_checksums: bool = True, fd_bound: int | None = None) -> None:
         self._pool = FdPool(_open_data, fd_bound)
         self._lock = threading.Lock()  # guards bytes_read and _digests
         self.bytes_read = 0
         self.max_tensor_bytes = max_tensor_bytes
         self.hash_reads = hash_reads
+        self.verify_checksums = verify_checksums
         self._digests: dict[tuple[str, int, int], tuple[str, str]] = {}  # (file, offset, length) -> (sha, fp)
 
     @property
@@ -110,7 +112,7 @@ class ExternalDataReader:
                     raise ExternalDataError(f"external data file truncated: got {got} of {p.length} bytes "
                                             f"at offset {p.offset}", tensor=desc.name, file=p.file)
                 got += n
-            want = recorded_sha256(desc)
+            want = recorded_sha256(desc) if self.verify_checksums else None
             if want is not None or self.hash_reads:
                 self._verify(desc, p, fd, st, buf, want)
         except OSError as e:

@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import os
 import threading
+from collections.abc import Mapping
 from enum import Enum
 
 import numpy as np
@@ -43,6 +44,7 @@ import onnx
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.kernels.prepack import KERNEL_ABI
+from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
 from onnx_prepared.prepared import cache_io as io
 from onnx_prepared.prepared.cache_check import info, verify
@@ -50,11 +52,14 @@ from onnx_prepared.prepared.cache_format import (
     ABI_KEY,
     FORMAT_VERSION,
     GENERATION_KEY,
+    ID_SIZE,
     SOURCE_MODEL_KEY,
     CacheEntry,
     Manifest,
     encode,
     entry_name,
+    identity_problem,
+    identity_record,
     is_sha256,
 )
 from onnx_prepared.resolve.keys import PreparedKey
@@ -88,15 +93,7 @@ def source_model_digest(model_path: str | os.PathLike, model: onnx.ModelProto | 
     (already parsed metadata-only) saves a second parse.
     """
     if model is None:
-        try:
-            data, _ = read_regular(os.fspath(model_path))
-        except OSError as e:
-            raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: {e}") from None
-        model = onnx.ModelProto()
-        try:
-            model.ParseFromString(data)
-        except Exception as e:
-            raise CacheError(f"cannot parse model {os.fspath(model_path)!r} to compute its digest: {e}") from None
+        model = _parse_model(model_path)
     stripped = onnx.ModelProto()
     stripped.CopyFrom(model)
     for t in stripped.graph.initializer:
@@ -107,15 +104,42 @@ def source_model_digest(model_path: str | os.PathLike, model: onnx.ModelProto | 
     return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
 
 
-def default_prepared_path(model_path: str | os.PathLike, *, digest: str | None = None) -> str:
-    """``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/onnx-prepared/prepared/<digest[:16]>/<stem>.prepared.onnx``.
+def _parse_model(model_path: str | os.PathLike) -> onnx.ModelProto:
+    try:
+        data, _ = read_regular(os.fspath(model_path))
+    except OSError as e:
+        raise CacheError(f"cannot read model {os.fspath(model_path)!r} to compute its digest: "
+                         f"{e.strerror or e}") from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:
+        raise CacheError(f"cannot parse model {os.fspath(model_path)!r} to compute its digest: {e}") from None
+    return model
 
-    Pass ``digest`` (``source_model_digest(model_path)``) when already computed, to hash the model once.
+
+def default_prepared_path(model_path: str | os.PathLike, *, digest: str | None = None,
+                          model: onnx.ModelProto | None = None) -> str:
+    """``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/onnx-prepared/prepared/<partition>/<stem>.prepared.onnx``.
+
+    ``partition`` is ``digest[:16]`` for a model without external data, else the first 16 hex digits of
+    sha256 over the digest and the real paths of its data files: two folders holding byte-identical
+    ``.onnx`` files with different data files get different companions (each would otherwise keep
+    replacing the other's entries). A path only partitions; it is never identity. Pass ``digest``
+    (``source_model_digest``) and ``model`` (the parsed protobuf) when already at hand.
     """
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     stem = os.path.splitext(os.path.basename(os.fspath(model_path)))[0]
-    digest = digest or source_model_digest(model_path)
-    return os.path.join(base, "onnx-prepared", "prepared", digest[:16], f"{stem}.prepared.onnx")
+    if model is None:
+        model = _parse_model(model_path)
+    digest = digest or source_model_digest(model_path, model)
+    folder = os.path.dirname(os.path.abspath(os.fspath(model_path)))
+    files = sorted({os.path.realpath(os.path.join(folder, e.value))
+                    for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    partition = digest[:16]
+    if files:
+        partition = hashlib.sha256("\n".join([digest, *files]).encode()).hexdigest()[:16]
+    return os.path.join(base, "onnx-prepared", "prepared", partition, f"{stem}.prepared.onnx")
 
 
 def _root(path: str) -> str:
@@ -148,6 +172,7 @@ class PreparedModelStore:
         self._entries: dict[str, CacheEntry] = {}  # replaced whole (never mutated), so readers need no lock
         self._digests: dict[str, str] = {}
         self._stamps: dict[str, str] = {}
+        self._bound: dict[str, str | None] = {}  # source name -> data file fingerprint at load (bind_sources)
         self._verified: set[tuple[str, int, str]] = set()  # entries whose sha256 matched once
         self._fds: dict[str, int] = {}  # data file -> fd, open until close() (a reader may still use it)
         self._queue: dict[str, tuple[PreparedKey, np.ndarray]] = {}
@@ -238,7 +263,8 @@ class PreparedModelStore:
     def read_payload(self, entry: CacheEntry, out: np.ndarray | None = None) -> np.ndarray:
         """The payload of ``entry`` as a 1-D uint8 array (into ``out[:length]`` when given).
 
-        Verifies length and sha256; a mismatch raises CacheError and marks the entry invalid. The
+        Verifies length, the identity record (the payload names this entry's lineage digest, layout and
+        device: every read) and sha256; a mismatch raises CacheError and marks the entry invalid. The
         sha256 runs on the first read of an entry in this process only: payload files are immutable
         once published (an update writes a new generation), and an evicted object restored once per
         token would otherwise spend most of its restore hashing (118 of 153 ms per token on medium).
@@ -251,13 +277,18 @@ class PreparedModelStore:
             buf = out[: entry.length]
         else:
             buf = np.empty(entry.length, dtype=np.uint8)
+        record = bytearray(ID_SIZE)
         try:
             fd = self._fd(entry)
-            got = io.pread_into(fd, buf, entry.offset)
+            got = io.pread_into(fd, buf, entry.offset, record)  # one preadv: payload, then its identity
         except OSError as e:
             raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
-        if got != entry.length:
-            raise self._corrupt(entry, f"payload truncated: {got} of {entry.length} bytes at offset {entry.offset}")
+        if got != entry.length + ID_SIZE:
+            raise self._corrupt(entry, f"payload truncated: {got} of {entry.length} + {ID_SIZE} bytes at offset "
+                                       f"{entry.offset}")
+        why = identity_problem(record, entry)
+        if why is not None:
+            raise self._corrupt(entry, why)
         ident = (entry.file, entry.offset, entry.checksum)
         if ident not in self._verified:
             if hashlib.sha256(buf).hexdigest() != entry.checksum:
@@ -313,11 +344,24 @@ class PreparedModelStore:
         """Entries queued by ``put`` and not yet flushed."""
         return len(self._queue)
 
-    def record_source_digest(self, name: str, sha256: str, *, stamp: str | None = None) -> None:
-        """Remember a source tensor's content digest (computed on its first read); persisted at flush.
+    def bind_sources(self, weights: Mapping[str, WeightDescriptor]) -> None:
+        """The sources of this session's model, with the stat fingerprint of each external tensor's data
+        file at load (a tensor inside the ``.onnx`` has none: the source model digest covers its bytes).
 
-        ``stamp`` (e.g. ``f"{size}:{mtime_ns}"`` of its data file) only detects change: a later lookup
-        with another stamp distrusts the digest. It is never identity.
+        A recorded digest of a bound external source is trusted only while its recorded stamp equals
+        this fingerprint (``source_digest_of``): a rewritten, replaced or copied data file makes it a miss.
+        """
+        bound = {n: d.payload.fingerprint if isinstance(d.payload, ExternalPayload) else None
+                 for n, d in weights.items()}
+        with self._lock:
+            self._bound = bound
+
+    def record_source_digest(self, name: str, sha256: str, *, stamp: str | None = None) -> None:
+        """Remember a source tensor's content digest (computed on a read); persisted at flush.
+
+        ``stamp`` is the stat fingerprint of the data file the hashed bytes came from (None for inline
+        tensors). It only detects change: a later lookup under another fingerprint distrusts the digest.
+        It is never identity.
         """
         sha256 = sha256.lower().removeprefix("sha256:")
         if not is_sha256(sha256):
@@ -334,10 +378,13 @@ class PreparedModelStore:
                 self._queued_digests[name] = (sha256, stamp)
 
     def source_digest_of(self, name: str, *, stamp: str | None = None) -> str | None:
-        """The recorded digest of source ``name`` for this model identity, or None if unknown (or its
-        recorded stamp differs from ``stamp``)."""
+        """The recorded digest of source ``name``, or None if unknown or not trustworthy now: its recorded
+        stamp must equal ``stamp`` (default: the fingerprint ``bind_sources`` gave for ``name``)."""
         d = self._digests.get(name)
-        if d is not None and stamp is not None and self._stamps.get(name, stamp) != stamp:
+        if d is None:
+            return None
+        want = stamp if stamp is not None else self._bound.get(name)
+        if want is not None and self._stamps.get(name) != want:
             return None
         return d
 
@@ -382,7 +429,8 @@ class PreparedModelStore:
                 with io.flocked(lock_fd, exclusive=False):  # a cleaner must not see it before it is flock-ed
                     tmp, tmp_fd = io.create_temp_data(self.folder, self.root, gen_id)
                 names = list(queue)
-                records = io.write_payloads(tmp_fd, [queue[n][1] for n in names])
+                ids = [identity_record(n, k.lineage_digest, k.layout, k.device) for n in names for k in [queue[n][0]]]
+                records = io.write_payloads(tmp_fd, [(queue[n][1], r) for n, r in zip(names, ids)])
                 location = f"{self.root}.{gen_id}.data"
                 file = os.path.join(self.folder, location)
                 for n, (off, length, sha) in zip(names, records):

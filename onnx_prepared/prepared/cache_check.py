@@ -1,4 +1,4 @@
-"""``verify`` (reads every payload) and ``info`` (metadata only) over a companion prepared model."""
+"""``verify`` (reads every payload and its identity record) and ``info`` (metadata only) over a companion."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.prepared import cache_io as io
-from onnx_prepared.prepared.cache_format import ABI_KEY, ALIGNMENT, FORMAT_VERSION
+from onnx_prepared.prepared.cache_format import ABI_KEY, ALIGNMENT, FORMAT_VERSION, ID_SIZE, identity_problem
 
 
 def verify(path: str | os.PathLike, *, source_digest: str | None = None) -> list[str]:
@@ -36,10 +36,13 @@ def verify(path: str | os.PathLike, *, source_digest: str | None = None) -> list
             if e.offset % ALIGNMENT:
                 problems.append(f"{path}: entry {name!r}: offset {e.offset} is not {ALIGNMENT}-byte aligned")
             sha, got = io.sha256_range(fds[e.file], e.offset, e.length)
+            record = os.pread(fds[e.file], ID_SIZE, e.offset + e.length)
             if got != e.length:
                 problems.append(f"{path}: entry {name!r}: payload truncated ({got} of {e.length} bytes)")
             elif sha != e.checksum:
                 problems.append(f"{path}: entry {name!r}: checksum mismatch in {e.location} (corrupt payload)")
+            elif (why := identity_problem(record, e)) is not None:
+                problems.append(f"{path}: entry {name!r}: {why} in {e.location}")
     finally:
         io.close_all(fds)
     return problems

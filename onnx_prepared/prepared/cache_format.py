@@ -13,6 +13,7 @@ Decoding is metadata-only and collects every structural problem instead of stopp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,9 +24,16 @@ import onnx
 from google.protobuf.message import Error as ProtobufError
 
 #: Version of the container format (model metadata) and of the per-entry packed-record convention.
-FORMAT_VERSION = "1"
+#: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
+FORMAT_VERSION = "2"
 #: Every payload starts at a multiple of this many bytes in its data file (page/direct-I/O friendly).
 ALIGNMENT = 4096
+#: The identity record right after each payload's bytes (after, so payloads stay aligned): magic, the
+#: raw lineage digest, and sha256 of (entry name, layout, device). A payload thus names the prepared key
+#: it was written for, and a manifest entry pointing at another entry's bytes (swapped or mislabelled
+#: external data, whose checksum matches those bytes) is caught on read and by ``verify``.
+ID_MAGIC = b"OPPAYID\x01"
+ID_SIZE = len(ID_MAGIC) + 32 + 32
 
 # ---- metadata keys (the spec's interchange convention) ----
 P = "onnx_light.prepared."
@@ -103,6 +111,24 @@ def entry_name(lineage: tuple[str, ...], layout: str, device: str) -> str:
     """``prepared/<str(PreparedKey)>``; a non-CPU device is appended (``@cuda``) so variants cannot collide."""
     name = f"{PREFIX}{'+'.join(lineage)}@{layout}"
     return name if device == "cpu" else f"{name}@{device}"
+
+
+def identity_record(name: str, lineage_digest: str, layout: str, device: str) -> bytes:
+    """The ``ID_SIZE`` bytes written after the payload of entry ``name``."""
+    key = hashlib.sha256(f"{name}\0{layout}\0{device}".encode()).digest()
+    return ID_MAGIC + bytes.fromhex(lineage_digest) + key
+
+
+def identity_problem(record: bytes | bytearray | memoryview, entry: CacheEntry) -> str | None:
+    """Why ``record`` (read after ``entry``'s payload) does not identify ``entry``; None when it does."""
+    record = bytes(record)
+    if len(record) != ID_SIZE or not record.startswith(ID_MAGIC):
+        return "payload has no identity record (not written for this entry, or overwritten)"
+    if record[len(ID_MAGIC):len(ID_MAGIC) + 32].hex() != entry.lineage_digest:
+        return "payload was written for another source lineage digest (swapped or mislabelled entry)"
+    if record != identity_record(entry.key_name, entry.lineage_digest, entry.layout, entry.device):
+        return "payload was written for another prepared key (swapped or mislabelled entry)"
+    return None
 
 
 def is_sha256(value: str) -> bool:

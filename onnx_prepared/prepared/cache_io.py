@@ -32,6 +32,7 @@ from onnx_prepared.errors import CacheError
 from onnx_prepared.model.safe_open import NotRegularFile, file_kind, open_regular, read_regular
 from onnx_prepared.prepared.cache_format import (
     ALIGNMENT,
+    ID_SIZE,
     CacheEntry,
     Manifest,
     data_file_pattern,
@@ -117,18 +118,20 @@ def create_temp_data(folder: str, root: str, gen_id: str) -> tuple[str, int]:
     return path, fd
 
 
-def write_payloads(fd: int, payloads: list[np.ndarray]) -> list[tuple[int, int, str]]:
-    """Write ``payloads`` at ALIGNMENT-aligned offsets, fsync; [(offset, length, sha256)] per payload."""
+def write_payloads(fd: int, payloads: list[tuple[np.ndarray, bytes]]) -> list[tuple[int, int, str]]:
+    """Write each (payload, identity record) at an ALIGNMENT-aligned offset, the record right after the
+    payload; fsync. Returns [(offset, length, sha256 of the payload)]."""
     out, pos = [], 0
-    for arr in payloads:
+    for arr, record in payloads:
         mv = memoryview(arr).cast("B")
         n, done = len(mv), 0
         while done < n:
             done += os.pwrite(fd, mv[done:done + _CHUNK], pos + done)
+        done = 0
+        while done < len(record):
+            done += os.pwrite(fd, record[done:], pos + n + done)
         out.append((pos, n, hashlib.sha256(mv).hexdigest()))
-        pos += -(-n // ALIGNMENT) * ALIGNMENT
-    if out and out[-1][1] == 0:  # keep the file size covering every offset (an empty last payload)
-        os.ftruncate(fd, max(os.fstat(fd).st_size, out[-1][0]))
+        pos += -(-(n + len(record)) // ALIGNMENT) * ALIGNMENT
     os.fsync(fd)
     return out
 
@@ -177,11 +180,20 @@ def open_payload_file(file: str) -> tuple[int | None, int, str]:
     return fd, st.st_size, ""
 
 
-def pread_into(fd: int, buf: np.ndarray, offset: int) -> int:
-    """Fill ``buf`` from ``offset``; returns bytes read (less than ``buf.size`` only at end of file)."""
-    mv, got = memoryview(buf), 0
-    while got < len(mv):
-        n = os.preadv(fd, [mv[got:]], offset + got)
+def pread_into(fd: int, buf: np.ndarray, offset: int, record: bytearray | None = None) -> int:
+    """Fill ``buf`` (then ``record``, in the same ``preadv``) from ``offset``; returns bytes read (fewer
+    only at end of file)."""
+    views = [memoryview(buf).cast("B")] + ([memoryview(record)] if record is not None else [])
+    total, got = sum(len(v) for v in views), 0
+    while got < total:
+        iov, skip = [], got
+        for v in views:
+            if skip >= len(v):
+                skip -= len(v)
+                continue
+            iov.append(v[skip:])
+            skip = 0
+        n = os.preadv(fd, iov, offset + got)
         if n == 0:
             break
         got += n
@@ -282,9 +294,9 @@ def open_files(entries: Iterable[CacheEntry]) -> tuple[dict[str, int], dict[str,
         size, why = sizes[e.file]
         if why:
             invalid[e.key_name] = f"{why}: {e.location or e.file}"
-        elif e.offset + e.length > size:
+        elif e.offset + e.length + ID_SIZE > size:
             invalid[e.key_name] = (f"payload file truncated: {e.location or e.file} has {size} bytes, the entry "
-                                   f"needs {e.offset}..{e.offset + e.length}")
+                                   f"needs {e.offset}..{e.offset + e.length + ID_SIZE} (payload and identity record)")
     return fds, invalid
 
 

@@ -304,10 +304,18 @@ def _is_topological(graph: onnx.GraphProto) -> bool:
 
 
 def source_checksum(d: WeightDescriptor, sidecar=None) -> str | None:
-    """A trusted content digest of one source: its external-data sha256, else a sidecar digest."""
-    c = d.checksum if hasattr(d, "checksum") else (d.payload.checksum if d.is_external else None)
-    if c and not c.startswith("sha256:") and len(c) != 64:
-        c = None  # not a sha256 we can trust as content identity
-    if c is None and sidecar is not None:
-        c = sidecar(d.name)
-    return c.removeprefix("sha256:") if c else None
+    """A trusted content digest of one source, or None (the entry is then unverifiable: a miss).
+
+    An external tensor's digest is trusted only through ``sidecar`` (the companion's record of a read
+    that hashed those bytes, valid while the data file keeps the stat fingerprint it had then); a
+    sha256 the model records must agree with it, since it states what the producer wrote, not what the
+    file holds now. An inline tensor's bytes are inside the ``.onnx`` (covered by the source model
+    digest), so its sidecar digest needs no fingerprint.
+    """
+    side = sidecar(d.name) if sidecar is not None else None
+    if d.is_external:
+        c = d.payload.checksum
+        c = c.strip().lower().removeprefix("sha256:") if c else None
+        if c is not None and len(c) == 64 and side is not None and side != c:
+            return None
+    return side.removeprefix("sha256:") if side else None

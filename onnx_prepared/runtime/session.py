@@ -108,13 +108,19 @@ class RuntimeSession:
 
             digest = source_model_digest(loaded.path, loaded.model)
             self.prepared_store = PreparedModelStore(
-                opt("prepared_model_path", None) or default_prepared_path(loaded.path, digest=digest),
+                opt("prepared_model_path", None) or default_prepared_path(loaded.path, digest=digest,
+                                                                          model=loaded.model),
                 source_digest=digest, policy=policy,
             )
+            self.prepared_store.bind_sources(loaded.weights)  # digests trusted only under these fingerprints
         if reader is None:
             # A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy
             # is asked for the buffer; prepared_memory_limit is a residency target one object may exceed.
-            reader = ExternalDataReader(max_tensor_bytes=opt("memory_limit", None) or None)
+            # Recorded checksums are verified when a companion's identity depends on them.
+            reader = ExternalDataReader(max_tensor_bytes=opt("memory_limit", None) or None,
+                                        verify_checksums=policy != "disabled")
+        if self.prepared_store is not None and self.prepared_store.writable:
+            reader.hash_reads = True  # every source read yields the (digest, fingerprint) the sidecar persists
         self.resolved: ResolvedModel = resolve_model(loaded, prepared=self.prepared_store, policy=policy)
         self.plan: PreparedExecutionPlan = build_prepared_plan(self.resolved)
         # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses

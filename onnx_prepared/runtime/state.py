@@ -50,8 +50,6 @@ class PreparedExecutionState:
         self.reads: dict[str, ReadEntry] = {}  # source name -> current shared read
         store = prepared_store
         self._record_digests = store is not None and store.policy == "build_if_missing"
-        self._trusted = {n for n, e in reader.manifest.active.items()
-                         if e.descriptor is not None and source_checksum(e.descriptor, None) is not None}
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
         # largest activation peak a completed cold run measured: what a hot run charges ExecutionArena
         self.execution_peak = 0
@@ -80,7 +78,7 @@ class PreparedExecutionState:
         """Read one payload into its shared read entry (publish_raw / prepack consume it)."""
         value = self.reader.read(name)
         self.counters[f"read:{name}"] += 1
-        if self._record_digests and name not in self._trusted:
+        if self._record_digests:
             self._record_digest(name, value)
         nbytes = int(getattr(value, "nbytes", 0))
         with self._lock:
@@ -105,7 +103,18 @@ class PreparedExecutionState:
         self.store.publish(key, generation, packed, nbytes, alloc)
 
     def _record_digest(self, name: str, value: np.ndarray) -> None:
-        """Sidecar digest on first read, so the next process can trust this source without reading it."""
+        """Sidecar digest of every source read, so the next process can trust it without reading it.
+
+        External tensors: the (sha256, data file fingerprint) pair the reader computed on this read (a
+        session with a writable companion reads with ``hash_reads``); inline ones: hashed here.
+        """
+        entry = self.reader.manifest.active.get(name) or self.reader.manifest.dormant.get(name)
+        desc = entry.descriptor if entry is not None else None
+        if desc is not None and desc.is_external:
+            pair = self.reader.reader.source_digest(desc)
+            if pair is not None:
+                self.prepared_store.record_source_digest(name, pair[0], stamp=pair[1])
+            return
         import hashlib
 
         buf = np.ascontiguousarray(value).view(np.uint8) if value.dtype != object else None

@@ -22,6 +22,7 @@ from onnx_prepared.prepared.cache import (
     source_model_digest,
     verify,
 )
+from onnx_prepared.prepared.cache_format import ID_SIZE
 from onnx_prepared.resolve.keys import PreparedKey
 
 SRC = hashlib.sha256(b"source model").hexdigest()
@@ -109,7 +110,7 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
     m = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(str(path))
     meta = {p.key: p.value for p in m.metadata_props}
-    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "1"
+    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "2"
     assert meta["onnx_light.prepared.source_model_digest"] == SRC
     assert meta["onnx_light.prepared.kernel_abi"] == KERNEL_ABI
     assert len(m.graph.node) == 0
@@ -169,8 +170,11 @@ def test_source_model_digest_and_default_path(tmp_path, monkeypatch):
     os.utime(copy, (1, 1))
     assert source_model_digest(copy) == d  # identity ignores path and timestamps
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    want = str(tmp_path / "xdg" / "onnx-prepared" / "prepared" / d[:16] / "tiny.prepared.onnx")
+    part = hashlib.sha256(f"{d}\n{os.path.realpath(tmp_path / 'tiny.data')}".encode()).hexdigest()[:16]
+    want = str(tmp_path / "xdg" / "onnx-prepared" / "prepared" / part / "tiny.prepared.onnx")
     assert default_prepared_path(model) == default_prepared_path(model, digest=d) == want
+    # byte-identical .onnx in another folder (other data file): another companion
+    assert default_prepared_path(copy) != want and source_model_digest(copy) == d
     with pytest.raises(CacheError, match=r"missing\.onnx"):
         source_model_digest(tmp_path / "missing.onnx")
     (tmp_path / "junk.onnx").write_bytes(b"not really a model")
@@ -239,9 +243,9 @@ def test_other_container_version_or_source_model_is_empty_and_replaced_by_build(
     old_data = data_files(tmp_path)
     other = PreparedModelStore(path, source_digest=dig("another model"), policy=RO)
     assert other.entries() == {} and other.lookup(k) is None and "another source model" in other.stale_reason
-    _rewrite(path, lambda m: _set(m.metadata_props, "onnx_light.prepared.format_version", "2"))
+    _rewrite(path, lambda m: _set(m.metadata_props, "onnx_light.prepared.format_version", "999"))
     r = PreparedModelStore(path, source_digest=SRC, policy=RO)
-    assert r.entries() == {} and "format version '2'" in r.explain_miss(k)
+    assert r.entries() == {} and "format version '999'" in r.explain_miss(k)
     # build_if_missing replaces it wholesale, and removes the data file only the old companion used
     b = PreparedModelStore(path, source_digest=SRC, policy=BUILD)
     b.put(k, payload(5, 200))
@@ -647,8 +651,8 @@ def test_info_summarises(tmp_path):
     build(path, {key("A"): payload(1, 100), key("B", "nbits"): payload(2, 5000),
                  key("C", device="cuda"): payload(3, 1)}).close()
     i = info(path)
-    assert i["entries"] == 3 and i["total_bytes"] == 5101 and i["format_version"] == "1"
+    assert i["entries"] == 3 and i["total_bytes"] == 5101 and i["format_version"] == FORMAT_VERSION
     assert i["layouts"] == {"gemm_b:t1": 2, "nbits": 1} and i["devices"] == {"cpu": 2, "cuda": 1}
     assert i["kernel_abis"] == {KERNEL_ABI: 3} and i["source_model_digest"] == SRC and i["generation"] == 1
     (f, size), = i["data_files"].items()
-    assert size == os.path.getsize(tmp_path / f) == 12288 + 1  # put order: A@0, B@4096 (5000 bytes), C@12288
+    assert size == os.path.getsize(tmp_path / f) == 12288 + 1 + ID_SIZE  # put order: A@0, B@4096, C@12288 + its id

@@ -79,5 +79,21 @@ def test_lineage_digest_from_checksums(tmp_path):
     for t in m.graph.initializer:
         t.external_data.add(key="checksum", value="ab" * 32)
     onnx.save(m, path)
-    r = resolve_model(load_model(path))
+    loaded = load_model(path)
+    # a recorded checksum states what the producer wrote: alone it is unverified (no digest, a miss)
+    assert all(q.key.lineage_digest is None for q in resolve_model(loaded).requirements)
+
+    class Sidecar:  # a companion that verified those bytes under the data file's current fingerprint
+        def __init__(self, digest):
+            self.digest = digest
+
+        def source_digest_of(self, name):
+            return self.digest
+
+        def lookup(self, key):
+            return None
+
+    r = resolve_model(loaded, prepared=Sidecar("ab" * 32))
     assert all(q.key.lineage_digest is not None for q in r.requirements)
+    r = resolve_model(loaded, prepared=Sidecar("cd" * 32))  # the sidecar disagrees with the model: distrusted
+    assert all(q.key.lineage_digest is None for q in r.requirements)

@@ -7,7 +7,7 @@ import pytest
 
 from onnx_prepared import InferenceSession, SessionOptions
 from onnx_prepared.plan.prepared_plan import PlanError
-from onnx_prepared.prepared.cache import verify
+from onnx_prepared.prepared.cache import PreparedModelStore, source_model_digest, verify
 from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.models import add_checksums, gemm_mlp, reference_mlp, rewrite_tensor
 
@@ -53,14 +53,23 @@ def test_hit_reads_no_source_bytes_and_never_prepacks(tmp_path, gated_reader):
     assert {n for ev, n in reader.log} == {"c0", "c1", "c2"}  # only the raw biases: no W* source byte
 
 
-def test_stale_source_misses_only_its_entry(tmp_path):
+def test_rewritten_data_file_is_reverified_and_only_the_changed_entry_is_replaced(tmp_path):
+    """Digests are trusted only under the data file's stat fingerprint: after an in-place rewrite of W1
+    every entry backed by that file misses once (its sources are read, verified and re-recorded), W0 and
+    W2 keep their entries (same lineage digest), W1 gets a new one."""
     path, companion = _model(tmp_path), tmp_path / "c" / "m.prepared.onnx"
     _build(path, companion)
+    with PreparedModelStore(companion, source_digest=source_model_digest(path), policy="read_only") as st:
+        before = st.entries()
     rewrite_tensor(path, "W1", np.full((16, 16), 0.5, np.float32))
     with RuntimeSession(path, _opts("build_if_missing", companion)) as s:
         cached = {r.key.lineage[0]: r.cached for r in s.resolved.requirements if not r.key.is_raw}
-        assert cached == {"W0": True, "W1": False, "W2": True}
+        assert cached == {"W0": False, "W1": False, "W2": False}
         (y,) = s.run({"x": X})
+    with PreparedModelStore(companion, source_digest=source_model_digest(path), policy="read_only") as st:
+        after = st.entries()
+    changed = {n for n in after if after[n] != before.get(n)}
+    assert len(changed) == 1 and "W1" in changed.pop()
     np.testing.assert_allclose(y, reference_mlp(path, X), rtol=1e-5, atol=1e-6)
     with RuntimeSession(path, _opts("require_complete", companion)) as s:  # the miss was persisted
         assert all(r.cached for r in s.resolved.requirements if not r.key.is_raw)
