@@ -1,0 +1,242 @@
+"""Resize (opsets 10-19+) and Upsample: separable interpolation, one axis at a time.
+
+For each resized axis the output coordinates are mapped to input coordinates once (in float32, as
+onnxruntime computes them; a nearest tie may still round differently in rare cases), giving a small
+[out, taps] table of indices and weights (1 tap nearest, 2 linear, 4 cubic); the axis is then a weighted
+sum of ``np.take`` gathers. Neighbours outside the input repeat the edge (or get weight 0 with
+``exclude_outside``); tf_crop_and_resize writes ``extrapolation_value`` where the mapped coordinate
+leaves the input. Opset 10's Resize and Upsample use asymmetric coordinates and onnxruntime's legacy
+nearest rounding (truncate, ceil when downsampling).
+
+NOTE: ``antialias=1`` (opset 18) is delegated to onnx.reference's implementation (slow, imported
+only then); onnxruntime follows the same filter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels.registry import kernel
+
+_F = np.float32
+_C = np.float32  # coordinates, computed in float as onnxruntime does
+
+
+def _coords(mode: str, n_out: int, n_in: int, scale: float, roi: tuple[float, float] | None,
+            length: float) -> np.ndarray:
+    i = np.arange(n_out, dtype=_C)
+    s = _C(scale)
+    if mode == "half_pixel":
+        return (i + _C(0.5)) / s - _C(0.5)
+    if mode == "half_pixel_symmetric":
+        adj = _C(n_out) / (s * _C(n_in))
+        center = _C(n_in) / _C(2)
+        return center * (_C(1) - adj) + (i + _C(0.5)) / s - _C(0.5)
+    if mode == "pytorch_half_pixel":
+        return (i + _C(0.5)) / s - _C(0.5) if n_out > 1 else np.zeros(n_out, _C)
+    if mode == "align_corners":
+        # NOTE: with scales, the resized length is in*scale unrounded, as onnx's reference and its node
+        # tests have it; onnxruntime divides by the rounded output size, so the two differ when in*scale
+        # is fractional (test_resize_align_corners_with_fractional_scales_follows_the_reference).
+        return i * (_C(n_in - 1) / _C(length - 1)) if n_out > 1 else np.zeros(n_out, _C)
+    if mode == "asymmetric":
+        return i / s
+    if mode == "tf_half_pixel_for_nn":
+        return (i + _C(0.5)) / s
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if n_out > 1:
+            return _C(start * (n_in - 1)) + i * _C((end - start) * (n_in - 1) / (n_out - 1))
+        return np.full(n_out, _C(0.5 * (start + end) * (n_in - 1)), _C)
+    raise KernelError(f"Resize: unknown coordinate_transformation_mode {mode!r}")
+
+
+def _nearest(x: np.ndarray, mode: str, down: bool) -> np.ndarray:
+    if mode == "round_prefer_floor":
+        return np.ceil(x - _C(0.5))
+    if mode == "round_prefer_ceil":
+        return np.floor(x + _C(0.5))
+    if mode == "floor":
+        return np.floor(x)
+    if mode == "ceil":
+        return np.ceil(x)
+    if mode == "legacy":  # onnxruntime's Upsample / Resize-10 rounding
+        return np.ceil(x) if down else np.trunc(x)
+    raise KernelError(f"Resize: unknown nearest_mode {mode!r}")
+
+
+def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
+    a = _C(a)
+    d = np.stack([t + 1, t, 1 - t, 2 - t], axis=1)  # distances to the 4 taps
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, far)
+
+
+def _table(mode, x, n_in, *, nearest_mode, down, cubic_coeff_a, exclude_outside):
+    """(indices [out, taps], weights [out, taps] or None)."""
+    if mode == "nearest":
+        idx = np.clip(_nearest(x, nearest_mode, down), 0, n_in - 1).astype(np.int64)
+        return idx[:, None], None
+    if mode == "linear":
+        x = np.clip(x, 0, n_in - 1)
+        i0 = np.floor(x)
+        t = x - i0
+        i0 = i0.astype(np.int64)
+        idx = np.stack([i0, np.minimum(i0 + 1, n_in - 1)], axis=1)
+        return idx, np.stack([1 - t, t], axis=1)
+    if mode == "cubic":
+        i0 = np.floor(x)
+        w = _cubic_weights(x - i0, cubic_coeff_a)
+        raw = i0.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+        if exclude_outside:
+            w = np.where((raw >= 0) & (raw < n_in), w, 0)
+            w = w / w.sum(axis=1, keepdims=True)
+        return np.clip(raw, 0, n_in - 1), w
+    raise KernelError(f"Resize: unknown mode {mode!r}")
+
+
+def _resize_axis(y: np.ndarray, axis: int, n_out: int, scale: float, roi, p: dict, length: float) -> np.ndarray:
+    n_in = y.shape[axis]
+    x = _coords(p["ctm"], n_out, n_in, scale, roi, length)
+    idx, w = _table(p["mode"], x, n_in, nearest_mode=p["nearest_mode"], down=scale < 1,
+                    cubic_coeff_a=p["cubic_coeff_a"], exclude_outside=p["exclude_outside"])
+    shape = [1] * y.ndim
+    shape[axis] = n_out
+    if w is not None:
+        w = w.astype(y.dtype)
+    if w is None:
+        out = np.take(y, idx[:, 0], axis=axis)
+    else:
+        out = None
+        for t in range(idx.shape[1]):
+            term = np.take(y, idx[:, t], axis=axis) * w[:, t].reshape(shape)
+            out = term if out is None else np.add(out, term, out=out)
+    if roi is not None:
+        outside = ((x < 0) | (x > n_in - 1)).reshape(shape)
+        out = np.where(outside, out.dtype.type(p["extrapolation_value"]), out)
+    return out
+
+
+def resize_nd(X, out_shape, scales, rois, p, lengths) -> np.ndarray:
+    dtype = X.dtype
+    y = X if p["mode"] == "nearest" or (dtype.kind == "f" and dtype.itemsize >= 4) else X.astype(_F)
+    for axis in range(X.ndim):
+        n_out, roi = out_shape[axis], rois[axis]
+        if n_out == X.shape[axis] and scales[axis] == 1 and roi is None:
+            continue
+        if X.shape[axis] == 0 or n_out == 0:
+            y = np.zeros(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], y.dtype)
+            continue
+        y = _resize_axis(y, axis, n_out, scales[axis], roi, p, lengths[axis])
+    if y.dtype != dtype:
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            y = np.clip(np.rint(y), info.min, info.max)
+        y = y.astype(dtype)
+    return y
+
+
+def _sizes_and_scales(X, scales, sizes, axes, policy: str):
+    rank = X.ndim
+    axes = list(range(rank)) if axes is None or len(axes) == 0 else [a + rank if a < 0 else a for a in axes]
+    have_sizes = sizes is not None and np.size(sizes) > 0
+    have_scales = scales is not None and np.size(scales) > 0
+    if have_sizes == have_scales:
+        raise KernelError("Resize: exactly one of scales and sizes must be given")
+    out = list(X.shape)
+    sc = [1.0] * rank
+    if have_scales:
+        vals = [float(v) for v in np.asarray(scales, _F).reshape(-1)]
+        if len(vals) != len(axes) or any(v <= 0 for v in vals):
+            raise KernelError(f"Resize: scales {vals} must be {len(axes)} positive values")
+        for a, v in zip(axes, vals):
+            sc[a] = v
+            out[a] = int(np.floor(X.shape[a] * _F(v)))
+        return out, sc, axes, [X.shape[a] * sc[a] for a in range(rank)]
+    vals = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    if len(vals) != len(axes):
+        raise KernelError(f"Resize: sizes {vals} must have {len(axes)} values")
+    if policy in ("not_larger", "not_smaller"):
+        ratios = [vals[j] / X.shape[a] for j, a in enumerate(axes)]
+        r = min(ratios) if policy == "not_larger" else max(ratios)
+        for a in axes:
+            sc[a] = r
+            out[a] = int(np.floor(X.shape[a] * r + 0.5))
+        return out, sc, axes, out
+    if policy != "stretch":
+        raise KernelError(f"Resize: unknown keep_aspect_ratio_policy {policy!r}")
+    for a, v in zip(axes, vals):
+        out[a] = v
+        sc[a] = v / X.shape[a] if X.shape[a] else 1.0
+    return out, sc, axes, out
+
+
+def _resize(X, roi, scales, sizes, *, antialias, axes, ctm, cubic_coeff_a, exclude_outside, extrapolation_value,
+            keep_aspect_ratio_policy, mode, nearest_mode):
+    if antialias and mode in ("linear", "cubic"):
+        return _reference_antialias(X, roi, scales, sizes, axes=axes, ctm=ctm, cubic_coeff_a=cubic_coeff_a,
+                                    exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
+                                    keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode,
+                                    nearest_mode=nearest_mode)
+    out, sc, axes_l, lengths = _sizes_and_scales(X, scales, sizes, axes, keep_aspect_ratio_policy)
+    rois = [None] * X.ndim
+    if ctm == "tf_crop_and_resize":
+        r = np.asarray(roi, np.float64).reshape(-1) if roi is not None and np.size(roi) else None
+        if r is None or r.size != 2 * len(axes_l):
+            raise KernelError(f"Resize: tf_crop_and_resize needs roi with {2 * len(axes_l)} values")
+        for j, a in enumerate(axes_l):
+            rois[a] = (float(r[j]), float(r[j + len(axes_l)]))
+    p = {"ctm": ctm, "mode": mode, "nearest_mode": nearest_mode, "cubic_coeff_a": cubic_coeff_a,
+         "exclude_outside": exclude_outside, "extrapolation_value": extrapolation_value}
+    return (resize_nd(X, out, sc, rois, p, lengths),)
+
+
+def _reference_antialias(X, roi, scales, sizes, **attrs):
+    from onnx.reference.ops.op_resize import Resize as _RefResize
+
+    fn = _RefResize._run  # uses nothing from self
+    kw = {"antialias": 1, "axes": attrs["axes"], "coordinate_transformation_mode": attrs["ctm"],
+          "cubic_coeff_a": attrs["cubic_coeff_a"], "exclude_outside": attrs["exclude_outside"],
+          "extrapolation_value": attrs["extrapolation_value"],
+          "keep_aspect_ratio_policy": attrs["keep_aspect_ratio_policy"], "mode": attrs["mode"],
+          "nearest_mode": attrs["nearest_mode"]}
+    return fn(None, X, roi, scales, sizes, **kw)
+
+
+@kernel("Resize", since=11)
+def resize(
+    X: np.ndarray, roi: np.ndarray | None = None, scales: np.ndarray | None = None,
+    sizes: np.ndarray | None = None, *, antialias: int = 0, axes: list[int] | None = None,
+    coordinate_transformation_mode: str = "half_pixel", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
+    extrapolation_value: float = 0.0, keep_aspect_ratio_policy: str = "stretch", mode: str = "nearest",
+    nearest_mode: str = "round_prefer_floor",
+) -> tuple[np.ndarray]:
+    return _resize(X, roi, scales, sizes, antialias=antialias, axes=axes, ctm=coordinate_transformation_mode,
+                   cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                   extrapolation_value=extrapolation_value, keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+                   mode=mode, nearest_mode=nearest_mode)
+
+
+def _legacy(X: np.ndarray, scales, mode: str) -> tuple[np.ndarray]:
+    if mode not in ("nearest", "linear"):
+        raise KernelError(f"Upsample/Resize-10: mode {mode!r} is not nearest or linear")
+    return _resize(X, None, scales, None, antialias=0, axes=None, ctm="asymmetric", cubic_coeff_a=-0.75,
+                   exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode=mode,
+                   nearest_mode="legacy")
+
+
+@kernel("Resize", since=10)
+def resize_10(X: np.ndarray, scales: np.ndarray, *, mode: str = "nearest") -> tuple[np.ndarray]:
+    return _legacy(X, scales, mode)
+
+
+@kernel("Upsample", since=9)
+def upsample_9(X: np.ndarray, scales: np.ndarray, *, mode: str = "nearest") -> tuple[np.ndarray]:
+    return _legacy(X, scales, mode)
+
+
+@kernel("Upsample", since=7)
+def upsample_7(X: np.ndarray, *, mode: str = "nearest", scales: list[float]) -> tuple[np.ndarray]:
+    return _legacy(X, np.asarray(scales, _F), mode)
