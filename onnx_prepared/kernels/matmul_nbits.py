@@ -6,22 +6,27 @@ block packs ``block_size`` values of one output column along K, low-order bits f
 absent (``2 ** (bits - 1)``), packed uint8 ``[N, ceil(k_blocks * bits / 8)]`` (each row byte-aligned) or
 float ``[N, k_blocks]``. ``scales`` and packed zero points may be flat, as older quantizers wrote them.
 
-**Accuracy.** We always compute in fp32 (fp16 inputs are widened, the output narrowed back). Levels 0..3
-match onnxruntime to fp32 rounding (relative max error ~1e-6). For ``accuracy_level=4`` onnxruntime
-quantizes A per block to int8 and multiplies in integers (VNNI); we stay fp32, so the two differ by
-onnxruntime's own quantization error: measured max|ours - ort| / max|y| = 0.4%..1.3% (median relative
-error ~0.5%) for K in {256, 1024, 2816}, block 32; tests assert <= 2%.
+**4-bit weights** (what quantizers write) run through the compiled extension
+(:mod:`onnx_prepared.kernels.native`, numpy fallback of the same layout without it). Prepack
+(:func:`prepack_matmul_nbits`) turns (B, scales, zero points) into a :class:`~._q4_panels.PackedQ4` in
+the ``panel16`` layout (:mod:`onnx_prepared.kernels._q4_panels`): no larger than the source when N is a
+multiple of 16, no offset array for symmetric weights.
 
-**Prepack.** :func:`prepack_matmul_nbits` turns (B, scales, zero_points) into a :class:`PackedNBits`
-once per session; :func:`matmul_nbits_packed` consumes it. Layout ``matmul-nbits-q{bits}-kmajor-u32-
-block{block_size}``: ``words`` uint32 ``[k_blocks, block_size * bits // 32, N]`` (column-contiguous),
-``scales`` and ``offsets = -zero_point * scale`` float32 ``[k_blocks, N]``. Memory is that of B plus 8
-bytes per block and column, no fp32 copy of the weights. The registered kernel (unprepacked B) prepacks
-on every call: no hidden cache.
+**Accuracy.** Levels 0..3 (and level 4 with float zero points, as onnxruntime does) compute in fp32:
+``y = sum_blocks scale * (sum_k a*q - zero_point * sum_k a)``, within fp32 rounding of onnxruntime
+(tests: 1e-5 of max|y|). ``accuracy_level=4`` quantizes A per block exactly as onnxruntime's CompInt8
+(``scale = amax/127``, ``q = round_half_even(a * (127/amax))``, the block length of B), multiplies in
+int32 (VNNI where present) and scales per block, so outputs match onnxruntime's to float rounding.
+fp16 inputs are widened to fp32 and the output narrowed back.
 
-**Speed.** B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES`` at once) and multiplied with
-BLAS; the result does not depend on whether a run is the session's first. Figures:
-``benchmarks/kernels_nbits.py``.
+**2- and 8-bit weights** stay on numpy: layout ``matmul-nbits-q{bits}-kmajor-u32-block{block_size}``,
+``words`` uint32 ``[k_blocks, block_size * bits // 32, N]``, ``scales`` and ``offsets = -zero_point *
+scale`` float32 ``[k_blocks, N]``; B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES``) and
+multiplied with BLAS, always in fp32 (at level 4 onnxruntime uses int8 for 8 bits: outputs differ by its
+quantization error, ~1%).
+
+The registered kernel (unprepacked B) prepacks on every call: no hidden cache. A session's first run and
+later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/kernels_nbits.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _q4_panels as q4
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
+from onnx_prepared.kernels._q4_panels import PackedQ4
 from onnx_prepared.kernels.prepack import PrepackSpec, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
@@ -101,8 +109,8 @@ def prepack_matmul_nbits(
     N: int,
     bits: int = 4,
     block_size: int,
-) -> PackedNBits:
-    """Repack MatMulNBits weights into the k-major layout :func:`matmul_nbits_packed` reads.
+) -> PackedQ4 | PackedNBits:
+    """Repack MatMulNBits weights into the layout :func:`matmul_nbits_packed` reads (panel16 for 4 bits).
 
     >>> packed = prepack_matmul_nbits(B, scales, None, K=1024, N=1024, bits=4, block_size=32)
     >>> (y,) = matmul_nbits_packed(a, packed)
@@ -115,6 +123,12 @@ def prepack_matmul_nbits(
         raise KernelError(
             f"MatMulNBits B must be uint8 [N={N}, k_blocks={kb}, blob_size={blob}], got {B.dtype} {list(B.shape)}"
         )
+    if bits == 4:
+        _as_blocks(scales, N, kb, "scales")
+        if zero_points is not None:
+            zero_points = np.asarray(zero_points)
+            _as_blocks(zero_points, N, -(-kb // 2) if zero_points.dtype == np.uint8 else kb, "zero_points")
+        return q4.pack_q4(B, scales, zero_points, K=K, N=N, block_size=block_size)
     # Little-endian bytes b0..b3 of a block read as one uint32 are exactly the word layout (values low bits
     # first), so repacking is one transpose [N, kb, words] -> [kb, words, N].
     q = np.ascontiguousarray(B).reshape(N, kb, blob).view("<u4")
@@ -154,17 +168,23 @@ def _check_attrs(K: int, N: int, bits: int, block_size: int) -> None:
 
 
 def matmul_nbits_packed(
-    A: np.ndarray, packed: PackedNBits, bias: np.ndarray | None = None, *, accuracy_level: int = 0
+    A: np.ndarray, packed: PackedQ4 | PackedNBits, bias: np.ndarray | None = None, *, accuracy_level: int = 0
 ) -> tuple[np.ndarray]:
     """MatMulNBits on prepacked weights: ``A [..., K] -> Y [..., N]`` in A's float dtype."""
-    del accuracy_level  # always fp32; see the module docstring
     if A.shape[-1] != packed.K:
         raise KernelError(f"MatMulNBits A has {A.shape[-1]} columns, expected K={packed.K}")
     out_dtype = A.dtype if A.dtype in (np.float16, np.float32) else np.float32
     a2 = np.ascontiguousarray(A.reshape(-1, packed.K), dtype=np.float32)
-    y = _matmul_2d(a2, packed)
-    if bias is not None:
-        y += bias.astype(np.float32, copy=False)
+    b32 = None if bias is None else np.ascontiguousarray(bias.reshape(-1), dtype=np.float32)
+    if b32 is not None and b32.size != packed.N:
+        raise KernelError(f"MatMulNBits bias has {b32.size} values, expected N={packed.N}")
+    if isinstance(packed, PackedQ4):
+        int8 = accuracy_level == 4 and packed.zp_kind != q4.ZP_F32
+        y = native.matmul_q4(a2, packed, b32, int8)
+    else:
+        y = _matmul_2d(a2, packed)
+        if b32 is not None:
+            y += b32
     return (y.reshape(A.shape[:-1] + (packed.N,)).astype(out_dtype, copy=False),)
 
 
@@ -200,8 +220,10 @@ def _dequantize_numpy(p: PackedNBits, b0: int, b1: int, out: np.ndarray) -> None
         v += o
 
 
-def dequantize_matmul_nbits(packed: PackedNBits) -> np.ndarray:
+def dequantize_matmul_nbits(packed: PackedQ4 | PackedNBits) -> np.ndarray:
     """The fp32 weight matrix ``W [K, N]`` (for tests and debugging)."""
+    if isinstance(packed, PackedQ4):
+        return q4.dequantize_q4(packed)
     out = np.empty((packed.k_blocks * packed.block_size, packed.N), np.float32)
     _dequantize_numpy(packed, 0, packed.k_blocks, out)
     return out[: packed.K]
@@ -264,7 +286,7 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
     def pack(B, scales, zero_points=None):
         return prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=bs)
 
-    def run(packed: PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
+    def run(packed: PackedQ4 | PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
         extra = dict(zip((_NODE_INPUTS[i] for i in rest), others))
         g_idx = extra.get("g_idx")
         if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // bs):
@@ -272,6 +294,10 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
         return matmul_nbits_packed(A, packed, extra.get("bias"), accuracy_level=level)
 
     kb = -(-K // bs)
+    if bits == 4:
+        zk = q4.ZP_NONE if not has_zp else (q4.ZP_U4 if const_shapes[3][1] == "uint8" else q4.ZP_F32)
+        return PrepackSpec(sources, q4.layout_key(bs, zk, K, N), pack, run, PackedQ4.to_bytes, PackedQ4.from_bytes,
+                           sum(q4.section_sizes(K, N, bs, zk)))
     packed_bytes = kb * (bs * bits // 32) * N * 4 + 2 * kb * N * 4  # words + float32 scales and offsets
     return PrepackSpec(
         sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,

@@ -25,7 +25,8 @@ from google.protobuf.message import Error as ProtobufError
 
 #: Version of the container format (model metadata) and of the per-entry packed-record convention.
 #: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
-FORMAT_VERSION = "2"
+#: 3: 4-bit MatMulNBits weights in the panel16 layout (kernels/_q4_panels.py).
+FORMAT_VERSION = "3"
 #: Every payload starts at a multiple of this many bytes in its data file (page/direct-I/O friendly).
 ALIGNMENT = 4096
 #: The identity record right after each payload's bytes (after, so payloads stay aligned): magic, the

@@ -4,10 +4,10 @@ Fixtures (``tests/fixtures/make_genai.py``; tiny random Llama / Qwen2 decoders, 
 ``genai_fp32`` (MatMul), ``genai_int4`` (symmetric MatMulNBits, accuracy_level 4) and ``genai_int4_qwen_asym``
 (asymmetric MatMulNBits with zero points, tied GatherBlockQuantized embedding, q/k/v bias Add).
 
-Bounds: against onnxruntime computing exactly (fp32, or the INT4 models with every MatMulNBits switched to
-``accuracy_level=0``) logits and present KV agree to ``ATOL`` (measured <= 3e-7). Against the INT4 models as
-built (level 4: onnxruntime quantizes activations to int8, we stay fp32) max|ours - ort| <= ``LEVEL4_REL`` x
-max|ort| (the MatMulNBits kernel's measured bound; measured here 0.95% and 0.73%).
+Bounds: against onnxruntime on the models as built (INT4 at accuracy_level 4: both sides quantize activations
+to int8 per block the same way) logits and present KV agree to ``ATOL``. Against onnxruntime computing in
+fp32 (every MatMulNBits switched to ``accuracy_level=0``) the INT4 models differ by the int8 quantization
+error, at most ``LEVEL4_REL`` x max|ort| (measured 0.95% and 0.73%).
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def prompt(name: str, batch: int = 1) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_prefill_and_decode_match_onnxruntime_exact_math(name: str) -> None:
-    expected, tokens = rollout(ort_run(name, exact=True), name, prompt(name))
+def test_prefill_and_decode_match_onnxruntime(name: str) -> None:
+    expected, tokens = rollout(ort_run(name, exact=False), name, prompt(name))
     with RuntimeSession(model_path(name)) as sess:
         actual, ours_tokens = rollout(sess.run, name, prompt(name))
     assert [int(t[0]) for t in ours_tokens] == [int(t[0]) for t in tokens]
@@ -134,25 +134,26 @@ def test_prefill_and_decode_match_onnxruntime_exact_math(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", INT4)
-def test_int4_as_built_within_level4_bound(name: str) -> None:
-    """The builder's CPU default accuracy_level=4: within LEVEL4_REL of onnxruntime's int8-activation math."""
-    expected, tokens = rollout(ort_run(name, exact=False), name, prompt(name))
+def test_int4_level4_really_quantizes_activations(name: str) -> None:
+    """The builder's CPU default accuracy_level=4 is int8-activation math: away from fp32 by its quantization error."""
+    expected, tokens = rollout(ort_run(name, exact=True), name, prompt(name))
     with RuntimeSession(model_path(name)) as sess:
         actual, _ = rollout(sess.run, name, prompt(name), tokens)
     rels = [rel_diff(a[k], e[k]) for a, e in zip(actual, expected) for k in e]
     assert max(rels) <= LEVEL4_REL, max(rels)
-    assert max(rels) > 1e-5  # onnxruntime really took its int8 path
+    assert max(rels) > 1e-5  # we really took the int8 path
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_batch_of_two_prompts(name: str) -> None:
     ids = prompt(name, batch=2)
-    expected, tokens = rollout(ort_run(name, exact=True), name, ids, steps=2)
+    expected, tokens = rollout(ort_run(name, exact=False), name, ids, steps=2)
     with RuntimeSession(model_path(name)) as sess:
         actual, _ = rollout(sess.run, name, ids, tokens, steps=2)
+    rtol = 0 if name == "genai_fp32" else 1e-3  # int8 rounding-boundary flips (see tests/integration/test_tiny_llm.py)
     for i, (a, e) in enumerate(zip(actual, expected)):
         for k in e:
-            np.testing.assert_allclose(a[k], e[k], atol=ATOL, rtol=0, err_msg=f"step {i} {k}")
+            np.testing.assert_allclose(a[k], e[k], atol=ATOL, rtol=rtol, err_msg=f"step {i} {k}")
     assert not np.allclose(actual[0]["logits"][0, -1], actual[0]["logits"][1, -1], atol=1e-3)
 
 
@@ -161,7 +162,7 @@ def test_batch_of_two_prompts(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_matches_saved_onnxruntime_logits(name: str) -> None:
-    """Teacher-forced with the saved tokens; fp32 to ATOL, INT4 (saved at level 4) to LEVEL4_REL."""
+    """Teacher-forced with the saved tokens; fp32 to ATOL, INT4 (saved at level 4) to atol 1e-4 + rtol 1e-3."""
     ref = reference(name)
     with RuntimeSession(model_path(name)) as sess:
         actual, _ = rollout(sess.run, name, ref["input_ids"], list(ref["tokens"]))
@@ -170,7 +171,7 @@ def test_matches_saved_onnxruntime_logits(name: str) -> None:
         if name == "genai_fp32":
             np.testing.assert_allclose(a["logits"], expected, atol=ATOL, rtol=0, err_msg=f"step {i}")
         else:
-            assert rel_diff(a["logits"], expected) <= LEVEL4_REL, i
+            np.testing.assert_allclose(a["logits"], expected, atol=ATOL, rtol=1e-3, err_msg=f"step {i}")
 
 
 def test_fp32_export_matches_transformers() -> None:

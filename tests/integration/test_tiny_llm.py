@@ -6,10 +6,12 @@ derail the comparison. Models: ``small`` (2 layers, hidden 128, 4 heads, 2 KV he
 spec's default ``tiny`` config (4 layers, hidden 512, vocab 8192; ~13 MB, generated in ~0.3 s).
 
 Bounds: with ``accuracy_level=0`` onnxruntime computes MatMulNBits in fp32 like us, so logits and
-present KV agree to ``ATOL`` (measured ~3e-6). At the default ``accuracy_level=4`` onnxruntime quantizes
-activations to int8 per block and we stay fp32: max|ours - ort| <= ``LEVEL4_REL`` x max|ort| (the
-MatMulNBits kernel's measured bound; measured here, worst over steps: logits 0.65% / KV 0.95% on
-``small``, logits 1.7% / KV 1.8% on ``tiny`` — deeper layers accumulate the int8 error).
+present KV agree to ``ATOL`` (measured ~3e-6). At the default ``accuracy_level=4`` both sides quantize
+activations to int8 per block the same way; each MatMulNBits fed onnxruntime's own input matches its output
+to 7e-7 of max|y|, but an upstream difference of one ulp (GroupQueryAttention: 4.5e-7) can move an
+activation across an int8 rounding boundary, and deeper models amplify that: ``small`` matches to
+atol 1e-4 + rtol 1e-3 (measured 3e-7), ``tiny`` (4 layers, hidden 512) within ``LEVEL4_REL`` (measured
+1.3% of max|logits|, from one flip in layer 0's o_proj input).
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def test_prefill_and_decode_match_onnxruntime_exact_level(model, name: str) -> N
 
 
 @pytest.mark.parametrize("name", ["small", "tiny"])
-def test_default_accuracy_level_4_within_quantization_bound(model, name: str) -> None:
-    """accuracy_level=4 (the generator's default): within LEVEL4_REL of max|ort| per output and step."""
+def test_default_accuracy_level_4_matches_onnxruntime(model, name: str) -> None:
+    """accuracy_level=4 (the generator's default): both sides quantize activations to int8 per block alike."""
     path = model(name, 4)
     config = TinyLlmConfig.from_model(path)
     assert config.accuracy_level == 4
@@ -137,14 +139,13 @@ def test_default_accuracy_level_4_within_quantization_bound(model, name: str) ->
     expected, tokens = rollout(ort_run(path), config, prompt)
     with RuntimeSession(path) as sess:
         actual, _ = rollout(sess.run, config, prompt, tokens)
-    worst = 0.0
     for i, (a, e) in enumerate(zip(actual, expected)):
         for k in e:
-            rel = max_diff(a[k], e[k]) / float(np.abs(e[k]).max())
-            assert rel <= LEVEL4_REL, f"step {i} {k}: max|ours - ort| is {rel:.2%} of max|ort|"
-            worst = max(worst, rel)
-    # onnxruntime really quantized the activations: not bit-exact fp32 agreement
-    assert worst > 1e-5
+            if name == "small":
+                np.testing.assert_allclose(a[k], e[k], atol=1e-4, rtol=1e-3, err_msg=f"step {i} {k}")
+            else:
+                rel = max_diff(a[k], e[k]) / float(np.abs(e[k]).max())
+                assert rel <= LEVEL4_REL, f"step {i} {k}: max|ours - ort| is {rel:.2%} of max|ort|"
 
 
 def test_batch_of_two_prompts(model) -> None:

@@ -110,7 +110,7 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
     m = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(str(path))
     meta = {p.key: p.value for p in m.metadata_props}
-    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "2"
+    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "3"
     assert meta["onnx_light.prepared.source_model_digest"] == SRC
     assert meta["onnx_light.prepared.kernel_abi"] == KERNEL_ABI
     assert len(m.graph.node) == 0

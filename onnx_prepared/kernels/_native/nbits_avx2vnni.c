@@ -1,0 +1,16 @@
+/* AVX2 + FMA + AVX-VNNI kernels (the VEX-encoded vpdpbusd). */
+#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC target("avx2,fma,avxvnni")
+#endif
+#define NB_AVXVNNI 1
+#include "nbits_avx2.inc"
+
+const nb_isa nb_isa_avx2vnni = {"avx2vnni", nb_prep_rows, gemm_avx2};
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

@@ -1,0 +1,156 @@
+/* AVX-512 (F/BW/VL/DQ) + AVX512-VNNI MatMulNBits kernels: one zmm holds the 16 columns of a panel. */
+#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"))), \
+                             apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#endif
+#include <immintrin.h>
+
+#include "nbits_prep.h"
+
+#define NB_INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+NB_INLINE __m512 zp_vec(const nb_weights *w, int p, int b)
+{
+    if (w->zp_kind == NB_ZP_U4) {
+        const __m128i x = _mm_loadl_epi64((const __m128i *)(w->zpn + ((size_t)p * w->kb + b) * 8));
+        const __m128i m = _mm_set1_epi8(15);
+        const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+    }
+    if (w->zp_kind == NB_ZP_F32) return _mm512_loadu_ps(w->zpf + ((size_t)p * w->kb + b) * 16);
+    return _mm512_set1_ps(8.f);
+}
+
+NB_INLINE void store_row(const nb_call *c, int m, int p, __m512 v)
+{
+    const int n0 = 16 * p, ncols = c->w.N - n0 < 16 ? c->w.N - n0 : 16;
+    const __mmask16 k = (__mmask16)((1u << ncols) - 1u);
+    if (c->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, c->bias + n0));
+    _mm512_mask_storeu_ps(c->y + (size_t)m * c->w.N + n0, k, v);
+}
+
+/* fp32: R rows x 16 columns; A independent accumulators per row hide the FMA latency at small R */
+NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A)
+{
+    const nb_weights *w = &c->w;
+    const int cpb = w->bs / 8;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * w->kb * 16;
+    const __m512i mask = _mm512_set1_epi32(15);
+    const float *af[4], *as[4];
+    __m512 yacc[4];
+    UNROLL for (int r = 0; r < R; r++) {
+        af[r] = c->af + (size_t)(m + r) * c->kpad;
+        as[r] = c->asum + (size_t)(m + r) * w->kb;
+        yacc[r] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < w->kb; b++) {
+        __m512 acc[4][4];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < A; a++) acc[r][a] = _mm512_setzero_ps();
+        for (int ci = 0; ci < cpb; ci++, qp += 64) {
+            const __m512i v = _mm512_loadu_si512((const void *)qp);
+            const int k = b * w->bs + 8 * ci;
+            __m512 q[8];
+            q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, mask));
+            q[1] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4), mask));
+            q[2] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8), mask));
+            q[3] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 12), mask));
+            q[4] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16), mask));
+            q[5] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 20), mask));
+            q[6] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 24), mask));
+            q[7] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 28));
+            UNROLL for (int j = 0; j < 8; j++) UNROLL for (int r = 0; r < R; r++)
+                acc[r][j % A] = _mm512_fmadd_ps(q[j], _mm512_set1_ps(af[r][k + j]), acc[r][j % A]);
+        }
+        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * 16), z = zp_vec(w, p, b);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 t = acc[r][0];
+            UNROLL for (int a = 1; a < A; a++) t = _mm512_add_ps(t, acc[r][a]);
+            t = _mm512_fnmadd_ps(z, _mm512_set1_ps(as[r][b]), t);
+            yacc[r] = _mm512_fmadd_ps(s, t, yacc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
+}
+
+/* int8 (accuracy_level 4): vpdpbusd of the weight nibbles (u8) with the quantized A (s8) */
+NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
+{
+    const nb_weights *w = &c->w;
+    const int cpb = w->bs / 8;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * w->kb * 16;
+    const __m512i mask = _mm512_set1_epi8(15);
+    const int8_t *aq[4];
+    const float *as[4], *asc[4];
+    __m512 yacc[4];
+    UNROLL for (int r = 0; r < R; r++) {
+        aq[r] = c->aq + (size_t)(m + r) * c->kpad;
+        as[r] = c->asum + (size_t)(m + r) * w->kb;
+        asc[r] = c->ascale + (size_t)(m + r) * w->kb;
+        yacc[r] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < w->kb; b++) {
+        __m512i acc[4][4];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < 2 * A; a++) acc[r][a] = _mm512_setzero_si512();
+        int ci = 0;
+        for (; ci < cpb; ci += A, qp += 64 * A) {
+            UNROLL for (int a = 0; a < A; a++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * a));
+                const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+                const int k = b * w->bs + 8 * (ci + a);
+                UNROLL for (int r = 0; r < R; r++) {
+                    int32_t e, o;
+                    memcpy(&e, aq[r] + k, 4);
+                    memcpy(&o, aq[r] + k + 4, 4);
+                    acc[r][2 * a] = _mm512_dpbusd_epi32(acc[r][2 * a], lo, _mm512_set1_epi32(e));
+                    acc[r][2 * a + 1] = _mm512_dpbusd_epi32(acc[r][2 * a + 1], hi, _mm512_set1_epi32(o));
+                }
+            }
+        }
+        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * 16), z = zp_vec(w, p, b);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512i t = acc[r][0];
+            UNROLL for (int a = 1; a < 2 * A; a++) t = _mm512_add_epi32(t, acc[r][a]);
+            const __m512 f = _mm512_fnmadd_ps(z, _mm512_set1_ps(as[r][b]), _mm512_cvtepi32_ps(t));
+            yacc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(s, _mm512_set1_ps(asc[r][b])), yacc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
+}
+
+static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
+{
+    /* chunks per block (bs / 8) is even for every bs >= 16, so the 2-way split of i8_tile is exact */
+    for (int p = p0; p < p1; p++) {
+        int m = m0;
+        if (c->mode == NB_MODE_F32) {
+            for (; m + 4 <= m1; m += 4) f32_tile(c, p, m, 4, 2);
+            switch (m1 - m) {
+            case 3: f32_tile(c, p, m, 3, 2); break;
+            case 2: f32_tile(c, p, m, 2, 2); break;
+            case 1: f32_tile(c, p, m, 1, 4); break;
+            default: break;
+            }
+        } else {
+            for (; m + 4 <= m1; m += 4) i8_tile(c, p, m, 4, 1);
+            switch (m1 - m) {
+            case 3: i8_tile(c, p, m, 3, 1); break;
+            case 2: i8_tile(c, p, m, 2, 1); break;
+            case 1: i8_tile(c, p, m, 1, 2); break;
+            default: break;
+            }
+        }
+    }
+}
+
+const nb_isa nb_isa_avx512vnni = {"avx512vnni", nb_prep_rows, gemm_avx512};
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

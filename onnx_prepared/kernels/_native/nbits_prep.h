@@ -1,0 +1,62 @@
+/* Phase 1 (prepare A), shared by every ISA file: each includes this header after its target pragma, so
+ * the compiler vectorizes it for that ISA. The int8 quantization is bit-identical everywhere: max,
+ * one division (127 / amax), one multiply and round-half-to-even are exact IEEE operations.
+ * This mirrors onnxruntime's CompInt8 A quantization: per block of bs values, scale = amax / 127,
+ * q = nearbyint(a * (127 / amax)), zero-padded past K. */
+#ifndef ONNX_PREPARED_NBITS_PREP_H
+#define ONNX_PREPARED_NBITS_PREP_H
+
+#include <math.h>
+#include <string.h>
+
+#include "nbits.h"
+
+static void nb_prep_rows(const nb_call *c, int m0, int m1)
+{
+    const int K = c->w.K, bs = c->w.bs, kb = c->w.kb, kpad = c->kpad;
+    for (int m = m0; m < m1; m++) {
+        const float *a = c->a + (size_t)m * K;
+        float *asum = c->asum + (size_t)m * kb;
+        if (c->mode == NB_MODE_F32) {
+            float *af = c->af + (size_t)m * kpad;
+            memcpy(af, a, sizeof(float) * (size_t)K);
+            memset(af + K, 0, sizeof(float) * (size_t)(kpad - K));
+            for (int b = 0; b < kb; b++) {
+                float s = 0.f;
+                for (int k = 0; k < bs; k++) s += af[b * bs + k];
+                asum[b] = s;
+            }
+            continue;
+        }
+        int8_t *aq = c->aq + (size_t)m * kpad;
+        float *ascale = c->ascale + (size_t)m * kb;
+        for (int b = 0; b < kb; b++) {
+            const int k0 = b * bs, n = (K - k0 < bs) ? K - k0 : bs;
+            float amax = 0.f;
+            for (int k = 0; k < n; k++) {
+                float v = fabsf(a[k0 + k]);
+                amax = v > amax ? v : amax;
+            }
+            const float inv = amax != 0.f ? 127.f / amax : 0.f;
+            ascale[b] = amax / 127.f;
+            int8_t tmp[256];
+            int sum = 0;
+            for (int k = 0; k < n; k++) {
+                int q = (int)rintf(a[k0 + k] * inv);
+                tmp[k] = (int8_t)q;
+                sum += q;
+            }
+            for (int k = n; k < bs; k++) tmp[k] = 0;
+            asum[b] = (float)sum;
+            int8_t *dst = aq + k0;
+            for (int g = 0; g < bs; g += 8) {
+                for (int i = 0; i < 4; i++) {
+                    dst[g + i] = tmp[g + 2 * i];
+                    dst[g + 4 + i] = tmp[g + 2 * i + 1];
+                }
+            }
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,232 @@
+/* A small fork-safe pthread pool: workers spin for a bounded time (spin_us, default 50 us) after a job,
+ * then sleep on a condition variable, so an idle pool never keeps a core from the I/O and prepack
+ * threads for long. Jobs are published under the mutex; a job's tasks are taken with an atomic counter
+ * (dynamic balance on a shared, noisy machine). */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    int nthreads;   /* per call, caller included; 0 = not yet chosen */
+    int nworkers;   /* started worker threads */
+    pthread_t *tids;
+    atomic_int stop;
+    int spin_us;
+    atomic_int busy; /* a call holds the pool */
+    atomic_ulong gen; /* bumped when a job is published (under mu) */
+    /* the current job (written under mu while no worker is inside: inflight == 0) */
+    nb_task_fn fn;
+    void *ctx;
+    int ntasks;
+    atomic_int next, done;
+    int inflight;      /* workers that copied the job and may still take tasks (under mu) */
+    int caller_waits;  /* the caller sleeps on cv_done (under mu) */
+} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int nb_pool_default_threads(void)
+{
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* take and run tasks of the current job until none is left */
+static void run_tasks(nb_task_fn fn, void *ctx, int ntasks)
+{
+    for (;;) {
+        int t = atomic_fetch_add_explicit(&P.next, 1, memory_order_relaxed);
+        if (t >= ntasks) return;
+        fn(ctx, t);
+        if (atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel) + 1 == ntasks) {
+            pthread_mutex_lock(&P.mu);
+            if (P.caller_waits) pthread_cond_signal(&P.cv_done);
+            pthread_mutex_unlock(&P.mu);
+        }
+    }
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    unsigned long seen = atomic_load(&P.gen);
+    for (;;) {
+        long long t0 = now_ns();
+        const long long spin = (long long)P.spin_us * 1000;
+        int polls = 0;
+        while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen && !P.stop) {
+            CPU_RELAX();
+            if (++polls == 64) {
+                polls = 0;
+                if (now_ns() - t0 > spin) break;
+            }
+        }
+        pthread_mutex_lock(&P.mu);
+        while (atomic_load(&P.gen) == seen && !P.stop) pthread_cond_wait(&P.cv_work, &P.mu);
+        if (P.stop) {
+            pthread_mutex_unlock(&P.mu);
+            return NULL;
+        }
+        seen = atomic_load(&P.gen);
+        nb_task_fn fn = P.fn;
+        void *ctx = P.ctx;
+        int ntasks = P.ntasks;
+        P.inflight++;
+        pthread_mutex_unlock(&P.mu);
+        run_tasks(fn, ctx, ntasks);
+        pthread_mutex_lock(&P.mu);
+        if (--P.inflight == 0) pthread_cond_broadcast(&P.cv_done);
+        pthread_mutex_unlock(&P.mu);
+    }
+}
+
+static void stop_workers(void)
+{
+    pthread_mutex_lock(&P.mu);
+    P.stop = 1;
+    pthread_cond_broadcast(&P.cv_work);
+    pthread_mutex_unlock(&P.mu);
+    for (int i = 0; i < P.nworkers; i++) pthread_join(P.tids[i], NULL);
+    free(P.tids);
+    P.tids = NULL;
+    P.nworkers = 0;
+    P.stop = 0;
+}
+
+static void start_workers(void)
+{
+    const int want = P.nthreads - 1;
+    if (want <= 0) return;
+    P.tids = (pthread_t *)calloc((size_t)want, sizeof(pthread_t));
+    if (!P.tids) return;
+    for (int i = 0; i < want; i++) {
+        if (pthread_create(&P.tids[i], NULL, worker, NULL) != 0) break;
+        P.nworkers++;
+    }
+}
+
+void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
+{
+    int expected = 0;
+    if (ntasks <= 1 || !atomic_compare_exchange_strong(&P.busy, &expected, 1)) {
+        for (int t = 0; t < ntasks; t++) fn(ctx, t);
+        return;
+    }
+    if (P.nthreads == 0) P.nthreads = nb_pool_default_threads();
+    if (P.nworkers == 0 && P.nthreads > 1) start_workers();
+    if (P.nworkers == 0) {
+        for (int t = 0; t < ntasks; t++) fn(ctx, t);
+        atomic_store(&P.busy, 0);
+        return;
+    }
+    pthread_mutex_lock(&P.mu);
+    while (P.inflight > 0) { /* a late worker of the previous job is still leaving */
+        P.caller_waits = 1;
+        pthread_cond_wait(&P.cv_done, &P.mu);
+    }
+    P.caller_waits = 0;
+    P.fn = fn;
+    P.ctx = ctx;
+    P.ntasks = ntasks;
+    atomic_store(&P.next, 0);
+    atomic_store(&P.done, 0);
+    atomic_fetch_add_explicit(&P.gen, 1, memory_order_release);
+    pthread_cond_broadcast(&P.cv_work);
+    pthread_mutex_unlock(&P.mu);
+
+    run_tasks(fn, ctx, ntasks);
+
+    const long long t0 = now_ns(), spin = (long long)P.spin_us * 1000;
+    int polls = 0;
+    while (atomic_load_explicit(&P.done, memory_order_acquire) < ntasks) {
+        CPU_RELAX();
+        if (++polls == 64) {
+            polls = 0;
+            if (now_ns() - t0 > spin) break;
+        }
+    }
+    pthread_mutex_lock(&P.mu);
+    while (atomic_load(&P.done) < ntasks) {
+        P.caller_waits = 1;
+        pthread_cond_wait(&P.cv_done, &P.mu);
+    }
+    P.caller_waits = 0;
+    pthread_mutex_unlock(&P.mu);
+    atomic_store(&P.busy, 0);
+}
+
+static void acquire_idle_pool(void)
+{
+    int expected = 0;
+    while (!atomic_compare_exchange_weak(&P.busy, &expected, 1)) {
+        expected = 0;
+        sched_yield();
+    }
+}
+
+void nb_pool_set_threads(int n)
+{
+    if (n < 1) n = 1;
+    acquire_idle_pool();
+    if (n != P.nthreads) {
+        stop_workers();
+        P.nthreads = n;
+    }
+    atomic_store(&P.busy, 0);
+}
+
+int nb_pool_get_threads(void)
+{
+    return P.nthreads ? P.nthreads : nb_pool_default_threads();
+}
+
+void nb_pool_set_spin_us(int us)
+{
+    P.spin_us = us < 0 ? 0 : us;
+}
+
+/* a forked child has no workers: forget the parent's and start fresh on the next call */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&P.mu, NULL);
+    pthread_cond_init(&P.cv_work, NULL);
+    pthread_cond_init(&P.cv_done, NULL);
+    P.tids = NULL;
+    P.nworkers = 0;
+    P.inflight = 0;
+    P.caller_waits = 0;
+    P.stop = 0;
+    atomic_store(&P.busy, 0);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_child);
+}

@@ -1,0 +1,154 @@
+"""The compiled extension (``_native/_ext``): loading, CPU dispatch level, threads, and the numpy fallback.
+
+The extension is built by ``pip install`` (``setup.py``); when it is missing (no compiler, or disabled
+with ``ONNX_PREPARED_NATIVE=0``) every entry point here runs the numpy code of the same layout, so
+callers never ask which one they got. The dispatch level is chosen once, at import, from CPUID/XGETBV:
+``portable < avx2 < avx2vnni < avx512vnni``. ``ONNX_PREPARED_ISA=<level>`` selects a lower one (an unknown level, or one
+the CPU lacks, raises :class:`NativeConfigError` naming the variable). The portable level is the oracle
+the SIMD levels are tested against.
+
+Threads: the extension owns one pthread pool (``set_num_threads``; default: the CPUs this process may
+run on). A call that finds the pool busy (another Python thread's call in flight) runs single-threaded
+instead of waiting. Compute releases the GIL and allocates nothing; scratch buffers are per thread and
+only grow.
+
+>>> native.dispatch_level()
+'avx512vnni'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from onnx_prepared.errors import OnnxPreparedError
+
+#: dispatch levels, lowest first ("numpy" is reported when the extension is absent)
+LEVELS = ("portable", "avx2", "avx2vnni", "avx512vnni")
+ISA_ENV = "ONNX_PREPARED_ISA"
+DISABLE_ENV = "ONNX_PREPARED_NATIVE"
+
+
+class NativeConfigError(OnnxPreparedError, ValueError):
+    """An unknown or unsupported dispatch level, or a bad thread count."""
+
+
+def _load():
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None, f"disabled by {DISABLE_ENV}=0"
+    try:
+        from onnx_prepared.kernels._native import _ext
+    except ImportError as e:
+        return None, f"not built ({e})"
+    return _ext, None
+
+
+_ext, unavailable_reason = _load()
+_tls = threading.local()
+
+
+def available() -> bool:
+    """True when the compiled extension is loaded."""
+    return _ext is not None
+
+
+def dispatch_level() -> str:
+    """The active level (one of :data:`LEVELS`), or ``"numpy"`` without the extension."""
+    return _ext.isa() if _ext is not None else "numpy"
+
+
+def supported_levels() -> tuple[str, ...]:
+    """Levels this CPU runs, lowest first (empty without the extension)."""
+    return tuple(_ext.levels()) if _ext is not None else ()
+
+
+def set_dispatch_level(level: str) -> None:
+    """Select a supported level (for tests and ``ONNX_PREPARED_ISA``); raises NativeConfigError otherwise."""
+    if _ext is None:
+        raise NativeConfigError(f"dispatch level {level!r}: the native extension is unavailable ({unavailable_reason})")
+    if level not in LEVELS:
+        raise NativeConfigError(f"{ISA_ENV}={level!r} is not a dispatch level (one of {', '.join(LEVELS)})")
+    if level not in supported_levels():
+        raise NativeConfigError(f"dispatch level {level!r} is not supported by this CPU "
+                                f"(supported: {', '.join(supported_levels())})")
+    _ext.set_isa(level)
+
+
+@contextlib.contextmanager
+def forced_level(level: str) -> Iterator[None]:
+    """Run a block at ``level`` (test helper; not thread-safe against concurrent level changes)."""
+    before = dispatch_level()
+    set_dispatch_level(level)
+    try:
+        yield
+    finally:
+        _ext.set_isa(before)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads per native call, the caller included (no-op without the extension)."""
+    if not isinstance(n, int) or n < 1:
+        raise NativeConfigError(f"native thread count must be a positive int, got {n!r}")
+    if _ext is not None:
+        _ext.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return _ext.get_num_threads() if _ext is not None else 1
+
+
+def describe() -> str:
+    """One line for ``inspect``/``demo``: which kernels and which dispatch level are active."""
+    if _ext is None:
+        return f"native kernels: numpy fallback ({unavailable_reason})"
+    return (f"native kernels: MatMulNBits q4 (fp32 + int8), dispatch {dispatch_level()} "
+            f"(CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    buf = getattr(_tls, "scratch", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1 << 16), np.uint8)
+        _tls.scratch = buf
+    return buf
+
+
+def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool) -> np.ndarray:
+    """``a`` float32 C-contiguous ``[M, K]`` times panel16 weights -> new float32 ``[M, N]`` (+ bias).
+
+    ``int8`` selects onnxruntime's accuracy_level-4 scheme (A quantized per block to int8); the packed
+    weights must then not have float zero points.
+    """
+    M = a.shape[0]
+    y = np.empty((M, packed.N), np.float32)
+    if _ext is None:
+        from onnx_prepared.kernels._q4_panels import matmul_q4_numpy
+
+        y[...] = matmul_q4_numpy(a, packed, int8)
+        if bias is not None:
+            y += bias
+        return y
+    mode = 1 if int8 else 0
+    scratch = _scratch(_ext.scratch_bytes(M, packed.K, packed.block_size, mode))
+    _ext.matmul_q4(a, packed.data, y, bias, scratch, M, packed.K, packed.N, packed.block_size, packed.zp_kind, mode)
+    return y
+
+
+def read_sum(buf: np.ndarray) -> int:
+    """Sum of a buffer's uint64 words, read by the pool's threads (the benchmarks' bandwidth probe)."""
+    if _ext is None:
+        return int(buf.view(np.uint64).sum())
+    return _ext.read_sum(buf)
+
+
+def _apply_env() -> None:
+    level = os.environ.get(ISA_ENV)
+    if level and _ext is not None:
+        set_dispatch_level(level)
+
+
+_apply_env()

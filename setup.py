@@ -1,0 +1,50 @@
+"""Build of the optional native extension ``onnx_prepared.kernels._native._ext`` (everything else is in
+pyproject.toml). A failed compile is reported and skipped: the package then runs on numpy."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SRC = "onnx_prepared/kernels/_native"
+SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c"]
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing (no compiler, unsupported platform)."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # any build failure leaves the numpy fallback
+            self._skip(e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:
+            self._skip(e)
+
+    @staticmethod
+    def _skip(e: Exception) -> None:
+        print(f"onnx-prepared: native extension not built ({type(e).__name__}: {e}); numpy fallback only",
+              file=sys.stderr)
+
+
+def _extensions() -> list[Extension]:
+    if os.environ.get("ONNX_PREPARED_BUILD_NATIVE", "1") == "0" or sys.platform == "win32":
+        return []
+    return [Extension(
+        "onnx_prepared.kernels._native._ext",
+        sources=[f"{SRC}/{s}" for s in SOURCES],
+        depends=[f"{SRC}/{h}" for h in ("nbits.h", "nbits_prep.h", "nbits_avx2.inc", "pool.h")],
+        extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
+        extra_link_args=["-pthread"],
+        optional=True,
+    )]
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
