@@ -17,23 +17,12 @@ from onnx_prepared.errors import CacheError
 def cmd_cache_build(args: argparse.Namespace) -> int:
     """Prepare every object of MODEL eagerly and persist the packed ones (build_if_missing)."""
     from onnx_prepared.prepared.cache import default_prepared_path, info
-    from onnx_prepared.prepared.store import EntryState
     from onnx_prepared.runtime import RuntimeSession
 
     out = args.out or default_prepared_path(args.model)
     sess = RuntimeSession(args.model, {"prepared_model_policy": "build_if_missing", "prepared_model_path": out})
     try:
-        total = len(sess.plan.requirements)
-        bar = _progress(total, "prepare", quiet=args.quiet)
-        handle = sess.prepare_async()
-        while True:
-            try:
-                handle.wait(timeout=0.2)  # re-raises a preparation failure
-                break
-            except TimeoutError:
-                bar(sum(s is EntryState.RESIDENT for s in sess.store.states().values()))
-        bar(total, done=True)
-        sess.prepare()  # everything is resident: this only waits for the persists and flushes
+        sess.prepare(progress=not args.quiet)  # waits for the persists too, and flushes
     finally:
         sess.close()
     summary = info(out)
@@ -93,7 +82,8 @@ def add_cache_parser(subparsers: Any) -> None:
     b = sub.add_parser("build", help="prepare MODEL eagerly and persist its packed weights")
     b.add_argument("model", type=existing_file("model"), help="the .onnx file to prepare")
     b.add_argument("--out", default=None, help="companion path (default: the per-user cache folder)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--quiet", action="store_true", help="no progress bar (there is none unless stderr is a "
+                                                        "terminal)")
     b.set_defaults(fn=cmd_cache_build)
     v = sub.add_parser("verify", help="check every entry's metadata, files and checksums (exit 1 on a problem)")
     v.add_argument("path", type=existing_file("companion"), help="the companion prepared model (.onnx)")
@@ -106,36 +96,3 @@ def add_cache_parser(subparsers: Any) -> None:
     i.add_argument("--entries", action="store_true", help="list every entry")
     i.add_argument("--json", action="store_true", help="one JSON object")
     i.set_defaults(fn=cmd_cache_info)
-
-
-def _progress(total: int, desc: str, *, quiet: bool):
-    """``update(n, done=False)``: tqdm when installed and stderr is a terminal, else one rewritten stderr line."""
-    if quiet or total == 0:
-        return lambda n, done=False: None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, desc=desc, unit="obj", file=sys.stderr)
-
-        def update_tqdm(n: int, done: bool = False) -> None:
-            bar.update(max(0, n - bar.n))
-            if done:
-                bar.close()
-
-        return update_tqdm
-    tty = sys.stderr.isatty()
-    last = [-1]
-
-    def update_line(n: int, done: bool = False) -> None:
-        if n == last[0] and not done:
-            return
-        last[0] = n
-        if tty or done:
-            end = "\n" if done else ""
-            sys.stderr.write(f"\r{desc}: {n}/{total} prepared objects{end}")
-            sys.stderr.flush()
-
-    return update_line
-

@@ -80,8 +80,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--feeds is required: the model's inputs are "
                          + ", ".join(f"{i.name} ({i.type} {i.shape})" for i in inputs))
     feeds = load_feeds(args.feeds, inputs) if args.feeds else {}
-    outs, times = None, []
-    for _ in range(args.repeat):
+    from onnx_prepared.progress import reporter
+
+    rt = sess.runtime
+    t = time.perf_counter()
+    handle = rt.run_async(feeds)  # the first run streams weights in: a bar of prepared objects on a terminal
+    report = reporter(True, len(rt.plan.requirements), "first run")
+    if report is not None:
+        rt.wait_reporting(handle, report)
+    outs = handle.result()
+    times = [time.perf_counter() - t]
+    for _ in range(args.repeat - 1):
         t = time.perf_counter()
         outs = sess.run(None, feeds)
         times.append(time.perf_counter() - t)

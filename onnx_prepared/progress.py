@@ -17,7 +17,7 @@ class _Bar:
     def __init__(self, total: int, desc: str, unit: str):
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
+        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
 
     def __call__(self, done: int, total: int) -> None:
         if self._bar.total != total:

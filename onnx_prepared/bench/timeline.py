@@ -62,7 +62,7 @@ def draw(trace_path: str | os.PathLike, png_path: str | os.PathLike, *, title: s
     kinds: set[str] = set()
     for y, lane in enumerate(order):
         for kind in COLOURS:
-            segs = [(s - start, max(d, (end - start) / 1500)) for s, d, k in bars[lane] if k == kind]
+            segs = [(s - start, max(d, (end - start) / 500)) for s, d, k in bars[lane] if k == kind]
             if segs:
                 ax.broken_barh(segs, (y - 0.4, 0.8), facecolors=COLOURS[kind], edgecolor="white", linewidth=0.4)
                 kinds.add(kind)

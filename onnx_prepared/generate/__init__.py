@@ -67,7 +67,9 @@ def _cmd_tiny_llm(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path, seconds = timed_generate(config, args.out_dir)
+    from onnx_prepared.progress import reporter
+
+    path, seconds = timed_generate(config, args.out_dir, reporter(True, config.layers, "generate", unit="block"))
     data = os.path.join(os.path.dirname(path), DATA_FILE)
     c = config
     print(f"model: {path}")

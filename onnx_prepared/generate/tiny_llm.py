@@ -36,7 +36,8 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -114,8 +115,12 @@ def _rope_caches(config: TinyLlmConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def _write_weights(config: TinyLlmConfig, writer: ExternalDataWriter) -> list[TensorProto]:
-    """Stream every initializer into ``writer`` in first-use order; returns their TensorProtos."""
+def _write_weights(config: TinyLlmConfig, writer: ExternalDataWriter,
+                   progress: Callable[[int, int], Any] | None = None) -> list[TensorProto]:
+    """Stream every initializer into ``writer`` in first-use order; returns their TensorProtos.
+
+    ``progress(done, total)`` is called after each block (total: the number of blocks).
+    """
     inits: list[TensorProto] = []
     norms = dict(_norm_names(config))
 
@@ -154,6 +159,8 @@ def _write_weights(config: TinyLlmConfig, writer: ExternalDataWriter) -> list[Te
         norm(f"layer{i}.post_attention_norm")
         projection(f"layer{i}.gate_up", *proj[f"layer{i}.gate_up"])
         projection(f"layer{i}.down", *proj[f"layer{i}.down"])
+        if progress is not None:
+            progress(i + 1, config.layers)
     norm("final_norm")
     if not config.tied:
         projection("lm_head", config.hidden, config.vocab)
@@ -345,13 +352,17 @@ def genai_config(config: TinyLlmConfig) -> dict:
     }
 
 
-def write_tiny_llm(config: TinyLlmConfig, out_dir: str | os.PathLike) -> str:
-    """Write ``tiny-llm.onnx``, ``tiny-llm.data`` and ``genai_config.json`` into ``out_dir``; returns the .onnx path."""
+def write_tiny_llm(config: TinyLlmConfig, out_dir: str | os.PathLike,
+                   progress: Callable[[int, int], Any] | None = None) -> str:
+    """Write ``tiny-llm.onnx``, ``tiny-llm.data`` and ``genai_config.json`` into ``out_dir``; returns the .onnx path.
+
+    ``progress(done, total)`` is called as blocks are written (silent when None).
+    """
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     writer = ExternalDataWriter(os.path.join(out_dir, DATA_FILE), DATA_FILE)
     try:
-        inits = _write_weights(config, writer)
+        inits = _write_weights(config, writer, progress)
     except BaseException:
         writer.abort()
         raise
@@ -407,8 +418,9 @@ def generate_tiny_llm(
     return write_tiny_llm(config, out_dir)
 
 
-def timed_generate(config: TinyLlmConfig, out_dir: str | os.PathLike) -> tuple[str, float]:
+def timed_generate(config: TinyLlmConfig, out_dir: str | os.PathLike,
+                   progress: Callable[[int, int], Any] | None = None) -> tuple[str, float]:
     """:func:`write_tiny_llm` plus its wall time in seconds (for the CLI's report)."""
     t0 = time.perf_counter()
-    path = write_tiny_llm(config, out_dir)
+    path = write_tiny_llm(config, out_dir, progress)
     return path, time.perf_counter() - t0

@@ -193,17 +193,39 @@ class RuntimeSession:
         # fail_fast=False: one bad object fails only its consumers, not the rest of preparation.
         return self.scheduler.submit(tasks, fail_fast=False)
 
-    def prepare(self, *, sequential: bool = False) -> None:
+    def prepare(self, *, sequential: bool = False, progress: Any = None) -> None:
         """Prepare every object before returning (``prepare_async().wait()``), and flush the cache.
 
         ``sequential=True`` is the spec's reference path: exactly the same session tasks, run one at a
         time in plan order on the calling thread (benchmarks compare it with the parallel schedule).
+        ``progress`` (default: ``SessionOptions.progress``): True for a tqdm bar on a terminal, or
+        ``fn(done, total)`` called with the number of resident prepared objects; None is silent.
         """
+        from onnx_prepared.progress import reporter
+
+        report = reporter(self.options.progress if progress is None else progress, len(self.plan.requirements),
+                          "prepare")
         if sequential:
             self.state.prepare_sequential([self.plan.requirements[b] for b in self.need_order])
-        else:
+        elif report is None:
             self.prepare_async().wait()
+        else:
+            self.wait_reporting(self.prepare_async(), report)
         self.producers.flush()
+        if report is not None:
+            report(len(self.plan.requirements), len(self.plan.requirements))
+
+    def wait_reporting(self, handle: ExecutionHandle, report: Any, interval: float = 0.1) -> None:
+        """``handle.wait()``, calling ``report(resident prepared objects, total)`` every ``interval`` s."""
+        from onnx_prepared.prepared.store import EntryState
+
+        total = len(self.plan.requirements)
+        while True:
+            try:
+                handle.wait(timeout=interval)  # re-raises a failure
+                return
+            except TimeoutError:
+                report(sum(s is EntryState.RESIDENT for s in self.store.states().values()), total)
 
     def flush_cache(self) -> int:
         """Write every pending companion-cache entry now; returns how many were written."""
