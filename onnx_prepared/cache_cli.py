@@ -1,4 +1,4 @@
-"""``onnx-prepared cache build | verify | info``: build, check and describe a companion prepared model.
+"""``onnx-prepared cache build | verify | gc | info``: build, check, clean and describe a companion prepared model.
 
 Hooked into ``cli.py`` with ``add_cache_parser(subparsers)``.
 """
@@ -23,8 +23,11 @@ def cmd_cache_build(args: argparse.Namespace) -> int:
     sess = RuntimeSession(args.model, {"prepared_model_policy": "build_if_missing", "prepared_model_path": out})
     try:
         sess.prepare(progress=not args.quiet)  # waits for the persists too, and flushes
+        degraded = sess.prepared_store.degraded if sess.prepared_store is not None else None
     finally:
         sess.close()
+    if degraded is not None:
+        raise CacheError(f"cannot build {out}: {degraded} (the cache folder is not writable; pass --out)")
     summary = info(out)
     print(f"{out}: {summary['entries']} entries, {summary['total_bytes']:,d} bytes "
           f"(generation {summary['generation']}, kernel ABI {summary['kernel_abi']})")
@@ -43,6 +46,17 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
         return 1
     print(f"{args.path}: OK")
+    return 0
+
+
+def cmd_cache_gc(args: argparse.Namespace) -> int:
+    """Remove superseded data files and dead writers' temporary files of a companion (safe while others write)."""
+    from onnx_prepared.prepared.cache import collect_garbage
+
+    removed = collect_garbage(args.path)
+    for name in removed:
+        print(f"removed {name}")
+    print(f"{args.path}: {len(removed)} file(s) removed")
     return 0
 
 
@@ -76,7 +90,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
 
 
 def add_cache_parser(subparsers: Any) -> None:
-    """Register ``cache build|verify|info`` on the CLI's subparsers (each sets ``fn``)."""
+    """Register ``cache build|verify|gc|info`` on the CLI's subparsers (each sets ``fn``)."""
     c = subparsers.add_parser("cache", help="build, verify or describe a companion prepared model")
     sub = c.add_subparsers(dest="cache_cmd", required=True)
     b = sub.add_parser("build", help="prepare MODEL eagerly and persist its packed weights")
@@ -90,6 +104,9 @@ def add_cache_parser(subparsers: Any) -> None:
     v.add_argument("--model", type=existing_file("model"), default=None,
                    help="also check the companion belongs to this source model")
     v.set_defaults(fn=cmd_cache_verify)
+    g = sub.add_parser("gc", help="remove superseded data files and orphaned temporary files of a companion")
+    g.add_argument("path", help="the companion prepared model (.onnx); need not exist (orphans are removed)")
+    g.set_defaults(fn=cmd_cache_gc)
     i = sub.add_parser("info", help="entries, bytes, layouts, devices, kernel ABI (metadata only; exit 1 on a "
                                     "problem)")
     i.add_argument("path", type=existing_file("companion"), help="the companion prepared model (.onnx)")

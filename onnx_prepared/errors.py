@@ -99,6 +99,10 @@ class ResourceLimitError(OnnxPreparedError, MemoryError):
     before anything is allocated, naming what needed the bytes."""
 
 
+class CacheWarning(UserWarning):
+    """The prepared cache could not be written (read-only folder, ...) and continues read-only."""
+
+
 class InternalError(Exception):
     """A broken invariant inside onnx_prepared: always a bug, never the user's input."""
 

@@ -33,16 +33,18 @@ Corruption rules (spec: "Structural corruption is an error; ordinary incompatibi
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from enum import Enum
 
 import numpy as np
 import onnx
 
-from onnx_prepared.errors import CacheError
+from onnx_prepared.errors import CacheError, CacheWarning
 from onnx_prepared.kernels.prepack import KERNEL_ABI
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
@@ -69,6 +71,7 @@ __all__ = [
     "CacheEntry",
     "PreparedModelPolicy",
     "PreparedModelStore",
+    "collect_garbage",
     "default_prepared_path",
     "info",
     "source_model_digest",
@@ -180,6 +183,7 @@ class PreparedModelStore:
         self._lock = threading.Lock()  # guards everything above that changes after __init__
         self._flush_lock = threading.Lock()  # one flush at a time per store
         self._closed = False
+        self.degraded: str | None = None  # why writes stopped (the folder is read-only), if they did
         if self.policy is not PreparedModelPolicy.DISABLED:
             self._load()
 
@@ -410,12 +414,41 @@ class PreparedModelStore:
                 return 0
             try:
                 self._write_generation(queue, digests)
+            except OSError as e:
+                if e.errno in _READ_ONLY_ERRNOS:
+                    self._degrade(e)
+                    return 0
+                with self._lock:
+                    self._queue = {**queue, **self._queue}
+                    self._queued_digests = {**digests, **self._queued_digests}
+                raise CacheError(f"cannot write companion prepared model {self.path!r}: {e.strerror or e} "
+                                 f"(the queued entries are kept for a retry)") from None
             except BaseException:
                 with self._lock:
                     self._queue = {**queue, **self._queue}
                     self._queued_digests = {**digests, **self._queued_digests}
                 raise
             return len(queue)
+
+    def _degrade(self, e: OSError) -> None:
+        """The cache folder cannot be written: continue read-only (hits still work), warn once."""
+        with self._lock:
+            self.policy = PreparedModelPolicy.READ_ONLY
+            self.degraded = f"{e.strerror or e}"
+            self._queue.clear()
+            self._queued_digests.clear()
+        warnings.warn(f"companion prepared model {self.path!r} cannot be written ({e.strerror or e}): continuing "
+                      f"read-only, prepared objects are rebuilt in memory", CacheWarning, stacklevel=3)
+
+    def gc(self) -> list[str]:
+        """Remove this cache's superseded data files and dead writers' temporary files now; names removed.
+
+        Flush does the same after each publication; this is for folders left by crashed or stopped
+        writers. Safe against a concurrent writer: it runs under the exclusive cache lock, and a live
+        writer's temporary data file is flock-ed (skipped). A manifest with structural problems is not
+        garbage-collected (CacheError): its references cannot be trusted.
+        """
+        return collect_garbage(self.path)
 
     def _write_generation(self, queue: dict[str, tuple[PreparedKey, np.ndarray]],
                           digests: dict[str, tuple[str, str | None]]) -> None:
@@ -521,6 +554,29 @@ class PreparedModelStore:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
+
+#: errno values meaning "this folder cannot be written here": the store degrades to read-only.
+_READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def collect_garbage(path: str | os.PathLike) -> list[str]:
+    """``cache gc``: delete the companion's unreferenced data files and dead writers' temporary files."""
+    path = os.path.abspath(os.fspath(path))
+    folder, root = os.path.dirname(path), _root(path)
+    try:
+        lock_fd = io.open_lock(os.path.join(folder, f"{root}.lock"), create=True)
+    except OSError as e:
+        raise CacheError(f"cannot lock companion prepared model {path!r} for gc: {e.strerror or e}") from None
+    try:
+        with io.flocked(lock_fd, exclusive=True):
+            m, _ = io.read_manifest(path)
+            if m is not None:
+                _raise_problems(m)
+            referenced = set() if m is None else {e.location for e in m.entries.values()}
+            return io.cleanup(folder, root, referenced)
+    finally:
+        os.close(lock_fd)
+
 
 
 def _stale_reason(m: Manifest, source_digest: str) -> str | None:

@@ -141,12 +141,28 @@ class PreparedExecutionState:
                 self.prepack(key, generation, entries)
             finally:
                 self.detach_reads(entries)
+            self._republish(key)
             return
         self.counters[f"read_packed:{key}"] += 1
         packed = req.spec.from_bytes(raw)
         nbytes = int(getattr(packed, "nbytes", raw.nbytes))
         alloc = self.arenas.prepared.acquire(nbytes, str(key))
         self.store.publish(key, generation, packed, nbytes, alloc)
+
+    def _republish(self, key: PreparedKey) -> None:
+        """A corrupt companion entry was rebuilt: replace it on disk in this session (a later
+        require_complete session must not find the hole). Best effort: a failed write is a miss next time."""
+        store = self.prepared_store
+        if store is None or not store.writable:
+            return
+        from onnx_prepared.errors import CacheError
+
+        try:
+            if self.persist(key) is not None:
+                store.flush()
+                self.counters[f"cache_republished:{key}"] += 1
+        except CacheError:
+            pass
 
     def persist(self, key: PreparedKey) -> PreparedKey | None:
         """Queue the resident packed object's bytes for the companion model; the key with its digest."""
