@@ -1,5 +1,6 @@
-"""Prepared objects: the residency store (and, later, the companion-model cache)."""
+"""Prepared objects: the store (one generation record per key), the residency policy that picks
+eviction victims, and the companion-model cache (``cache*``) that persists packed payloads."""
 
-from onnx_prepared.prepared.store import EntryState, PreparedEntry, PreparedObjectStore
+from onnx_prepared.prepared.store import EntryState, PreparedEntry, PreparedObjectStore, ReadEntry
 
-__all__ = ["EntryState", "PreparedEntry", "PreparedObjectStore"]
+__all__ = ["EntryState", "PreparedEntry", "PreparedObjectStore", "ReadEntry"]

@@ -69,7 +69,6 @@ class ResidencyManager:
         self.policy = policy  # "auto": persist-then-evict when possible, else drop; "drop"; "refuse"
         self._on_evict = on_evict
         self._lock = threading.Lock()
-        self.inflight: dict[Any, int] = {}  # key -> bytes reserved for its production
         self.log = ResidencyLog()
         self.evictions = 0
 
@@ -77,33 +76,37 @@ class ResidencyManager:
     def limited(self) -> bool:
         return self.limit is not None
 
+    @property
+    def inflight(self) -> dict[Any, int]:
+        """Bytes admitted per production in flight (recorded in the store's generation records)."""
+        return self.store.reservations()
+
     def headroom(self) -> int | None:
         """Bytes still admissible (None when unlimited)."""
         if self.limit is None:
             return None
-        return self.limit - self.arena.live - sum(self.inflight.values())
+        return self.limit - self.arena.live - self.store.reserved_bytes()
 
     def admit(self, key: Any, nbytes: int, position: int, *, critical: bool) -> bool:
         """Reserve ``nbytes`` for producing ``key``; evicts what it may. False: prefetch refused."""
         if self.limit is None:
             return True
         with self._lock:
-            if key in self.inflight:
+            if self.store.is_reserved(key):
                 return True
-            need = self.arena.live + sum(self.inflight.values()) + nbytes - self.limit
+            need = self.arena.live + self.store.reserved_bytes() + nbytes - self.limit
             if not critical:
                 need += min(self.critical_reserve, max(0, self.limit - nbytes))
             if need > 0:
                 need -= self._evict(need, position, protect=key, critical=critical)
             if need > 0 and not critical:
                 return False
-            self.inflight[key] = nbytes
+            self.store.reserve(key, nbytes)
             return True
 
     def settle(self, key: Any) -> None:
         """The production of ``key`` ended (published, failed or cancelled): drop its reservation."""
-        with self._lock:
-            self.inflight.pop(key, None)
+        self.store.settle(key)
 
     def _candidates(self, position: int, protect: Any, critical: bool) -> list[Any]:
         bound = -1 if critical else self._next_need(self._bit[protect], position)

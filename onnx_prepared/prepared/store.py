@@ -6,9 +6,16 @@
                  |           |
                  +-------> failed -> loading (a new generation retries)
 
-Each key has one entry; each production attempt is a new *generation*. Consumers of one key share
-the in-flight generation (one read, one prepack), wait on its completion, and pin the resident
-object while they use it. Eviction removes residency, not identity.
+Each key has one entry, the record of its current *generation* (each production attempt is a new
+one): its state, the task producing it, the bytes residency admitted for it while in flight, and the
+published value with its PreparedArena allocation (the object's lease on that memory). The shared
+source reads a generation consumes are registered here too (:class:`ReadEntry`, one per source name,
+shared by the layouts of one tensor). The store is the only writer of all of it. Consumers of one key
+share the in-flight generation (one read, one prepack), wait on its producing task, and pin the
+resident object while they use it. Eviction removes residency, not identity.
+
+Every state change goes through ``_transition`` under the one lock, against ``_ALLOWED`` (an Enum plus
+one transition function: keep it that way; callers decide under the lock and act outside it).
 
 The *readiness epoch*: ``epoch`` increases on every event that makes a previously resident object
 unavailable (eviction, failure). ``hot_epoch`` equals ``epoch`` exactly while every required object
@@ -49,17 +56,34 @@ Waiter = Callable[[Any, int, BaseException | None], None]  # (key, generation, e
 
 
 @dataclass(eq=False)
+class ReadEntry:
+    """One in-flight or buffered read of a source payload, shared by the generations attached to it.
+
+    invariant: the buffer is released exactly when ``users`` drops to 0 after the read completed.
+    """
+
+    name: str
+    users: int = 0  # productions attached and not yet finished
+    value: Any = None
+    allocation: Allocation | None = None
+    task: Any = None  # the scheduler's task for this read (the session layer's business)
+
+
+@dataclass(eq=False)
 class PreparedEntry:
+    """The generation record of one key. Written only by :class:`PreparedObjectStore`, under its lock."""
+
     key: Any
     state: EntryState = EntryState.ABSENT
     generation: int = 0
     value: Any = None  # invariant: not None iff state is RESIDENT or EVICTING
-    allocation: Allocation | None = None
+    allocation: Allocation | None = None  # the published object's PreparedArena bytes: its lease
     nbytes: int = 0
     pins: int = 0  # invariant: > 0 only while RESIDENT (or EVICTING refused)
     error: BaseException | None = None
     waiters: list[Waiter] = field(default_factory=list)
-    event: threading.Event = field(default_factory=threading.Event)
+    producer: Any = None  # the task publishing the current generation (kept after it finished)
+    reserved: int | None = None  # bytes residency admitted for the in-flight generation (None: none)
     last_use: int = 0
     persisted: bool = False
 
@@ -73,6 +97,7 @@ class PreparedObjectStore:
     def __init__(self, keys: Iterable[Any]) -> None:
         self._lock = threading.Lock()
         self._entries = {k: PreparedEntry(k) for k in keys}
+        self._reads: dict[str, ReadEntry] = {}  # source name -> its current shared read
         self._resident = 0
         self.epoch = 0
         self.hot_epoch = -1 if self._entries else 0
@@ -110,7 +135,7 @@ class PreparedObjectStore:
                 self._transition(e, EntryState.LOADING)
                 e.generation += 1
                 e.error = None
-                e.event = threading.Event()
+                e.producer = None
                 self.counters["productions"] += 1
                 return e.generation, True
             self.counters["shared"] += 1
@@ -131,7 +156,6 @@ class PreparedObjectStore:
             self._transition(e, EntryState.RESIDENT)
             self.counters["published"] += 1
             waiters, e.waiters = e.waiters, []
-            e.event.set()
         for w in waiters:
             w(key, generation, None)
 
@@ -145,7 +169,6 @@ class PreparedObjectStore:
             self._transition(e, EntryState.FAILED)
             self.counters["failed"] += 1
             waiters, e.waiters = e.waiters, []
-            e.event.set()
         for w in waiters:
             w(key, generation, error)
 
@@ -159,6 +182,74 @@ class PreparedObjectStore:
             waiters, e.waiters = e.waiters, []
         for w in waiters:
             w(key, generation, None)
+
+    def set_producer(self, key: Any, generation: int, task: Any) -> None:
+        """Record the task that produces ``generation`` (the caller claimed it)."""
+        with self._lock:
+            e = self._entries[key]
+            self._check_gen(e, generation)
+            e.producer = task
+
+    def producer(self, key: Any) -> Any:
+        """The task producing the in-flight generation, or None when none is in flight."""
+        e = self._entries[key]
+        return e.producer if e.state in (EntryState.LOADING, EntryState.PREPARING) else None
+
+    # ---- in-flight residency (what the residency policy admitted for a production) ----
+    def reserve(self, key: Any, nbytes: int) -> bool:
+        """Record ``nbytes`` admitted for producing ``key``; False if a reservation already exists."""
+        with self._lock:
+            e = self._entries[key]
+            if e.reserved is not None:
+                return False
+            e.reserved = nbytes
+            return True
+
+    def is_reserved(self, key: Any) -> bool:
+        return self._entries[key].reserved is not None
+
+    def settle(self, key: Any) -> None:
+        """The production of ``key`` ended (published, failed or cancelled): drop its reservation."""
+        with self._lock:
+            self._entries[key].reserved = None
+
+    def reserved_bytes(self) -> int:
+        """Bytes admitted for productions in flight."""
+        with self._lock:
+            return sum(e.reserved for e in self._entries.values() if e.reserved is not None)
+
+    def reservations(self) -> dict[Any, int]:
+        with self._lock:
+            return {k: e.reserved for k, e in self._entries.items() if e.reserved is not None}
+
+    # ---- shared source reads ----
+    def attach_read(self, name: str) -> tuple[ReadEntry, bool]:
+        """Attach one production to the current read of ``name``: (entry, caller_must_schedule_read)."""
+        with self._lock:
+            entry = self._reads.get(name)
+            new = entry is None
+            if new:
+                entry = self._reads[name] = ReadEntry(name)
+            entry.users += 1
+            return entry, new
+
+    def fill_read(self, entry: ReadEntry, value: Any, allocation: Allocation | None) -> None:
+        """The read of ``entry`` completed with ``value`` (its PreparationArena bytes in ``allocation``)."""
+        with self._lock:
+            entry.value = value
+            entry.allocation = allocation
+
+    def detach_reads(self, entries: list[ReadEntry]) -> None:
+        """A production is finished with its reads (success, failure or cancel); free dead buffers."""
+        with self._lock:
+            for e in entries:
+                e.users -= 1
+                if e.users <= 0:
+                    if self._reads.get(e.name) is e:
+                        del self._reads[e.name]
+                    if e.allocation is not None:
+                        e.allocation.release()
+                    e.value = e.allocation = None
 
     def _check_gen(self, e: PreparedEntry, generation: int) -> None:
         if e.generation != generation:
@@ -180,8 +271,20 @@ class PreparedObjectStore:
             raise InternalError(f"prepared object {key} read while {e.state.value}")
         return e.value
 
+    def try_pin(self, key: Any, position: int = 0) -> Any:
+        """Pin ``key`` if it is resident and return it; None if it is not (a normal race: it was
+        evicted, or is still being produced). The caller releases a pin with :meth:`unpin`."""
+        with self._lock:
+            e = self._entries[key]
+            if e.state is not EntryState.RESIDENT:
+                return None
+            e.pins += 1
+            e.last_use = max(e.last_use, position)
+            return e.value
+
     def pin(self, key: Any, position: int = 0) -> Any:
-        """Pin a resident object against eviction and return it."""
+        """Pin a resident object against eviction and return it; InternalError if it is not resident
+        (a caller that cannot know, a consumer racing eviction, uses :meth:`try_pin`)."""
         with self._lock:
             e = self._entries[key]
             if e.state is not EntryState.RESIDENT:

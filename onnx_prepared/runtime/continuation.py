@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import threads
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, producer_error
@@ -72,17 +71,14 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
             if b in sub.held:
                 continue
             key = reqs[b].key
-            if store.state(key) is EntryState.RESIDENT:
-                try:
-                    values[slots[b]] = store.pin(key, pc)
-                except InternalError:  # evicted between the check and the pin
-                    pass
-                else:
-                    sub.held.add(b)
-                    sub.pinned[b] = key
-                    if limited:
-                        prefetch(session, sub, pc)
-                    continue
+            value = store.try_pin(key, pc)  # None: not resident (never was, or evicted just now)
+            if value is not None:
+                values[slots[b]] = value
+                sub.held.add(b)
+                sub.pinned[b] = key
+                if limited:
+                    prefetch(session, sub, pc)
+                continue
             missing = b
             break
         if missing is not None:

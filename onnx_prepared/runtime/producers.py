@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
-from onnx_prepared.prepared import EntryState
+from onnx_prepared.prepared import EntryState, ReadEntry
 from onnx_prepared.prepared.residency import ResidencyManager
 from onnx_prepared.resolve import PreparedKey
-from onnx_prepared.runtime.state import PreparedExecutionState, ReadEntry
+from onnx_prepared.runtime.state import PreparedExecutionState
 from onnx_prepared.scheduler import Domain, ExecutionHandle, MemoryEstimate, Priority, Resource, Task, TaskState
 
 FAILED_STATES = (TaskState.FAILED, TaskState.SUPPRESSED)
@@ -43,7 +43,6 @@ class Producers:
         self.prepared_store = state.prepared_store
         self._keep = keep
         self._lock = threading.RLock()  # when_done may call back on this thread
-        self._tasks: dict[PreparedKey, Task] = {}  # current generation's publishing task
         self._persist_tasks: list[Task] = []
         self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
         self._queued: dict[PreparedKey, PreparedKey] = {}  # put() by a background persist, key -> digest key
@@ -69,7 +68,7 @@ class Producers:
         with self._lock:
             if self.store.state(key) is EntryState.RESIDENT:
                 return None
-            t = self._tasks.get(key)
+            t = self.store.producer(key)
             if t is not None and not t.done:
                 return t
             req = self.plan.resolved.requirement(key)
@@ -79,9 +78,9 @@ class Producers:
             gen, produce = self.store.claim(key)
             if not produce:  # published between the checks
                 self.residency.settle(key)
-                return None if self.store.state(key) is EntryState.RESIDENT else self._tasks.get(key)
+                return None if self.store.state(key) is EntryState.RESIDENT else self.store.producer(key)
             t, persist = self._make(key, gen, priority)
-            self._tasks[key] = t
+            self.store.set_producer(key, gen, t)
         self.scheduler.when_done(t, lambda task: self._done(task, key, gen))
         # Started now, in a session-owned submission: the chain runs while the run that asked for it
         # executes earlier nodes (that is the overlap), and a run's cancel only withdraws its interest.

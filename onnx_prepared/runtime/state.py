@@ -1,39 +1,25 @@
 """PreparedExecutionState: everything mutable about one session's prepared execution.
 
-The plan is immutable and shared; this object owns the residency store, the arenas, the payload
-reader and the source buffers in flight. Per-invocation state lives in :class:`ExecutionSubmission`.
+The plan is immutable and shared; this object owns the prepared-object store (the one generation
+record per key, and the shared source reads), the arenas and the payload reader, and holds the session
+task bodies. Per-invocation state lives in :class:`ExecutionSubmission`.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from onnx_prepared.memory import Allocation, Arenas
+from onnx_prepared.memory import Arenas
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
-from onnx_prepared.prepared import PreparedObjectStore
+from onnx_prepared.prepared import PreparedObjectStore, ReadEntry
 from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
 from onnx_prepared.resolve.resolver import source_checksum
-
-
-@dataclass(eq=False)
-class ReadEntry:
-    """One in-flight or buffered read of a source payload, shared by the prepacks attached to it.
-
-    invariant: the buffer is released exactly when ``users`` drops to 0 after the read completed.
-    """
-
-    name: str
-    users: int = 0  # prepack tasks attached and not yet finished
-    value: np.ndarray | None = None
-    allocation: Allocation | None = None
-    task: Any = None  # the scheduler's task for this read (session layer's business)
 
 
 class PreparedExecutionState:
@@ -46,8 +32,6 @@ class PreparedExecutionState:
         self.arenas = arenas
         self.reader = reader
         self.store = PreparedObjectStore(r.key for r in plan.requirements)
-        self._lock = threading.Lock()
-        self.reads: dict[str, ReadEntry] = {}  # source name -> current shared read
         store = prepared_store
         self._record_digests = store is not None and store.policy == "build_if_missing"
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
@@ -65,14 +49,8 @@ class PreparedExecutionState:
 
     # ---- session task bodies (scheduler-agnostic; the sequential reference path calls them too) ----
     def attach_read(self, name: str) -> tuple[ReadEntry, bool]:
-        """Attach one prepack to the current read of ``name``: (entry, caller_must_schedule_read)."""
-        with self._lock:
-            entry = self.reads.get(name)
-            new = entry is None
-            if new:
-                entry = self.reads[name] = ReadEntry(name)
-            entry.users += 1
-            return entry, new
+        """Attach one production to the current read of ``name``: (entry, caller_must_schedule_read)."""
+        return self.store.attach_read(name)
 
     def read_source(self, name: str, entry: ReadEntry) -> None:
         """Read one payload into its shared read entry (publish_raw / prepack consume it)."""
@@ -81,9 +59,7 @@ class PreparedExecutionState:
         if self._record_digests:
             self._record_digest(name, value)
         nbytes = int(getattr(value, "nbytes", 0))
-        with self._lock:
-            entry.value = value
-            entry.allocation = self.arenas.preparation.acquire(nbytes, f"source {name}")
+        self.store.fill_read(entry, value, self.arenas.preparation.acquire(nbytes, f"source {name}"))
 
     def publish_raw(self, key: PreparedKey, generation: int, entry: ReadEntry) -> None:
         """Publish a source read as is (a raw prepared object); the read may be shared with a prepack."""
@@ -217,16 +193,8 @@ class PreparedExecutionState:
                 self.detach_reads(entries)
 
     def detach_reads(self, entries: list[ReadEntry]) -> None:
-        """A prepack is finished with its reads (success, failure or cancel); free dead buffers."""
-        with self._lock:
-            for e in entries:
-                e.users -= 1
-                if e.users <= 0:
-                    if self.reads.get(e.name) is e:
-                        del self.reads[e.name]
-                    if e.allocation is not None:
-                        e.allocation.release()
-                    e.value = e.allocation = None
+        """A production is finished with its reads (success, failure or cancel)."""
+        self.store.detach_reads(entries)
 
 
 @dataclass(eq=False)

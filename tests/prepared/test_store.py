@@ -54,3 +54,41 @@ def test_illegal_transition_is_internal_error():
         s.pin("a")
     with pytest.raises(InternalError):
         s.mark_preparing("a", 0)
+
+
+def test_try_pin_returns_none_for_the_normal_race():
+    """A consumer racing eviction or production gets None, never an exception (pin() stays strict)."""
+    s = PreparedObjectStore(["a"])
+    assert s.try_pin("a") is None  # absent
+    g, _ = s.claim("a")
+    assert s.try_pin("a") is None  # loading
+    s.publish("a", g, "A", 1)
+    assert s.try_pin("a", 3) == "A" and s.entry("a").pins == 1 and s.entry("a").last_use == 3
+    assert s.evict("a") is None  # pinned
+    s.unpin("a")
+    s.evict("a")
+    assert s.try_pin("a") is None and s.entry("a").pins == 0
+
+
+def test_generation_record_holds_producer_reservation_and_shared_reads():
+    """One record per key, written only by the store: producing task, in-flight bytes, shared reads."""
+    s = PreparedObjectStore(["a@raw", "a@packed"])
+    g, _ = s.claim("a@packed")
+    task = object()
+    s.set_producer("a@packed", g, task)
+    assert s.producer("a@packed") is task and s.producer("a@raw") is None
+    assert s.reserve("a@packed", 40) and not s.reserve("a@packed", 40)
+    assert s.reserved_bytes() == 40 and s.reservations() == {"a@packed": 40}
+    r1, new1 = s.attach_read("a")
+    r2, new2 = s.attach_read("a")  # the raw object and the prepack share one read of source "a"
+    assert r1 is r2 and (new1, new2) == (True, False) and r1.users == 2
+    s.fill_read(r1, "bytes", None)
+    s.detach_reads([r1])
+    assert r1.value == "bytes"  # still used by the other production
+    s.detach_reads([r2])
+    assert r1.value is None and s.attach_read("a")[1]  # freed; the next production reads again
+    s.publish("a@packed", g, "P", 40)
+    s.settle("a@packed")
+    assert s.producer("a@packed") is None and s.reserved_bytes() == 0
+    with pytest.raises(InternalError, match="stale"):
+        s.set_producer("a@packed", g - 1, task)
