@@ -72,6 +72,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
 
 def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:
     """One input channel per group: y[n, c, j] = sum over taps of w[c, j, tap] * window tap (multiplier j)."""
+    if len(kshape) == 2 and strides[0] == strides[1] == 1:
+        return _depthwise_flat(x, wm, kshape, begins, ends, out, 1, dilations)
     n, c = x.shape[:2]
     mult = wm.shape[1]
     nd = len(kshape)
@@ -85,6 +87,34 @@ def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarr
         np.multiply(view, wm[:, :, t].reshape((c, mult) + ones), out=tmp)
         y += tmp
     return y
+
+
+def _depthwise_flat(x, wm, kshape, begins, ends, out, s: int, dilations) -> np.ndarray:
+    """2-D depthwise on the flattened padded plane: tap (i, j) of output q = oh*Wp + ow reads flat
+    element ``s*q + i*dh*Wp + j*dw``, so every tap is one long 1-D strided slice per channel (numpy's
+    per-row loop overhead on [oh, ow] views dominated: 0.86 -> 0.66 ms on 240x28x28). Columns ow past
+    the output width are computed on the padded grid and cropped. Used for stride 1 (at stride 2 the
+    wasted columns cost more than the row loop saves)."""
+    n, c, h, w = x.shape
+    mult = wm.shape[1]
+    (oh, ow), (dh, dw) = out, dilations
+    wp = w + begins[1] + ends[1]
+    wp = max(wp, (ow - 1) * s + (kshape[1] - 1) * dw + 1)
+    length = oh * wp
+    last = (kshape[0] - 1) * dh * wp + (kshape[1] - 1) * dw + s * (length - 1)
+    hp = max(h + begins[0], -(-(last + 1) // wp))
+    xp = np.zeros((n, c, hp, wp), dtype=x.dtype)
+    xp[:, :, begins[0]:begins[0] + h, begins[1]:begins[1] + w] = x  # hp >= h + begins[0], wp >= w + pads
+    flat = xp.reshape(n, c, 1, hp * wp)
+    y = np.empty((n, c, mult, length), dtype=x.dtype)
+    tmp = np.empty_like(y)
+    for t, (i, j) in enumerate(itertools.product(range(kshape[0]), range(kshape[1]))):
+        off = i * dh * wp + j * dw
+        tap = flat[..., off:off + s * (length - 1) + 1:s]
+        np.multiply(tap, wm[:, :, t, None], out=y if t == 0 else tmp)
+        if t:
+            y += tmp
+    return y.reshape(n, c, mult, oh, wp)[..., :ow]
 
 
 @kernel("Conv", since=1)

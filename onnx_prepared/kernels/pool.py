@@ -8,6 +8,8 @@ explicitly padded input (count_include_pad=1); ceil-mode overhang never counts, 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from onnx_prepared.errors import KernelError
@@ -33,8 +35,18 @@ def _setup(op: str, x: np.ndarray, kernel_shape, auto_pad, pads, strides, dilati
                                                                                          "dilations", op)
 
 
-def _reduce_axes(nd: int) -> tuple[int, ...]:
-    return tuple(range(2 + nd, 2 + 2 * nd))
+def _tap_reduce(win: np.ndarray, nd: int, ufunc) -> np.ndarray:
+    """``ufunc``-reduce the window view over its kernel axes, one tap at a time.
+
+    NOTE: numpy's reduction over the strided kernel axes of a 6-D view is ~100x slower than a loop of
+    elementwise ufuncs over the taps (measured 86 ms vs 0.7 ms for a 3x3 max over 64x112x112).
+    """
+    kshape = win.shape[2 + nd:]
+    taps = itertools.product(*(range(k) for k in kshape))
+    y = np.array(win[(Ellipsis,) + next(taps)])
+    for tap in taps:
+        ufunc(y, win[(Ellipsis,) + tap], out=y)
+    return y
 
 
 @kernel("MaxPool", since=1)
@@ -49,7 +61,7 @@ def max_pool(
     xp = sp.pad_input(X, begins, ends, out, kshape, strides, dilations, _lowest(X.dtype))
     win = sp.windows(xp, out, kshape, strides, dilations)
     if n_outputs < 2:
-        return (np.max(win, axis=_reduce_axes(nd)) if win.size else np.empty(win.shape[:2 + nd], X.dtype),)
+        return (_tap_reduce(win, nd, np.maximum) if win.size else np.empty(win.shape[:2 + nd], X.dtype),)
     flat = win.reshape(win.shape[:2 + nd] + (-1,))
     arg = np.argmax(flat, axis=-1)
     y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
@@ -82,7 +94,7 @@ def average_pool(
     dtype = X.dtype
     xw = X.astype(sp.work_dtype(dtype), copy=False)
     xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
-    y = np.sum(sp.windows(xp, out, kshape, strides, dilations), axis=_reduce_axes(nd))
+    y = _tap_reduce(sp.windows(xp, out, kshape, strides, dilations), nd, np.add)
     y /= _counts(X.shape[2:], begins, ends, out, kshape, strides, dilations, count_include_pad, xw.dtype)
     return (y.astype(dtype, copy=False),)
 
@@ -109,9 +121,9 @@ def lp_pool(
                                                            dilations, ceil_mode)
     dtype = X.dtype
     xw = np.abs(X.astype(sp.work_dtype(dtype), copy=False))
+    xw = xw * xw if p == 2 else xw ** p
     xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
-    win = sp.windows(xp, out, kshape, strides, dilations)
-    y = np.sum(win * win if p == 2 else win ** p, axis=_reduce_axes(len(kshape)))
+    y = _tap_reduce(sp.windows(xp, out, kshape, strides, dilations), len(kshape), np.add)
     y = np.sqrt(y) if p == 2 else y ** (1.0 / p)
     return (y.astype(dtype, copy=False),)
 

@@ -126,3 +126,14 @@ def test_models_are_never_rewritten(models_dir):
     common = _module("_common")
     assert common.tiny_llm_path(models_dir, "tiny") == path
     assert os.stat(path).st_mtime_ns == before
+
+
+def test_cnn_ops(capsys):
+    pytest.importorskip("onnxruntime")
+    res = _run("cnn_ops.py", "--cases", "mbv3_dw3x3_16@112,lstm_bi_h64_seq50", "--repeat", "1")
+    assert [r["case"] for r in res["rows"]] == ["mbv3_dw3x3_16@112", "lstm_bi_h64_seq50"]
+    for r in res["rows"]:
+        assert _finite(r["ours_ms"], r["ort_ms"], r["x_ort"], r["cpu_x_ort_1t"])
+        assert r["max_abs_diff"] < 1e-4  # ours agrees with onnxruntime on the benchmarked node
+    _module("cnn_ops")._print(res)
+    assert "x ort" in capsys.readouterr().out
