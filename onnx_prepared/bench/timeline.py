@@ -73,7 +73,7 @@ def draw(trace_path: str | os.PathLike, png_path: str | os.PathLike, *, title: s
     first = marks.get("first output")
     if first is not None:
         ax.axvline(first - start, color="black", linestyle="--", linewidth=1.5)
-        ax.text(first - start, -0.45, f" first output {first - start:.0f} ms", va="top", fontsize=10)
+        ax.text(first - start, -0.45, f"first output {first - start:.0f} ms ", va="top", ha="right", fontsize=10)
     ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in COLOURS if k in kinds], loc="upper center",
               bbox_to_anchor=(0.5, -0.07), ncol=len(COLOURS), frameon=False)
     ax.set_title(title or "cold start: tasks per resource worker")

@@ -48,7 +48,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     t = models.add_parser("tiny-llm", help="the spec's tiny INT4 LLM (genai layout, MatMulNBits, GQA, KV-cache)",
                           description="Write OUT_DIR/tiny-llm.onnx, tiny-llm.data (4096-aligned, sha256 per tensor) "
                                       "and genai_config.json. Same arguments give byte-identical files.")
-    t.add_argument("out_dir", metavar="OUT_DIR")
+    t.add_argument("out_dir", metavar="OUT_DIR", help="folder for the three files (created if missing)")
     t.add_argument("--preset", choices=sorted(PRESETS), default=None, help="base dimensions (default: tiny)")
     for name in _DIM_OPTIONS:
         t.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None,
