@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -68,12 +69,12 @@ def test_bench_table_and_errors(tmp_path):
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
 
 
-@pytest.mark.parametrize("name", ["cache", "hot_path", "kernels_nbits", "llm", "loading", "read_path", "residency",
-                                  "scheduler", "ttfo"])
-def test_every_benchmark_runs_as_a_module_and_as_a_script(name):
-    import os
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(_BENCH) if f.endswith(".py") and f[0] != "_"))
+def test_every_benchmark_runs_as_a_module_and_as_a_script(name):
+    root = os.path.dirname(_BENCH)
     for argv in (["-m", f"benchmarks.{name}"], [os.path.join("benchmarks", f"{name}.py")]):
         r = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, cwd=root)
         assert r.returncode == 0 and "usage" in r.stdout, r.stderr[-2000:]
