@@ -129,3 +129,24 @@ def test_missing_pieces_have_clear_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'onnx-prepared\[genai\]'"):
         og.Tokenizer(os.path.join(FIXTURES, "genai_int4"))
+
+
+def test_tokenizer_stream_reassembles_multibyte_text_of_a_byte_level_bpe(tmp_path):
+    """A byte-level BPE splits characters across tokens: the stream emits text only once it is whole."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox", "jumps over the lazy dog", "naïve café", "東京 and 大阪"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel
+                                                        .alphabet(), show_progress=False))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = og.Tokenizer(str(tmp_path))
+    text = "the café in 東京 jumps"
+    ids = t.encode(text)
+    stream = t.create_stream()
+    pieces = [stream.decode(i) for i in ids]
+    assert "".join(pieces) == t.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)
