@@ -90,6 +90,10 @@ class MissingDependencyError(OnnxPreparedError, ImportError):
     """An optional extra is needed for this feature; the message says what to install."""
 
 
+class ClosedError(OnnxPreparedError, RuntimeError):
+    """A closed session (or a closed scheduler) was asked to run or prepare."""
+
+
 class CacheError(OnnxPreparedError):
     """A prepared-cache entry is structurally corrupt (bad checksum, truncated, missing payload)."""
 

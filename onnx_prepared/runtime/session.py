@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from onnx_prepared.errors import InvalidFeedError
+from onnx_prepared.errors import ClosedError, InvalidFeedError
 from onnx_prepared.kernels import threads
 from onnx_prepared.memory import Arenas
 from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
@@ -183,6 +183,7 @@ class RuntimeSession:
 
         Under a residency budget only what fits is prepared (the rest is restored on demand).
         """
+        self._check_open("prepare")
         tasks = []
         for b in self.need_order:
             t = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH)
@@ -244,6 +245,7 @@ class RuntimeSession:
         inline task on the calling thread: the same task, lease and replay without the hand-off to a
         CPU worker (25-55 us per run measured). A cold run always goes to the CPU workers: it yields.
         """
+        self._check_open("run")
         values, overridden = self._bind_feeds(feeds)
         sub = ExecutionSubmission(self.state.next_invocation_id(), values, context)
         sub.held.update(overridden)
@@ -278,6 +280,12 @@ class RuntimeSession:
     def run(self, feeds: Mapping[str, Any], context: Any = None) -> list:
         """``run_async(feeds, context).result()`` (a hot run executes on this thread; see ``_submit``)."""
         return self._submit(feeds, context, inline=True).result()
+
+    def _check_open(self, what: str) -> None:
+        # One error whatever the scheduler: an own scheduler is closed with the session, the shared
+        # default one is not, and a run must not depend on which (ClosedError, not RuntimeError).
+        if self._closed:
+            raise ClosedError(f"{what}() on a closed RuntimeSession: create a new session")
 
     def close(self) -> None:
         """Flush the companion cache (when persisting) and release the session's resources."""

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from onnx_prepared.errors import InvalidOptionError
 from onnx_prepared.scheduler.task import CancelToken
 from onnx_prepared.scheduler.workers import WorkerPool, current_pool
 
@@ -36,7 +37,8 @@ class CpuExecutor:
     def __init__(self, workers: int | None = None, *, critical_reserved: int = 1, name: str = "onnx-prepared-cpu"):
         n = workers if workers is not None else max(2, os.cpu_count() or 1)
         if n < 1 or not 0 <= critical_reserved < n:
-            raise ValueError(f"need 0 <= critical_reserved < workers, got {n=} {critical_reserved=}")
+            raise InvalidOptionError("cpu_workers", n, f"an int >= 1 with 0 <= critical_reserved ({critical_reserved}) "
+                                                       f"< workers")
         self.workers = n
         self.critical_reserved = critical_reserved
         self.pool = WorkerPool(n, name=name)

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onnx_prepared.errors import Cancelled
+from onnx_prepared.errors import Cancelled, ClosedError, InvalidOptionError
 from onnx_prepared.memory import MemoryBudget
 from onnx_prepared.scheduler.admission import Admission
 from onnx_prepared.scheduler.estimates import MemoryLease
@@ -57,7 +57,7 @@ class _ResourceQueue:
 
     def __init__(self, name: str, pool: WorkerPool | None, slots: int, reserved: int):
         if slots < 1 or not 0 <= reserved < slots:
-            raise ValueError(f"resource {name!r}: need 0 <= reserved < slots, got slots={slots} reserved={reserved}")
+            raise InvalidOptionError(f"{name}_workers", slots, f"an int >= 1 with 0 <= reserved ({reserved}) < workers")
         self.name = name
         self.pool = pool  # None: inline (runs on the thread that made the task ready)
         self.slots = slots
@@ -101,7 +101,7 @@ class RuntimeScheduler:
         *,
         cpu: CpuExecutor | None = None,
         io_workers: int = 4,
-        io_reserved: int = 1,
+        io_reserved: int | None = None,
         devices: Mapping[str, int | tuple[int, int]] | None = None,
         memory: MemoryBudget | None = None,
         trace: bool = False,
@@ -120,6 +120,10 @@ class RuntimeScheduler:
         self._live: set[_Submission] = set()
         self._pools: list[WorkerPool] = []
         self._queues: dict[str, _ResourceQueue] = {}
+        if isinstance(io_workers, bool) or not isinstance(io_workers, int) or io_workers < 1:
+            raise InvalidOptionError("io_workers", io_workers, "an int >= 1")
+        if io_reserved is None:  # one I/O worker kept for critical reads, unless there is only one
+            io_reserved = 1 if io_workers > 1 else 0
         io_pool = WorkerPool(io_workers, name=f"{name}-io")
         self._pools.append(io_pool)
         self._queues[Resource.IO.value] = _ResourceQueue(Resource.IO.value, io_pool, io_workers, io_reserved)
@@ -178,7 +182,7 @@ class RuntimeScheduler:
         fx = _Effects()
         with self._lock:
             if self._closed:
-                raise RuntimeError("RuntimeScheduler is closed")
+                raise ClosedError("RuntimeScheduler is closed: nothing can be submitted to it")
             self._attach(sub, roots, None if priority is None else int(priority), fx)  # may raise: nothing changed
             if sub.state not in _DONE:
                 self._live.add(sub)
