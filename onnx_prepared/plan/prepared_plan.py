@@ -37,6 +37,7 @@ class TaskKind(enum.Enum):
     READ_SOURCE = "read_source"
     PREPACK = "prepack"
     READ_PACKED = "read_packed"
+    PUBLISH_RAW = "publish_raw"  # a raw object: its (possibly shared) source read, published as is
     PERSIST = "persist"
     EXECUTE = "execute"
 
@@ -169,14 +170,20 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
             d = manifest[s].descriptor
             tid = f"S.{s}.read_source"
             read_task[s] = tid
-            raw_key = r.key if r.key.is_raw and r.sources == (s,) else None
             tasks.append(TaskDescriptor(
                 tid, TaskScope.SESSION, TaskKind.READ_SOURCE, "io" if d.is_external else "inline", (),
-                estimated_output_bytes=d.nbytes, sources=(s,),
-                result=f"source bytes of {s}" if raw_key is None else f"publish {raw_key}",
+                estimated_output_bytes=d.nbytes, sources=(s,), result=f"source bytes of {s}",
             ))
         if r.key.is_raw:
-            producer[r.key] = read_task[r.sources[0]]
+            # A separate publish task, so the read can be shared with a prepack of the same tensor
+            # (a tied embedding and LM head) while each object is published by its own task.
+            s = r.sources[0]
+            tid = f"S.{s}.publish"
+            producer[r.key] = tid
+            tasks.append(TaskDescriptor(
+                tid, TaskScope.SESSION, TaskKind.PUBLISH_RAW, "inline", (read_task[s],), publishes=r.key,
+                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {r.key}",
+            ))
             continue
         tid = f"S.{r.key}.prepack"
         producer[r.key] = tid
@@ -191,12 +198,6 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
                 estimated_input_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
                 result="companion-model payload; not required by inference",
             ))
-    # Raw keys are published by their read task; mark it.
-    tasks = [
-        _with_publish(t, next((r.key for r in reqs if r.key.is_raw and r.sources == t.sources), None))
-        if t.kind is TaskKind.READ_SOURCE else t
-        for t in tasks
-    ]
     io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
     tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits))
     by_id = {t.id: t for t in tasks}
@@ -208,13 +209,6 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
         tuple(tuple(p) for p in need_positions),
         MappingProxyType(producer), MappingProxyType(by_id),
     )
-
-
-def _with_publish(t: TaskDescriptor, key: PreparedKey | None) -> TaskDescriptor:
-    if key is None:
-        return t
-    return TaskDescriptor(t.id, t.scope, t.kind, t.resource, t.dependencies, (), key, 0,
-                          t.estimated_output_bytes, 0, None, t.sources, f"publish {key}")
 
 
 def _slot_name(key: PreparedKey) -> str:
