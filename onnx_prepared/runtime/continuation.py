@@ -93,7 +93,7 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
             session.scheduler.promote(producer, Priority.CRITICAL)
             sub.yields += 1
             session.counters["yields"] += 1
-            session.window = min(session.window * 2, len(reqs))  # I/O is slower than compute: look further
+            session.window.grow()  # I/O is slower than compute: look further
             return task.resume_after(producer)
         token.check()
         act = actions[pc]
@@ -132,7 +132,7 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
 
 
 def prefetch(session: RuntimeSession, sub: ExecutionSubmission, position: int) -> None:
-    """Ensure the next ``session.window`` requirements in plan order (wrapping into the next run).
+    """Ensure the next ``session.window.size`` requirements in plan order (wrapping into the next run).
 
     The window grows when the run had to wait (I/O slower than compute) and halves when residency
     refuses a prefetch (the budget is near).
@@ -142,13 +142,13 @@ def prefetch(session: RuntimeSession, sub: ExecutionSubmission, position: int) -
     order = session.need_order
     n = len(order)
     start = session.need_index(position)
-    for i in range(min(session.window, n)):
+    for i in range(min(session.window.size, n)):
         b = order[(start + i) % n]
         key = reqs[b].key
         if session.store.state(key) is EntryState.RESIDENT:
             continue
         if producers.ensure(key, Priority.PREFETCH, position) is REFUSED:
-            session.window = max(1, session.window // 2)
+            session.window.shrink()
             return
 
 

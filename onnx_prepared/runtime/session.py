@@ -36,7 +36,7 @@ from onnx_prepared.resolve import ManifestReader, PreparedKey, ResolvedModel, re
 from onnx_prepared.runtime import continuation
 from onnx_prepared.runtime.feeds import check_value, sparse_to_dense
 from onnx_prepared.runtime.producers import REFUSED, Producers
-from onnx_prepared.runtime.state import ExecutionSubmission, PreparedExecutionState
+from onnx_prepared.runtime.state import ExecutionSubmission, PrefetchWindow, PreparedExecutionState
 from onnx_prepared.scheduler import (
     CpuExecutor,
     ExecutionHandle,
@@ -161,7 +161,7 @@ class RuntimeSession:
         # OpenBLAS's thread count, the same for every run (None: kernels.threads.DEFAULT_BLAS_THREADS)
         self.blas_threads = opt("blas_threads", None)
         # look-ahead window (requirements ahead of the run) used under a residency budget
-        self.window = 8
+        self.window = PrefetchWindow(8, len(self.plan.requirements))
         firsts = self.plan.first_need
         self.need_order = tuple(sorted(range(len(firsts)), key=lambda b: (firsts[b], b)))
         self._need_firsts = [firsts[b] for b in self.need_order]
@@ -299,6 +299,8 @@ class RuntimeSession:
         if self._owns_scheduler:
             self.scheduler.close(cancel=True)
         self.state.reader.close()
+        if self.prepared_store is not None:  # the companion store this session opened (its data fds)
+            self.prepared_store.close()
 
     def __enter__(self) -> RuntimeSession:
         return self

@@ -8,6 +8,7 @@ task bodies. Per-invocation state lives in :class:`ExecutionSubmission`.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,6 +196,27 @@ class PreparedExecutionState:
     def detach_reads(self, entries: list[ReadEntry]) -> None:
         """A production is finished with its reads (success, failure or cancel)."""
         self.store.detach_reads(entries)
+
+
+class PrefetchWindow:
+    """How many requirements ahead of a run to prefetch under a residency budget.
+
+    Shared by a session's concurrent runs, so it changes only under its lock: it doubles when a run
+    had to wait (I/O slower than compute) and halves when residency refuses a prefetch.
+    """
+
+    def __init__(self, size: int, cap: int) -> None:
+        self._lock = threading.Lock()
+        self.cap = max(1, cap)
+        self.size = min(size, self.cap)
+
+    def grow(self) -> None:
+        with self._lock:
+            self.size = min(self.size * 2, self.cap)
+
+    def shrink(self) -> None:
+        with self._lock:
+            self.size = max(1, self.size // 2)
 
 
 @dataclass(eq=False)

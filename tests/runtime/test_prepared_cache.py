@@ -128,3 +128,16 @@ def test_inference_session_accepts_the_policy(tmp_path):
     sess.run(None, {"x": X})
     sess.close()
     assert verify(companion) == [] and len(os.listdir(tmp_path / "c")) >= 2
+
+
+def test_close_releases_the_companion_store_it_opened(tmp_path):
+    """close() releases everything the session opened: the payload files of its companion store too."""
+    path, companion = _model(tmp_path), tmp_path / "c" / "m.prepared.onnx"
+    _build(path, companion)
+    s = RuntimeSession(path, _opts("read_only", companion))
+    s.prepare()  # reads packed payloads: the store holds the data file open
+    store = s.prepared_store
+    assert store._fds
+    s.close()
+    assert store._closed and not store._fds
+    s.close()  # idempotent

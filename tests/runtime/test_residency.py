@@ -153,3 +153,25 @@ def test_arena_retention_caps_trim_retained_capacity(mlp):
         snap = s.arenas.snapshot()
     assert snap["preparation"]["retained"] == 0  # source buffers were freed, none retained
     assert snap["execution"]["retained"] <= 100 < snap["execution"]["peak_live"]
+
+
+def test_prefetch_window_is_shared_by_concurrent_runs_under_a_lock():
+    """Concurrent runs of one session grow and shrink one window; it stays within [1, cap]."""
+    from onnx_prepared.runtime.state import PrefetchWindow
+
+    w = PrefetchWindow(8, 20)
+    barrier = threading.Barrier(4)
+
+    def churn(i):
+        barrier.wait()
+        for _ in range(500):
+            w.grow() if i % 2 else w.shrink()
+
+    ts = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert 1 <= w.size <= 20
+    w.grow()
+    assert w.size <= w.cap == 20
