@@ -154,6 +154,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     g = m.graph
     inits = set(m.weights)
     print(f"model: {args.model}")
+    from onnx_prepared.kernels import native
+
+    print(native.describe())
     print("opsets: " + ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in sorted(m.opsets.items())))
     print("inputs:")
     for i in g.input:

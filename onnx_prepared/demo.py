@@ -162,6 +162,9 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"tiny-llm: {config.layers} blocks, hidden {config.hidden}, vocab {config.vocab}, INT4 block "
           f"{config.block_size}, MatMulNBits accuracy_level {config.accuracy_level}; prompt {PROMPT_TOKENS} "
           f"tokens, {steps} greedy decode steps with the KV cache")
+    from onnx_prepared.kernels import native
+
+    print(native.describe())
     names = ["logits"] + [f"present.{i}.{k}" for i in range(config.layers) for k in ("key", "value")]
     prompt = np.random.default_rng(0).integers(0, config.vocab, PROMPT_TOKENS, dtype=np.int64)
 
@@ -185,8 +188,8 @@ def run_demo(args: argparse.Namespace) -> int:
         if not same:
             print(f"greedy tokens (onnxruntime): {runs[1].tokens}")
         if config.accuracy_level == 4:
-            print("(onnxruntime runs accuracy_level 4 with int8 activations, we compute in fp32; near-tie argmaxes "
-                  "may differ)")
+            print("(accuracy_level 4: both sides quantize activations to int8; a one-ulp difference upstream can "
+                  "flip an int8 rounding, so near-tie argmaxes may differ)")
     else:
         print("onnxruntime is not installed: no comparison")
     return 0

@@ -122,3 +122,12 @@ def test_concurrent_callers_get_their_own_results():
 def test_read_sum_probe():
     buf = np.arange(1 << 16, dtype=np.uint64)
     assert native.read_sum(buf.view(np.uint8)) == int(buf.sum())
+
+
+def test_inspect_prints_the_dispatch_line(capsys):
+    from onnx_prepared.cli import main
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "genai_int4",
+                        "model.onnx")
+    assert main(["inspect", path]) == 0
+    assert f"native kernels: {native.describe().split(': ', 1)[1]}" in capsys.readouterr().out

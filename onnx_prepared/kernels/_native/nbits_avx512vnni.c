@@ -123,8 +123,111 @@ NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
     UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
 }
 
+/* fp32 for M >= 4: weights of up to KCH k values of two panels are dequantized once to L1,
+ * w = (q - zero_point) * scale, then 8-row tiles stream over them with plain FMAs; y holds the partial
+ * sums between chunks. The dequantization is amortized over every row of the task. */
+#define KCH 256
+
+NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst)
+{
+    const int cpb = w->bs / 8;
+    const uint8_t *qp = w->qw + ((size_t)p * w->kc + (size_t)b0 * cpb) * 64;
+    const __m512i mask = _mm512_set1_epi32(15);
+    for (int b = 0; b < nb; b++) {
+        const __m512 s = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b0 + b) * 16), z = zp_vec(w, p, b0 + b);
+        for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
+            const __m512i v = _mm512_loadu_si512((const void *)qp);
+            UNROLL for (int j = 0; j < 8; j++) {
+                const __m512i q = j == 7 ? _mm512_srli_epi32(v, 28) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * j), mask);
+                _mm512_storeu_ps(dst + 16 * j, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), z), s));
+            }
+        }
+    }
+}
+
+NB_INLINE __mmask16 panel_mask(const nb_call *c, int p)
+{
+    const int ncols = c->w.N - 16 * p < 16 ? c->w.N - 16 * p : 16;
+    return (__mmask16)((1u << ncols) - 1u);
+}
+
+NB_INLINE void fma_tile(const nb_call *c, const float *w0, const float *w1, int k0, int klen, int m, int p,
+                        int first, int last, const int R, const int TWO)
+{
+    const int N = c->w.N;
+    const __mmask16 k0m = panel_mask(c, p), k1m = TWO ? panel_mask(c, p + 1) : 0;
+    __m512 acc[8][2];
+    const float *af[8];
+    UNROLL for (int r = 0; r < R; r++) {
+        af[r] = c->af + (size_t)(m + r) * c->kpad + k0;
+        float *y = c->y + (size_t)(m + r) * N + 16 * p;
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(k0m, y);
+        if (TWO) acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(k1m, y + 16);
+    }
+    for (int k = 0; k < klen; k++) {
+        const __m512 a0 = _mm512_loadu_ps(w0 + 16 * k);
+        const __m512 a1 = TWO ? _mm512_loadu_ps(w1 + 16 * k) : a0;
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m512 b = _mm512_set1_ps(af[r][k]);
+            acc[r][0] = _mm512_fmadd_ps(a0, b, acc[r][0]);
+            if (TWO) acc[r][1] = _mm512_fmadd_ps(a1, b, acc[r][1]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float *y = c->y + (size_t)(m + r) * N + 16 * p;
+        __m512 v0 = acc[r][0];
+        if (last && c->bias) v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(k0m, c->bias + 16 * p));
+        _mm512_mask_storeu_ps(y, k0m, v0);
+        if (TWO) {
+            __m512 v1 = acc[r][1];
+            if (last && c->bias) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(k1m, c->bias + 16 * p + 16));
+            _mm512_mask_storeu_ps(y + 16, k1m, v1);
+        }
+    }
+}
+
+#define FMA_CASES(TWO)                                                                                 \
+    switch (R) {                                                                                       \
+    case 8: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 8, TWO); break;                   \
+    case 7: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 7, TWO); break;                   \
+    case 6: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 6, TWO); break;                   \
+    case 5: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 5, TWO); break;                   \
+    case 4: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 4, TWO); break;                   \
+    case 3: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 3, TWO); break;                   \
+    case 2: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 2, TWO); break;                   \
+    default: fma_tile(c, buf[0], buf[1], k0, klen, m, p, first, last, 1, TWO); break;                  \
+    }
+
+static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
+{
+    const nb_weights *w = &c->w;
+    const int nbch = w->bs >= KCH ? 1 : KCH / w->bs;
+    float buf[2][KCH * 16] __attribute__((aligned(64)));
+    for (int p = p0; p < p1; p += 2) {
+        const int two = p + 1 < p1;
+        for (int b0 = 0; b0 < w->kb; b0 += nbch) {
+            const int nb = w->kb - b0 < nbch ? w->kb - b0 : nbch;
+            const int k0 = b0 * w->bs, klen = nb * w->bs, first = b0 == 0, last = b0 + nb == w->kb;
+            deq_chunk(w, p, b0, nb, buf[0]);
+            if (two) deq_chunk(w, p + 1, b0, nb, buf[1]);
+            for (int m = m0; m < m1; m += 8) {
+                const int R = m1 - m < 8 ? m1 - m : 8;
+                if (two) {
+                    FMA_CASES(1)
+                } else {
+                    FMA_CASES(0)
+                }
+            }
+        }
+    }
+}
+
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
+    if (c->mode == NB_MODE_F32 && m1 - m0 >= 4) {
+        gemm_f32_dequant(c, m0, m1, p0, p1);
+        return;
+    }
     /* chunks per block (bs / 8) is even for every bs >= 16, so the 2-way split of i8_tile is exact */
     for (int p = p0; p < p1; p++) {
         int m = m0;
