@@ -1,9 +1,13 @@
-"""MatMulNBits: our prepacked kernel vs onnxruntime on the same single-node model, side by side.
+"""MatMulNBits (4-bit, block 32, symmetric): our native kernel vs onnxruntime on the same node, side by side.
 
-Prints a table (default) or one JSON object (``--json``). Times are medians of interleaved runs in one
-process, so a loaded machine slows both sides alike; read the ratio, not the absolute time.
+For each (K, N), M and accuracy level: ours with every thread and with one, onnxruntime with
+intra_op_num_threads 1 and 2 (its best counts as "ort"). Times are medians of interleaved rounds in one
+process, so a loaded machine slows every side alike: read the ratios. Also printed: the machine's memory
+read bandwidth (a native read loop over a buffer far larger than the caches, every thread), the weight
+bytes per second at M=1 with warm caches and with the caches flushed before each call (the bandwidth
+goal), prepack speed, and the load average before and after.
 
-    python benchmarks/kernels_nbits.py [--json] [--repeat 50]
+    python -m benchmarks.kernels_nbits [--json] [--repeat 30] [--shapes 1024x3072,...] [--rows 1,16,128]
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ import statistics
 import sys
 import time
 
-SHAPES = ((1024, 1024), (1024, 2816), (2816, 1024))
-ROWS = (1, 128)
+SHAPES = ((1024, 3072), (1024, 1024), (1024, 5632), (2816, 1024), (1024, 32000))
+ROWS = (1, 16, 128)
+LEVELS = (0, 4)
+BLOCK = 32
+#: goals of issue 10 (ratio ours / onnxruntime): {(level, M): max ratio}
+GOALS = {(4, 1): 0.8, (4, 16): 0.5, (4, 128): 0.5, (0, 1): 0.7, (0, 16): 0.7}
 
 
-def _model(B, scales, K, N, block_size, accuracy_level):
+def _model(B, scales, K, N, accuracy_level):
     from onnx import TensorProto, helper, numpy_helper
 
-    node = helper.make_node(
-        "MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
-        K=K, N=N, bits=4, block_size=block_size, accuracy_level=accuracy_level,
-    )
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=K, N=N, bits=4,
+                            block_size=BLOCK, accuracy_level=accuracy_level)
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
@@ -36,15 +42,17 @@ def _model(B, scales, K, N, block_size, accuracy_level):
 
 
 def _interleaved(fns: dict, repeat: int, rounds: int = 5) -> dict:
-    """Median time per function; functions alternate in rounds of ``repeat // rounds`` calls.
+    """Median microseconds per function; functions alternate in rounds of ``repeat // rounds`` calls.
 
-    NOTE: not call-by-call alternation: onnxruntime's and OpenBLAS's worker threads spin after a call, and
+    ``fns`` maps a name to ``(setup, call)``; ``setup`` (e.g. a thread count) runs before each batch.
+    NOTE: batches, not call-by-call alternation: onnxruntime's worker threads spin after a call, and
     alternating single calls would charge each side for the other's spinning threads.
     """
     times: dict = {k: [] for k in fns}
     per = max(1, repeat // rounds)
     for _ in range(rounds):
-        for k, f in fns.items():
+        for k, (setup, f) in fns.items():
+            setup()
             f()
             for _ in range(per):
                 t0 = time.perf_counter()
@@ -53,71 +61,145 @@ def _interleaved(fns: dict, repeat: int, rounds: int = 5) -> dict:
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
-def run(repeat: int, threads: int, block_size: int = 32) -> dict:
-    # numpy is imported here, after main() has set OPENBLAS_NUM_THREADS for --threads
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def read_bandwidth(native, np, threads: int, nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """GB/s of a parallel read of ``nbytes`` (far beyond the caches), best of ``reps``."""
+    buf = np.ones(nbytes, np.uint8)
+    native.set_num_threads(threads)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        native.read_sum(buf)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def run(repeat: int, shapes, rows) -> dict:
     import numpy as np
     import onnxruntime as ort
 
     from onnx_prepared.kernels import matmul_nbits as mm
+    from onnx_prepared.kernels import native
 
+    all_threads = native.get_num_threads()
+    res: dict = {
+        "dispatch_level": native.dispatch_level(), "native": native.available(), "threads": all_threads,
+        "cpu_count": os.cpu_count(), "block_size": BLOCK, "onnxruntime": ort.__version__,
+        "loadavg_start": _loadavg(),
+        "read_gbps": read_bandwidth(native, np, all_threads), "read_gbps_1t": read_bandwidth(native, np, 1),
+        "rows": [], "cold": [],
+    }
+    native.set_num_threads(all_threads)
+    flush = np.ones(256 << 20, np.uint8)
     rng = np.random.default_rng(0)
-    rows = []
-    for K, N in SHAPES:
-        kb = -(-K // block_size)
-        B = rng.integers(0, 256, (N, kb, block_size // 2), dtype=np.uint8)
+    for K, N in shapes:
+        kb = -(-K // BLOCK)
+        B = rng.integers(0, 256, (N, kb, BLOCK // 2), dtype=np.uint8)
         S = (rng.random(N * kb, dtype=np.float32) * 0.02).astype(np.float32)
         t0 = time.perf_counter()
-        packed = mm.prepack_matmul_nbits(B, S, None, K=K, N=N, bits=4, block_size=block_size)
-        prepack_us = (time.perf_counter() - t0) * 1e6
+        packed = mm.prepack_matmul_nbits(B, S, None, K=K, N=N, bits=4, block_size=BLOCK)
+        prepack_s = time.perf_counter() - t0
         sessions = {}
-        for level in (0, 4):
-            so = ort.SessionOptions()
-            so.log_severity_level = 3
-            so.intra_op_num_threads = threads
-            sessions[level] = ort.InferenceSession(_model(B, S, K, N, block_size, level), so,
-                                                   providers=["CPUExecutionProvider"])
-        for M in ROWS:
-            A = rng.standard_normal((M, K)).astype(np.float32)
-            fns = {
-                "ours": lambda A=A, p=packed: mm.matmul_nbits_packed(A, p),
-                "ort_level0": lambda A=A, s=sessions[0]: s.run(None, {"A": A}),
-                "ort_level4": lambda A=A, s=sessions[4]: s.run(None, {"A": A}),
-            }
-            t = _interleaved(fns, repeat)
-            ref = sessions[0].run(None, {"A": A})[0]
-            err = float(np.abs(mm.matmul_nbits_packed(A, packed)[0] - ref).max() / np.abs(ref).max())
-            rows.append({
-                "K": K, "N": N, "M": M, "ours_us": t["ours"], "ort_level0_us": t["ort_level0"],
-                "ort_level4_us": t["ort_level4"], "ratio_vs_level0": t["ours"] / t["ort_level0"],
-                "ratio_vs_level4": t["ours"] / t["ort_level4"], "prepack_us": prepack_us, "rel_err_vs_level0": err,
-            })
-    return {
-        "cpu_count": os.cpu_count(), "threads": threads, "block_size": block_size, "rows": rows,
-    }
+        for level in LEVELS:
+            for th in (1, 2):
+                so = ort.SessionOptions()
+                so.log_severity_level = 3
+                so.intra_op_num_threads = th
+                sessions[level, th] = ort.InferenceSession(_model(B, S, K, N, level), so,
+                                                           providers=["CPUExecutionProvider"])
+        for level in LEVELS:
+            for M in rows:
+                A = rng.standard_normal((M, K)).astype(np.float32)
+
+                def ours(A=A, level=level, packed=packed):
+                    return mm.matmul_nbits_packed(A, packed, accuracy_level=level)
+
+                def threads(n):
+                    return lambda: native.set_num_threads(n)
+
+                def noop():
+                    return None
+
+                fns = {
+                    "ours": (threads(all_threads), ours),
+                    "ours_1t": (threads(1), ours),
+                    "ort_1t": (noop, lambda A=A, s=sessions[level, 1]: s.run(None, {"A": A})),
+                    "ort_2t": (noop, lambda A=A, s=sessions[level, 2]: s.run(None, {"A": A})),
+                }
+                t = _interleaved(fns, repeat)
+                native.set_num_threads(all_threads)
+                ort_best = min(t["ort_1t"], t["ort_2t"])
+                ref = sessions[level, 1].run(None, {"A": A})[0]
+                err = float(np.abs(ours()[0] - ref).max() / np.abs(ref).max())
+                row = {"K": K, "N": N, "M": M, "level": level, "ours_us": t["ours"], "ours_1t_us": t["ours_1t"],
+                       "ort_1t_us": t["ort_1t"], "ort_2t_us": t["ort_2t"], "ort_us": ort_best,
+                       "ratio": t["ours"] / ort_best, "threads_speedup": t["ours_1t"] / t["ours"],
+                       "rel_err": err, "goal": GOALS.get((level, M)), "packed_bytes": packed.nbytes,
+                       "prepack_source_gbps": (B.nbytes + S.nbytes) / prepack_s / 1e9}
+                if M == 1:
+                    row["weight_gbps_warm"] = packed.nbytes / (t["ours"] * 1e-6) / 1e9
+                res["rows"].append(row)
+        # M=1 with the caches flushed before every call: the weights stream from memory
+        A = rng.standard_normal((1, K)).astype(np.float32)
+        for level in LEVELS:
+            ts = []
+            for _ in range(max(5, repeat // 3)):
+                native.read_sum(flush)
+                t0 = time.perf_counter()
+                mm.matmul_nbits_packed(A, packed, accuracy_level=level)
+                ts.append(time.perf_counter() - t0)
+            us = statistics.median(ts) * 1e6
+            gbps = packed.nbytes / (us * 1e-6) / 1e9
+            res["cold"].append({"K": K, "N": N, "level": level, "us": us, "weight_gbps": gbps,
+                                "of_read_bandwidth": gbps / res["read_gbps"]})
+    res["loadavg_end"] = _loadavg()
+    return res
+
+
+def print_table(res: dict) -> None:
+    print(f"dispatch {res['dispatch_level']}, {res['threads']} threads (cpus {res['cpu_count']}), onnxruntime "
+          f"{res['onnxruntime']}, block {res['block_size']}, load average {res['loadavg_start']} -> "
+          f"{res['loadavg_end']}")
+    print(f"memory read bandwidth: {res['read_gbps']:.1f} GB/s ({res['threads']} threads), "
+          f"{res['read_gbps_1t']:.1f} GB/s (1 thread)")
+    print(f"{'K':>5} {'N':>6} {'lvl':>3} {'M':>4} {'ours us':>9} {'1 thr us':>9} {'ort1 us':>9} {'ort2 us':>9} "
+          f"{'ours/ort':>8} {'goal':>5} {'thr x':>6} {'rel err':>8} {'GB/s':>6}")
+    for r in res["rows"]:
+        goal = f"{r['goal']:.1f}" if r["goal"] is not None else "-"
+        mark = "" if r["goal"] is None else (" ok" if r["ratio"] <= r["goal"] else " MISS")
+        gbps = f"{r['weight_gbps_warm']:>6.1f}" if "weight_gbps_warm" in r else f"{'':>6}"
+        print(f"{r['K']:>5} {r['N']:>6} {r['level']:>3} {r['M']:>4} {r['ours_us']:>9.1f} {r['ours_1t_us']:>9.1f} "
+              f"{r['ort_1t_us']:>9.1f} {r['ort_2t_us']:>9.1f} {r['ratio']:>8.2f} {goal:>5} "
+              f"{r['threads_speedup']:>6.2f} {r['rel_err']:>8.1e} {gbps}{mark}")
+    print("M=1 with caches flushed before each call (weights from memory):")
+    for c in res["cold"]:
+        print(f"  K={c['K']} N={c['N']} level {c['level']}: {c['us']:.1f} us, {c['weight_gbps']:.1f} GB/s = "
+              f"{c['of_read_bandwidth']:.0%} of the read bandwidth")
+    pre = {(r["K"], r["N"]): r["prepack_source_gbps"] for r in res["rows"]}
+    print("prepack: " + ", ".join(f"{k}x{n} {g:.2f} GB/s" for (k, n), g in pre.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="threads for onnxruntime and OpenBLAS (default: all cores); 1 is steadier on a loaded machine")
+    ap.add_argument("--repeat", type=int, default=30, help="timed calls per side and cell (split in 5 rounds)")
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="KxN,KxN,...")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values, comma-separated")
     args = ap.parse_args(argv)
-    threads = args.threads or os.cpu_count() or 1
-    if args.threads:
-        # must precede OpenBLAS's initialisation, which happens when numpy is first imported by the benchmark
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
-    res = run(args.repeat, threads)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    rows = [int(m) for m in args.rows.split(",") if m]
+    res = run(args.repeat, shapes, rows)
     if args.json:
         print(json.dumps(res))
-        return 0
-    print(f"cpus: {res['cpu_count']}, threads: {res['threads']}")
-    print(f"{'K':>5} {'N':>5} {'M':>4} {'ours us':>9} {'ort0 us':>9} {'ort4 us':>9} {'x ort0':>7} {'x ort4':>7} "
-          f"{'prepack us':>10} {'rel err':>8}")
-    for r in res["rows"]:
-        print(f"{r['K']:>5} {r['N']:>5} {r['M']:>4} {r['ours_us']:>9.1f} {r['ort_level0_us']:>9.1f} "
-              f"{r['ort_level4_us']:>9.1f} {r['ratio_vs_level0']:>7.2f} {r['ratio_vs_level4']:>7.2f} "
-              f"{r['prepack_us']:>10.0f} {r['rel_err_vs_level0']:>8.1e}")
+    else:
+        print_table(res)
     return 0
 
 
