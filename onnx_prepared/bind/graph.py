@@ -20,6 +20,7 @@ from onnx_prepared.bind.kernel import BoundKernel, bind_kernel
 from onnx_prepared.bind.reference import FallbackEnv
 from onnx_prepared.bind.scopes import implicit_inputs_of, subgraph_outer_names
 from onnx_prepared.errors import ModelLoadError
+from onnx_prepared.scheduler.task import checkpoint
 
 
 def graph_env(opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto] | None = None
@@ -195,6 +196,7 @@ class SubgraphEvaluator:
             self._constants[plan.constant_slots[sp.values.name]] = full.reshape(tuple(sp.dims))
 
     def run(self, output_names, feeds: Mapping, attributes=None, **_kwargs) -> list:
+        checkpoint()  # once per body evaluation: a Loop/Scan with a huge trip count honours cancel()
         values = list(self._constants)
         for name, slot in self._feed_slots:
             values[slot] = feeds.get(name)

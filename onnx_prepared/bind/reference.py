@@ -28,6 +28,8 @@ from onnx.reference.ops import _op
 from onnx.reference.ops.op_if import If as _RefIf
 from onnx.reference.ops.op_loop import Loop as _RefLoop
 
+from onnx_prepared.scheduler.task import checkpoint
+
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
 FALLBACK_CALLS: collections.Counter[str] = collections.Counter()
 
@@ -366,6 +368,7 @@ class Loop(_RefLoop):
         it = 0
         outputs = None
         while (cond is None or bool(cond)) and (M is None or it < M):
+            checkpoint()  # cancel() reaches a huge trip count between iterations
             if names_in[0]:
                 inputs[names_in[0]] = np.array(it, dtype=np.int64 if M is None else M.dtype)
             if len(names_in) > 1 and names_in[1]:

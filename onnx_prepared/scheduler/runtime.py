@@ -36,6 +36,7 @@ from onnx_prepared.scheduler.task import (
     Resume,
     Task,
     TaskState,
+    _current,
 )
 from onnx_prepared.scheduler.trace import Trace
 from onnx_prepared.scheduler.workers import WorkerPool, _log
@@ -659,6 +660,9 @@ class RuntimeScheduler:
         tr = self._trace
         t0 = time.perf_counter() if tr is not None else 0.0
         t.runs += 1
+        cur = _current
+        outer = getattr(cur, "token", None)  # an inline task runs inside its caller's task
+        cur.token = t.token  # checkpoint() in long kernels sees this task's cancellation
         try:
             r = t.fn(t)  # type: ignore[misc]
             outcome = _RESUME if r.__class__ is Resume else _OK
@@ -667,6 +671,8 @@ class RuntimeScheduler:
             outcome, payload = _CANCEL, None
         except BaseException as e:
             outcome, payload = _FAIL, e
+        finally:
+            cur.token = outer
         if tr is not None:
             tr._add(t.name, t.resource, t._prio, t._charge, t._t_ready or t0, t0, time.perf_counter(),
                     _OUTCOME[outcome])

@@ -9,6 +9,7 @@ call :meth:`Task.retain` to hand bytes to the owner of what it publishes, and re
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from enum import Enum, IntEnum
 from typing import Any
@@ -84,6 +85,20 @@ class CancelToken:
         """Raise :class:`Cancelled` if cancellation was requested (a checkpoint)."""
         if self.cancelled:
             raise Cancelled(f"task {self._name!r} was cancelled")
+
+
+_current = threading.local()  # .token: the CancelToken of the task body running on this thread
+
+
+def checkpoint() -> None:
+    """Raise :class:`Cancelled` if the task running on this thread was cancelled; a no-op elsewhere.
+
+    For loops inside one task body that the scheduler cannot interrupt (Loop/Scan bodies, long
+    fallback ops): call it once per iteration. Costs one thread-local read.
+    """
+    token = getattr(_current, "token", None)
+    if token is not None and token.cancelled:
+        token.check()
 
 
 class Resume:
