@@ -52,9 +52,13 @@ def test_topk_nan_and_opset_1():
     check("TopK", [RNG.standard_normal((3, 8)).astype(np.float32)], opset=1, n_outputs=2, k=3)
 
 
-def test_topk_large_input():
-    x = np.round(RNG.standard_normal((2, 8400)) * 3).astype(np.float32)
-    check_ort("TopK", [x, np.array([300], np.int64)], opset=11, n_outputs=2, out_elem=_topk_types(x))
+@pytest.mark.parametrize("shape", [(2, 8400), (1, 8400), (8400,)])
+@pytest.mark.parametrize("largest", [0, 1])
+def test_topk_large_input(shape, largest):
+    """(1, 8400) and (8400,) take the partition path; ties at the k-th value keep the lower indices."""
+    x = np.round(RNG.standard_normal(shape) * 3).astype(np.float32)
+    check_ort("TopK", [x, np.array([300], np.int64)], opset=11, n_outputs=2, out_elem=_topk_types(x),
+              largest=largest)
 
 
 @pytest.mark.parametrize("trial", range(16))
