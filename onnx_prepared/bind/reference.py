@@ -28,6 +28,7 @@ from onnx.reference.ops import _op
 from onnx.reference.ops.op_if import If as _RefIf
 from onnx.reference.ops.op_loop import Loop as _RefLoop
 
+from onnx_prepared.bind.reference_fixes import FIXES as SEMANTIC_FIXES
 from onnx_prepared.scheduler.task import checkpoint
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
@@ -436,4 +437,5 @@ class GlobalLpPool(OpRun):
 
 _PATCHES: dict[tuple[str, str], type[OpRun]] = {
     ("", "Optional"): Optional, ("", "Loop"): Loop, ("", "If"): If, ("", "GlobalLpPool"): GlobalLpPool,
+    **SEMANTIC_FIXES,  # ops where the reference's values differ from onnxruntime's (reference_fixes.py)
 }
