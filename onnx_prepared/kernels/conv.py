@@ -72,6 +72,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
 
 def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:
     """One input channel per group: y[n, c, j] = sum over taps of w[c, j, tap] * window tap (multiplier j)."""
+    if len(kshape) == 2 and x.shape[1] >= 32:
+        return _depthwise_nhwc(x, wm, kshape, begins, ends, out, strides, dilations)
     if len(kshape) == 2 and strides[0] == strides[1] == 1:
         return _depthwise_flat(x, wm, kshape, begins, ends, out, 1, dilations)
     n, c = x.shape[:2]
@@ -87,6 +89,28 @@ def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarr
         np.multiply(view, wm[:, :, t].reshape((c, mult) + ones), out=tmp)
         y += tmp
     return y
+
+
+def _depthwise_nhwc(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:
+    """2-D depthwise with channels last: every tap is one multiply-add whose inner loop runs over the
+    channels (contiguous), not over a short output row (measured on 960 channels at 2x2, 5x5 taps:
+    0.84 -> 0.07 ms; 240 at 28x28: 2.4 -> 1.6 ms). Used from 32 channels on."""
+    n, c, h, w = x.shape
+    mult = wm.shape[1]
+    (oh, ow), (sh, sw), (dh, dw) = out, strides, dilations
+    hp = max(h + begins[0], (oh - 1) * sh + (kshape[0] - 1) * dh + 1)
+    wp = max(w + begins[1], (ow - 1) * sw + (kshape[1] - 1) * dw + 1)
+    xp = np.zeros((n, hp, wp, c, 1), dtype=x.dtype)
+    xp[:, begins[0]:begins[0] + h, begins[1]:begins[1] + w, :, 0] = x.transpose(0, 2, 3, 1)
+    wt = np.ascontiguousarray(wm.transpose(2, 0, 1))  # [taps, C, mult]
+    y = np.empty((n, oh, ow, c, mult), dtype=x.dtype)
+    tmp = np.empty_like(y)
+    for t, (i, j) in enumerate(itertools.product(range(kshape[0]), range(kshape[1]))):
+        tap = xp[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+        np.multiply(tap, wt[t], out=y if t == 0 else tmp)
+        if t:
+            y += tmp
+    return np.ascontiguousarray(y.reshape(n, oh, ow, c * mult).transpose(0, 3, 1, 2))
 
 
 def _depthwise_flat(x, wm, kshape, begins, ends, out, s: int, dilations) -> np.ndarray:

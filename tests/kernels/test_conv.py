@@ -145,3 +145,17 @@ def test_float16_conv_weights_pack_as_float32(tmp_path):
     (y,) = InferenceSession(path).run(None, {"x": x})
     assert y.dtype == np.float16
     np.testing.assert_allclose(y.astype(np.float32), expected.astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("xs", "ws", "attrs"),
+    [
+        ((1, 48, 9, 10), (48, 1, 3, 3), {"group": 48, "pads": [1, 1, 1, 1]}),
+        ((2, 40, 11, 9), (80, 1, 5, 3), {"group": 40, "strides": [2, 1], "pads": [2, 0, 1, 2], "dilations": [1, 2]}),
+        ((1, 64, 2, 2), (64, 1, 5, 5), {"group": 64, "pads": [2, 2, 2, 2]}),
+        ((1, 32, 8, 8), (32, 1, 3, 3), {"group": 32, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ],
+)
+def test_depthwise_channels_last_path(xs, ws, attrs):
+    """From 32 channels on, 2-D depthwise convs run channels-last (conv._depthwise_nhwc)."""
+    check_ort("Conv", [_r(*xs), _r(*ws), _r(ws[0])], opset=11, **attrs)
