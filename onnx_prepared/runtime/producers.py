@@ -59,7 +59,7 @@ class Producers:
     @property
     def persisting(self) -> bool:
         ps = self.prepared_store
-        return ps is not None and ps.policy == "build_if_missing"
+        return ps is not None and ps.writable  # policy build_if_missing (and not degraded to read_only)
 
     # ---- producers ----
     def ensure(self, key: PreparedKey, priority: Priority, position: int = 0) -> Any:

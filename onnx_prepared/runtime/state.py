@@ -28,13 +28,14 @@ class PreparedExecutionState:
 
     def __init__(self, plan: PreparedExecutionPlan, arenas: Arenas, reader: ManifestReader,
                  prepared_store: Any = None) -> None:
+        # Two stores, two jobs: ``store`` is this session's in-memory PreparedObjectStore (generation
+        # records); ``prepared_store`` the companion-model cache on disk (a PreparedModelStore, or None).
         self.prepared_store = prepared_store
         self.plan = plan
         self.arenas = arenas
         self.reader = reader
         self.store = PreparedObjectStore(r.key for r in plan.requirements)
-        store = prepared_store
-        self._record_digests = store is not None and store.policy == "build_if_missing"
+        self._record_digests = prepared_store is not None and prepared_store.writable  # build_if_missing
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
         # largest activation peak a completed cold run measured: what a hot run charges ExecutionArena
         self.execution_peak = 0
