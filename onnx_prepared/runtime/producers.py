@@ -62,8 +62,12 @@ class Producers:
         return ps is not None and ps.writable  # policy build_if_missing (and not degraded to read_only)
 
     # ---- producers ----
-    def ensure(self, key: PreparedKey, priority: Priority, position: int = 0) -> Any:
-        """The task publishing ``key``'s current generation; None if resident; REFUSED (prefetch only)."""
+    def ensure(self, key: PreparedKey, priority: Priority, position: int = 0, *, defer: list | None = None) -> Any:
+        """The task publishing ``key``'s current generation; None if resident; REFUSED (prefetch only).
+
+        A new chain starts at once in a session-owned submission, or, with ``defer``, is appended to it
+        for the caller to submit (prepare_async creates every chain first: shared reads stay shared).
+        """
         persist = None
         with self._lock:
             if self.store.state(key) is EntryState.RESIDENT:
@@ -84,7 +88,11 @@ class Producers:
         self.scheduler.when_done(t, lambda task: self._done(task, key, gen))
         # Started now, in a session-owned submission: the chain runs while the run that asked for it
         # executes earlier nodes (that is the overlap), and a run's cancel only withdraws its interest.
-        self._keep(self.scheduler.submit([t] if persist is None else [t, persist], fail_fast=False))
+        new = [t] if persist is None else [t, persist]
+        if defer is not None:
+            defer.extend(new)
+        else:
+            self._keep(self.scheduler.submit(new, fail_fast=False))
         return t
 
     def _make(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:

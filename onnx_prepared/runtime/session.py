@@ -185,12 +185,15 @@ class RuntimeSession:
         """
         self._check_open("prepare")
         tasks = []
-        for b in self.need_order:
-            t = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH)
+        chains: list = []  # every chain is created before any starts, so a source shared by two
+        for b in self.need_order:  # layouts is attached to both before its read can finish: read once
+            t = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH, defer=chains)
             if t is REFUSED:
                 break
             if t is not None:
                 tasks.append(t)
+        if chains:
+            self._keep(self.scheduler.submit(chains, fail_fast=False))
         # fail_fast=False: one bad object fails only its consumers, not the rest of preparation.
         return self.scheduler.submit(tasks, fail_fast=False)
 
@@ -270,11 +273,14 @@ class RuntimeSession:
         if self.producers.residency.limited:
             continuation.prefetch(self, sub, 0)
         else:
+            chains: list = []  # created first, started together: shared source reads stay shared
             for b, r in enumerate(self.plan.requirements):
                 if b not in sub.held:
-                    p = self.producers.ensure(r.key, Priority.PREFETCH)
+                    p = self.producers.ensure(r.key, Priority.PREFETCH, defer=chains)
                     if p is not None:
                         sub.bound[b] = p
+            if chains:
+                self._keep(self.scheduler.submit(chains, fail_fast=False))
         return self.scheduler.submit([task], result=lambda: self._outputs(sub), keepalive=sub)
 
     def run(self, feeds: Mapping[str, Any], context: Any = None) -> list:
