@@ -95,6 +95,8 @@ def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str 
     name = name or t.name
     info: dict[str, str] = {}
     for e in t.external_data:
+        if not isinstance(e.key, str) or not isinstance(e.value, str):  # protobuf hands back invalid UTF-8 as bytes
+            raise ExternalDataError(f"external data entry {short(repr(e.key), 60)} is not valid UTF-8", tensor=name)
         info[e.key] = e.value
     location = info.get("location", "")
     if not location:

@@ -57,6 +57,9 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
         if node is None:
             stack.pop()
             continue
+        if not isinstance(node.op_type, str) or not isinstance(node.domain, str):  # invalid UTF-8 -> bytes
+            raise ModelLoadError(f"{what}: node {short(repr(node.name))} has an op_type or domain that is not "
+                                 f"valid UTF-8")
         dom = _ONNX_DOMAINS.get(node.domain)
         if dom is not None and dom in opsets and (node.domain, node.op_type) not in local:
             _check_op(node, dom, opsets[dom], what)

@@ -1,0 +1,80 @@
+"""Fuzz campaign, CI size: mutated ModelProto fields, TensorProto dims/types/external-data entries,
+serialized model bytes, companion manifests and payload bytes. Allowed outcomes: a correct result or an
+onnx_prepared error within a time bound (see tests/reliability/fuzzing.py; the long run is
+tools/fuzz_campaign.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.reliability import fuzzing as F
+
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz")
+    path = F.make_base(str(folder / "m"))
+    companion = F.build_companion(path)
+    return path, companion, str(folder)
+
+
+def _check(outcomes):
+    assert not outcomes.findings, outcomes.findings[:5]
+
+
+@SETTINGS
+@given(mut=F.model_mutation())
+def test_fuzz_model_fields(base, mut):
+    out = F.Outcomes()
+    F.run_model_case(base[0], os.path.join(base[2], "work-model"), mut, out)
+    _check(out)
+
+
+@pytest.mark.xfail(strict=False, reason="fuzz finding, partly fixed: protobuf hands back string fields holding "
+                   "invalid UTF-8 as bytes; external-data entries and op_type/domain are refused at load, other "
+                   "string fields (names, attributes) can still reach code as bytes (foreign TypeError)")
+@SETTINGS
+@given(mut=F.bytes_mutation())
+def test_fuzz_model_bytes(base, mut):
+    out = F.Outcomes()
+    F.run_model_case(base[0], os.path.join(base[2], "work-bytes"), mut, out, as_bytes=True)
+    _check(out)
+
+
+@SETTINGS
+@given(mut=F.companion_mutation())
+def test_fuzz_companion(base, mut):
+    out = F.Outcomes()
+    F.run_companion_case(base[0], base[1], os.path.join(base[2], "work-companion"), mut, out)
+    _check(out)
+
+
+@pytest.mark.xfail(strict=True, reason="fuzz finding: an initializer that is the only graph output (every node "
+                   "dead) comes back as None instead of its value; the cold run never binds output-only "
+                   "requirements (runtime/continuation)")
+def test_known_finding_initializer_as_only_output(base, tmp_path):
+    out = F.Outcomes()
+    F.run_model_case(base[0], str(tmp_path / "w"), ("output_name", "W0"), out)
+    _check(out)
+
+
+@pytest.mark.xfail(strict=True, reason="fuzz finding: Gemm with its input A removed (so A=W0, B=the 1-D bias) "
+                   "runs where onnxruntime refuses the model; an invalid Gemm should be refused at load")
+def test_known_finding_gemm_without_a(base, tmp_path):
+    out = F.Outcomes()
+    F.run_model_case(base[0], str(tmp_path / "w"), ("drop_input", 0), out)
+    _check(out)
+
+
+@pytest.mark.xfail(strict=True, reason="fuzz finding: Gemm alpha given as an INT attribute is used (alpha=0) "
+                   "where onnxruntime refuses the model; wrongly typed attributes should be refused at load")
+def test_known_finding_wrongly_typed_attribute(base, tmp_path):
+    out = F.Outcomes()
+    F.run_model_case(base[0], str(tmp_path / "w"), ("attr", "alpha", 0), out)
+    _check(out)
