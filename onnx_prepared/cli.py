@@ -1,6 +1,6 @@
 """onnx-prepared: run, inspect and prepare ONNX models with fast cold start.
 
-Commands: demo, run, inspect, generate, generate-text, bench, cache (build, verify, info).
+Commands: demo, run, inspect, generate, generate-text, bench, cache (build, verify, gc, info).
 Exit codes: 0 success; 1 failure (a model that cannot load or run, a cache with problems);
 2 usage (a bad or missing argument, a file that does not exist). Errors print one line;
 --debug prints the traceback instead.
