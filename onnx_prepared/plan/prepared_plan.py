@@ -72,6 +72,9 @@ class PreparedExecutionPlan:
     need_positions: tuple[tuple[int, ...], ...]  # per requirement: every action index that reads it
     producer: Mapping[PreparedKey, str]  # key -> id of the session task that publishes it
     by_id: Mapping[str, TaskDescriptor]
+    #: Requirements that are graph outputs (an initializer returned as is, perhaps read by no action):
+    #: the cold path pins them after the last action and keeps them pinned to the end of the run.
+    output_requirements: tuple[int, ...] = ()
 
     @property
     def session_tasks(self) -> tuple[TaskDescriptor, ...]:
@@ -146,6 +149,10 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
             need_positions[b].append(pos)
     first_need = [p[0] if p else n_actions for p in need_positions]
     last_need = [p[-1] if p else n_actions for p in need_positions]
+    out_slots = set(execution.output_slots)
+    output_bits = tuple(i for i, s in enumerate(req_slots) if s >= 0 and s in out_slots)
+    for b in output_bits:  # a graph output is needed after every action: never unpinned mid-run
+        last_need[b] = n_actions
 
     tasks: list[TaskDescriptor] = []
     producer: dict[PreparedKey, str] = {}
@@ -207,7 +214,7 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     return PreparedExecutionPlan(
         resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need), tuple(last_need),
         tuple(tuple(p) for p in need_positions),
-        MappingProxyType(producer), MappingProxyType(by_id),
+        MappingProxyType(producer), MappingProxyType(by_id), output_bits,
     )
 
 

@@ -64,10 +64,13 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
     token = task.token
     allocs = sub.allocations
     arena = session.arenas.execution
-    while sub.pc < len(actions):
+    n_actions = len(actions)
+    # pc == n_actions is one more step with no action: it pins the requirements that are graph outputs
+    # (an initializer returned as is may be read by no action at all; it was returned as None).
+    while sub.pc <= n_actions:
         pc = sub.pc
         missing = None
-        for b in needs[pc]:
+        for b in (needs[pc] if pc < n_actions else plan.output_requirements):
             if b in sub.held:
                 continue
             key = reqs[b].key
@@ -95,6 +98,8 @@ def run_cold(session: RuntimeSession, task: Task, sub: ExecutionSubmission):
             session.counters["yields"] += 1
             session.window.grow()  # I/O is slower than compute: look further
             return task.resume_after(producer)
+        if pc == n_actions:
+            break
         token.check()
         act = actions[pc]
         args = [values[i] for i in act.inputs]
