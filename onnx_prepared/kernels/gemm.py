@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels.registry import kernel
 
 #: dtypes numpy cannot hand to BLAS; computed in float32 and cast back.
@@ -39,7 +40,13 @@ def gemm(
     transA: int = 0,
     transB: int = 0,
 ) -> tuple[np.ndarray]:
-    """``alpha * A' @ B' + beta * C`` with C unidirectionally broadcast (optional from opset 11)."""
+    """``alpha * A' @ B' + beta * C`` with C unidirectionally broadcast (optional from opset 11).
+
+    A and B must be 2-D (as onnxruntime requires): ``np.matmul`` would also take a 1-D operand and
+    compute a product the model does not describe (a Gemm missing its A ran with A=B, B=C).
+    """
+    if a.ndim != 2 or b.ndim != 2:
+        raise KernelError(f"Gemm: A and B must be 2-D, got shapes {list(a.shape)} and {list(b.shape)}")
     dtype = a.dtype
     y = _matmul(a.T if transA else a, b.T if transB else b)  # a fresh array: safe to update in place
     if y.dtype.kind in "iu" and (alpha != 1.0 or (c is not None and beta != 1.0)):

@@ -10,6 +10,7 @@ import functools
 
 import numpy as np
 
+from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 
 
@@ -23,6 +24,8 @@ def pack_gemm_b(b: np.ndarray, *, trans_b: int, alpha: float) -> np.ndarray:
 
 def gemm_packed(packed: np.ndarray, a: np.ndarray, c: np.ndarray | None = None, *,
                 trans_a: int = 0, beta: float = 1.0) -> tuple:
+    if a.ndim != 2:  # as gemm(): a 1-D A would broadcast into a product the model does not describe
+        raise KernelError(f"Gemm: A must be 2-D, got shape {list(a.shape)}")
     y = (a.T if trans_a else a) @ packed
     if c is not None and beta != 0.0:
         y += c if beta == 1.0 else c * np.asarray(beta, dtype=y.dtype)

@@ -74,7 +74,7 @@ def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> Non
     if not onnx.defs.has(node.op_type, domain):
         return  # not an onnx op at all: reported as unsupported by kernel choice, naming the node
     try:
-        onnx.defs.get_schema(node.op_type, version, domain)
+        schema = onnx.defs.get_schema(node.op_type, version, domain)
     except onnx.defs.SchemaError:
         first = onnx.defs.get_schema(node.op_type, max_opset(domain), domain)
         while True:  # the earliest version, to say when the op appeared
@@ -86,3 +86,36 @@ def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> Non
             f"{what}: node {short(node.name or node.op_type)!r} uses {node.op_type}, which opset {version} of "
             f"domain {domain or 'ai.onnx'!r} does not define (it first appears in opset {first.since_version})"
         ) from None
+    _check_signature(node, schema, what)
+
+
+def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str) -> None:
+    """Refuse a node whose input count or attribute types its schema does not allow.
+
+    onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
+    else (a Gemm missing A ran with A=B and B=C), or read an INT ``alpha`` as a float and compute with
+    it: a result, but not the model's. Attributes the schema does not declare are left to the kernels
+    (extra attributes are harmless); a reference to a function's attribute (``ref_attr_name``) has no
+    type of its own yet.
+    """
+    name = short(node.name or node.op_type)
+    n = len(node.input)  # omitted optional inputs are empty names and count, as in onnx's checker
+    if n < schema.min_input or n > schema.max_input:
+        allowed = (f"at least {schema.min_input}" if schema.max_input >= 2**31 - 1
+                   else f"{schema.min_input}..{schema.max_input}")
+        raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has {n} "
+                             f"inputs; its schema allows {allowed}")
+    for a in node.attribute:
+        if not isinstance(a.name, str):
+            raise ModelLoadError(f"{what}: node {name!r} has an attribute name that is not valid UTF-8")
+        declared = schema.attributes.get(a.name)
+        if declared is None or a.ref_attr_name:
+            continue
+        want = int(declared.type.value)
+        if a.type != want:
+            have = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in _ATTR_TYPES else str(a.type)
+            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} has type "
+                                 f"{have}; its schema declares {declared.type.name}")
+
+
+_ATTR_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())
