@@ -30,6 +30,7 @@ from onnx_prepared.model.external import LocationResolver, external_payload
 from onnx_prepared.model.nesting import graph_depth
 from onnx_prepared.model.reader import ExternalDataReader
 from onnx_prepared.model.safe_open import NotRegularFile, read_regular
+from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.model.versions import check_versions
 
 __all__ = [
@@ -145,6 +146,9 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     # still parses, and only this check notices (test_truncated_model_every_cut).
     if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
         raise ModelLoadError(f"{what} declares no opset_import (truncated file or not an ONNX model)")
+    bad = invalid_string_field(model)
+    if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; no later code must see them
+        raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
     check_versions(model, what)
     return model
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import Error as ProtobufError
 
+from onnx_prepared.model.strings import invalid_string_field
+
 #: Version of the container format (model metadata) and of the per-entry packed-record convention.
 #: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
 #: 3: 4-bit MatMulNBits weights in the panel16 layout (kernels/_q4_panels.py).
@@ -184,6 +186,9 @@ def parse(data: bytes, path: str) -> onnx.ModelProto:
         raise ValueError(f"companion prepared model {path!r} is not a valid ONNX protobuf: {e}") from None
     if not data or not model.HasField("graph"):
         raise ValueError(f"companion prepared model {path!r} is empty or has no graph (truncated?)")
+    bad = invalid_string_field(model, "manifest")
+    if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; decode() and later code need str
+        raise ValueError(f"companion prepared model {path!r}: string field {bad} is not valid UTF-8")
     return model
 
 
