@@ -92,21 +92,18 @@ def model_mutation():
         st.tuples(st.just("ir_version"), st.integers(-2, 200)),
         st.tuples(st.just("opset"), st.integers(-2, 200)),
         st.tuples(st.just("op_type"), st.sampled_from(["Gemm", "Relu", "Foo", "", "If", "Loop", "MatMul", "Add"])),
-        # NOTE: dropping Gemm's input 0 is a known finding (test_known_finding_gemm_without_a); input 2 only here
-        st.tuples(st.just("drop_input"), st.just(2)),
-        # NOTE: an attribute of the wrong type (alpha as INT) is a known finding
-        # (test_known_finding_wrongly_typed_attribute): values here have the schema's type
-        st.one_of(st.tuples(st.just("attr"), st.sampled_from(["transB", "bogus"]), st.integers(0, 1)),
-                  st.tuples(st.just("attr"), st.sampled_from(["alpha", "beta"]),
+        st.tuples(st.just("drop_input"), st.integers(0, 2)),
+        # values of the schema's type and of the wrong one (INT alpha, FLOAT transB: refused at load)
+        st.one_of(st.tuples(st.just("attr"), st.sampled_from(["transB", "bogus", "alpha"]), st.integers(0, 1)),
+                  st.tuples(st.just("attr"), st.sampled_from(["alpha", "beta", "transB"]),
                             st.floats(-3, 3, allow_nan=False))),
         st.tuples(st.just("dims"), st.integers(0, 3), _DIMS),
         st.tuples(st.just("data_type"), st.integers(0, 3), st.integers(-1, 40)),
         st.tuples(st.just("ext"), st.integers(0, 3), st.sampled_from(["offset", "length", "checksum"]), _DIGITS),
         st.tuples(st.just("location"), st.integers(0, 3), _LOCATIONS),
         st.tuples(st.just("node_name"), st.integers(1, 10**6)),
-        # NOTE: "W0" (an initializer as the only graph output) is a known finding, tracked by
-        # test_fuzz.py::test_known_finding_initializer_as_only_output; kept out of the random draw.
-        st.tuples(st.just("output_name"), st.sampled_from(["", "x", "nope"])),
+        # "W0": an initializer as the only graph output (every node dead), "x": the input as the output
+        st.tuples(st.just("output_name"), st.sampled_from(["", "x", "nope", "W0"])),
     )
 
 

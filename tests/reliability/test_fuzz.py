@@ -36,9 +36,6 @@ def test_fuzz_model_fields(base, mut):
     _check(out)
 
 
-@pytest.mark.xfail(strict=False, reason="fuzz finding, partly fixed: protobuf hands back string fields holding "
-                   "invalid UTF-8 as bytes; external-data entries and op_type/domain are refused at load, other "
-                   "string fields (names, attributes) can still reach code as bytes (foreign TypeError)")
 @SETTINGS
 @given(mut=F.bytes_mutation())
 def test_fuzz_model_bytes(base, mut):
@@ -55,25 +52,18 @@ def test_fuzz_companion(base, mut):
     _check(out)
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz finding: an initializer that is the only graph output (every node "
-                   "dead) comes back as None instead of its value; the cold run never binds output-only "
-                   "requirements (runtime/continuation)")
 def test_known_finding_initializer_as_only_output(base, tmp_path):
     out = F.Outcomes()
     F.run_model_case(base[0], str(tmp_path / "w"), ("output_name", "W0"), out)
     _check(out)
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz finding: Gemm with its input A removed (so A=W0, B=the 1-D bias) "
-                   "runs where onnxruntime refuses the model; an invalid Gemm should be refused at load")
 def test_known_finding_gemm_without_a(base, tmp_path):
     out = F.Outcomes()
     F.run_model_case(base[0], str(tmp_path / "w"), ("drop_input", 0), out)
     _check(out)
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz finding: Gemm alpha given as an INT attribute is used (alpha=0) "
-                   "where onnxruntime refuses the model; wrongly typed attributes should be refused at load")
 def test_known_finding_wrongly_typed_attribute(base, tmp_path):
     out = F.Outcomes()
     F.run_model_case(base[0], str(tmp_path / "w"), ("attr", "alpha", 0), out)

@@ -1,0 +1,180 @@
+"""The mechanisms behind the fuzz campaign's findings (tests/reliability/test_fuzz.py), each tested
+beyond its one reproduction: graph outputs that are initializers or inputs, node signatures checked
+against the onnx schema (input counts, attribute types), invalid UTF-8 in any string field of a model
+or a companion manifest."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared import InferenceSession, RuntimeSession
+from onnx_prepared.errors import CacheError, KernelError, ModelLoadError, UnsupportedOpError
+from tests.helpers.models import save_external
+
+X = np.arange(16, dtype=np.float32).reshape(2, 8) / 7
+W = np.arange(64, dtype=np.float32).reshape(8, 8) / 9
+C = np.arange(8, dtype=np.float32) - 3
+
+
+def _vi(name):
+    shapes = {"x": ["n", 8], "y": ["n", 8], "W": [8, 8], "c": [8]}
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name])
+
+
+def _model(folder, outputs, *, with_node=True, opset=17):
+    nodes = [helper.make_node("Gemm", ["x", "W", "c"], ["y"], name="g")] if with_node else []
+    g = helper.make_graph(nodes, "g", [_vi("x")], [_vi(o) for o in outputs],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(C, "c")])
+    os.makedirs(folder, exist_ok=True)
+    return save_external(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), folder)
+
+
+@pytest.mark.parametrize("outputs,with_node", [
+    (["W"], False),          # every node removed: the initializer is the only output
+    (["W"], True),           # the node is dead (its output is not a graph output)
+    (["x"], False),          # a graph input returned as is
+    (["y", "W"], True),      # an initializer (prepacked for the Gemm) next to a node output
+    (["c", "y", "x"], True),  # initializer, node output and input together
+])
+@pytest.mark.parametrize("api", ["runtime", "inference"])
+def test_initializer_and_input_outputs_match_onnxruntime(tmp_path, outputs, with_node, api):
+    path = _model(str(tmp_path / "m"), outputs, with_node=with_node)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    if api == "runtime":
+        with RuntimeSession(path) as s:
+            runs = [s.run({"x": X}) for _ in range(3)]  # cold first, then hot
+    else:
+        s = InferenceSession(path)
+        runs = [s.run(None, {"x": X}) for _ in range(3)]
+    for got in runs:
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g is not None
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+
+
+def _mutated(tmp_path, mutate) -> str:
+    path = _model(str(tmp_path / "m"), ["y"])
+    m = onnx.load(path, load_external_data=False)
+    mutate(m)
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("inputs,count", [(["x"], 1), (["x", "W", "c", "c"], 4)])
+def test_node_input_count_outside_schema_is_refused_naming_node(tmp_path, inputs, count):
+    def mutate(m):
+        del m.graph.node[0].input[:]
+        m.graph.node[0].input.extend(inputs)
+
+    path = _mutated(tmp_path, mutate)
+    with pytest.raises(ModelLoadError, match=rf"node 'g' \(Gemm, opset \d+\) has {count} inputs; "
+                                             r"its schema allows 2\.\.3"):
+        RuntimeSession(path)
+
+
+def test_variadic_and_omitted_optional_inputs_are_accepted(tmp_path):
+    # Concat is variadic (max_input 2**31-1); Gemm's C is optional from opset 11
+    nodes = [helper.make_node("Concat", ["x", "x", "x"], ["cat"], axis=1, name="cat"),
+             helper.make_node("Gemm", ["x", "W"], ["y"], name="g")]
+    g = helper.make_graph(nodes, "g", [_vi("x")], [helper.make_tensor_value_info("cat", TensorProto.FLOAT, ["n", 24]),
+                                                  _vi("y")], [numpy_helper.from_array(W, "W")])
+    folder = str(tmp_path / "m")
+    os.makedirs(folder)
+    path = save_external(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), folder)
+    with RuntimeSession(path) as s:
+        cat, y = s.run({"x": X})
+    np.testing.assert_allclose(cat, np.concatenate([X, X, X], axis=1))
+    np.testing.assert_allclose(y, X @ W, rtol=1e-5)
+
+
+def test_gemm_with_input_a_removed_is_refused(tmp_path):
+    # two inputs are within the schema's count; A=W and B=the 1-D bias is refused by the kernel's rank check
+    path = _mutated(tmp_path, lambda m: m.graph.node[0].input.remove("x"))
+    with RuntimeSession(path) as s, pytest.raises(KernelError, match=r"node .*'g'.*A and B must be 2-D"):
+        s.run({"x": X})
+
+
+@pytest.mark.parametrize("name,value,have,want", [("alpha", 2, "INT", "FLOAT"), ("transB", 1.0, "FLOAT", "INT"),
+                                                  ("beta", "1", "STRING", "FLOAT")])
+def test_wrongly_typed_attribute_is_refused_naming_node_and_attribute(tmp_path, name, value, have, want):
+    path = _mutated(tmp_path, lambda m: m.graph.node[0].attribute.append(helper.make_attribute(name, value)))
+    with pytest.raises(ModelLoadError, match=rf"node 'g' \(Gemm\) attribute '{name}' has type {have}; "
+                                             rf"its schema declares {want}"):
+        RuntimeSession(path)
+
+
+def test_attribute_check_skips_domains_onnx_does_not_define(tmp_path):
+    # a custom-domain node is judged by kernel choice (unsupported here), never by an onnx schema
+    def mutate(m):
+        m.graph.node[0].domain = "com.example"
+        m.graph.node[0].attribute.append(helper.make_attribute("alpha", 3))
+        m.opset_import.add(domain="com.example", version=1)
+
+    path = _mutated(tmp_path, mutate)
+    with pytest.raises(UnsupportedOpError):
+        RuntimeSession(path).run({"x": X})
+
+
+MARK = "\x01MARKMARK"
+
+
+def _with_invalid_utf8(data: bytes) -> bytes:
+    assert MARK.encode() in data
+    return data.replace(MARK.encode(), b"\xff\xfe\xfdMARKMA")  # same length: lengths stay valid
+
+
+@pytest.mark.parametrize("where", ["node_name", "node_input", "value_info", "metadata", "attribute_name",
+                                   "subgraph_node"])
+def test_invalid_utf8_in_any_model_string_field_is_a_load_error(tmp_path, where):
+    def mutate(m):
+        g = m.graph
+        if where == "node_name":
+            g.node[0].name = MARK
+        elif where == "node_input":
+            g.node[0].input[2] = MARK
+        elif where == "value_info":
+            g.value_info.append(helper.make_tensor_value_info(MARK, TensorProto.FLOAT, [1]))
+        elif where == "metadata":
+            m.metadata_props.add(key="k", value=MARK)
+        elif where == "attribute_name":
+            g.node[0].attribute.append(helper.make_attribute(MARK, 1))
+        else:
+            sub = helper.make_graph([helper.make_node("Identity", ["x"], ["z"], name=MARK)], "s", [],
+                                    [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+            g.node.append(helper.make_node("If", ["cond"], ["o"], then_branch=sub, else_branch=sub, name="if"))
+
+    path = _mutated(tmp_path, mutate)
+    with open(path, "rb") as f:
+        data = _with_invalid_utf8(f.read())
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(ModelLoadError, match=r"string field model\.\S+ is not valid UTF-8"):
+        RuntimeSession(path)
+
+
+def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
+    path = _model(str(tmp_path / "m"), ["y"])
+    companion = str(tmp_path / "c" / "m.prepared.onnx")
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": companion}
+    with RuntimeSession(path, opts) as s:
+        want = s.run({"x": X})[0]
+        s.prepare()
+    m = onnx.load(companion, load_external_data=False)
+    m.metadata_props.add(key="k", value=MARK)
+    data = _with_invalid_utf8(m.SerializeToString())
+    with open(companion, "wb") as f:
+        f.write(data)
+    bad = r"m\.prepared\.onnx.*string field manifest\.metadata_props\[\d+\]\.value is not valid UTF-8"
+    with (pytest.raises(CacheError, match=bad),
+          RuntimeSession(path, {"prepared_model_policy": "read_only", "prepared_model_path": companion}) as s):
+        s.run({"x": X})
+    with RuntimeSession(path) as s:  # the model itself is fine
+        np.testing.assert_allclose(s.run({"x": X})[0], want)
