@@ -87,6 +87,11 @@ def _parse_uint(value: str, key: str, tensor: str, location: str) -> int:
     return int(value)
 
 
+#: The external-data keys onnxruntime accepts; it refuses the model on any other. Ignoring one would be
+#: worse: a byte flip turning "offset" into "offsRt" made us read the tensor from offset 0.
+_KEYS = ("location", "offset", "length", "checksum")
+
+
 def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str | None = None) -> ExternalPayload:
     """The validated payload of external tensor ``t``; raises ExternalDataError naming tensor and file.
 
@@ -97,6 +102,9 @@ def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str 
     for e in t.external_data:
         if not isinstance(e.key, str) or not isinstance(e.value, str):  # protobuf hands back invalid UTF-8 as bytes
             raise ExternalDataError(f"external data entry {short(repr(e.key), 60)} is not valid UTF-8", tensor=name)
+        if e.key not in _KEYS:
+            raise ExternalDataError(f"unknown external data key {short(e.key, 60)!r} (known: {', '.join(_KEYS)})",
+                                    tensor=name)
         info[e.key] = e.value
     location = info.get("location", "")
     if not location:

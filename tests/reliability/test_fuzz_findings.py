@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared import InferenceSession, RuntimeSession
-from onnx_prepared.errors import CacheError, KernelError, ModelLoadError, UnsupportedOpError
+from onnx_prepared.errors import CacheError, ExternalDataError, KernelError, ModelLoadError, UnsupportedOpError
 from tests.helpers.models import save_external
 
 X = np.arange(16, dtype=np.float32).reshape(2, 8) / 7
@@ -178,3 +178,19 @@ def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
         s.run({"x": X})
     with RuntimeSession(path) as s:  # the model itself is fine
         np.testing.assert_allclose(s.run({"x": X})[0], want)
+
+
+@pytest.mark.parametrize("key", ["offsRt", "basepath", ""])
+def test_unknown_external_data_key_is_refused(tmp_path, key):
+    # onnxruntime refuses the model; ignoring the key read W from offset 0 (a wrong result)
+    def mutate(m):
+        for e in m.graph.initializer[0].external_data:
+            if e.key == "offset":
+                e.key = key
+                break
+        else:
+            m.graph.initializer[0].external_data.add(key=key, value="0")
+
+    path = _mutated(tmp_path, mutate)
+    with pytest.raises(ExternalDataError, match=rf"unknown external data key '{key}'.*tensor='W'"):
+        RuntimeSession(path)
