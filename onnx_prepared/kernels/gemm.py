@@ -47,6 +47,10 @@ def gemm(
     """
     if a.ndim != 2 or b.ndim != 2:
         raise KernelError(f"Gemm: A and B must be 2-D, got shapes {list(a.shape)} and {list(b.shape)}")
+    if b.dtype != a.dtype or (c is not None and c.dtype != a.dtype):
+        # ONNX's one type T for A, B and C (onnxruntime refuses a mix); numpy would promote silently
+        raise KernelError(f"Gemm: A, B and C must have one element type, got {a.dtype}, {b.dtype} and "
+                          f"{None if c is None else c.dtype}")
     dtype = a.dtype
     y = _matmul(a.T if transA else a, b.T if transB else b)  # a fresh array: safe to update in place
     if y.dtype.kind in "iu" and (alpha != 1.0 or (c is not None and beta != 1.0)):

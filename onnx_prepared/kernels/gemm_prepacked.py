@@ -26,6 +26,9 @@ def gemm_packed(packed: np.ndarray, a: np.ndarray, c: np.ndarray | None = None, 
                 trans_a: int = 0, beta: float = 1.0) -> tuple:
     if a.ndim != 2:  # as gemm(): a 1-D A would broadcast into a product the model does not describe
         raise KernelError(f"Gemm: A must be 2-D, got shape {list(a.shape)}")
+    if a.dtype != packed.dtype or (c is not None and c.dtype != a.dtype):  # one type T, as in gemm()
+        raise KernelError(f"Gemm: A, B and C must have one element type, got {a.dtype}, {packed.dtype} and "
+                          f"{None if c is None else c.dtype}")
     y = (a.T if trans_a else a) @ packed
     if c is not None and beta != 0.0:
         y += c if beta == 1.0 else c * np.asarray(beta, dtype=y.dtype)
