@@ -11,24 +11,21 @@ from typing import Any
 from onnx_prepared.cli_common import EXIT_OK, UsageError, existing_file, non_negative, positive
 
 
-def _unit_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not 0.0 < x <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {x}")
-    return x
+def _float_in(lo: float, hi: float | None, text: str):
+    """argparse ``type=``: a float in ``(lo, hi]`` (``hi`` None: unbounded), else a usage error."""
+    def check(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if not (lo < x and (hi is None or x <= hi)):
+            raise argparse.ArgumentTypeError(f"expected a number {text}, got {x}")
+        return x
+    return check
 
 
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not x > 0.0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {x}")
-    return x
+_unit_float = _float_in(0.0, 1.0, "in (0, 1]")
+_positive_float = _float_in(0.0, None, "> 0")
 
 
 def add_generate_text_parser(subparsers: Any) -> argparse.ArgumentParser:
