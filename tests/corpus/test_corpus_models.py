@@ -70,3 +70,20 @@ def test_corpus_covers_the_issue(corpus):
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [-1, 3, -1, -1]
     for name in ("unet_opset11", "bn_cnn_opset9", "bn_cnn_opset13"):
         assert onnx.load(corpus(name).path).opset_import[0].version <= 13
+
+
+# model -> ops that still run on the onnx.reference fallback (every other op has a kernel of ours)
+ON_FALLBACK: dict[str, set[str]] = {"loop_if": {"If", "Loop"}}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_ops_on_the_fallback_are_the_known_ones(corpus, name):
+    from onnx_prepared.bind.reference import FALLBACK_CALLS
+
+    cm = corpus(name)
+    sess = onnx_prepared.InferenceSession(cm.path)
+    sess.run(None, cm.feeds[0])
+    before = dict(FALLBACK_CALLS)
+    sess.run(None, cm.feeds[0])
+    used = {k.split("::", 1)[-1].split("-")[0] for k, v in FALLBACK_CALLS.items() if v != before.get(k, 0)}
+    assert used == ON_FALLBACK.get(name, set()), name
