@@ -166,7 +166,7 @@ def child(a: argparse.Namespace) -> None:
     }
     for k in _KINDS:
         res[f"{k}_sum_ms"], res[f"{k}_total_ms"] = before[k], total[k]
-    # checksum (sha256 of the payload) = read_payload minus its preadv; decode+publish = read_packed minus read_payload
+    # checksum (XXH3-128 of the payload, hashed per chunk between preadvs) = read_payload minus its preads; decode+publish = read_packed minus read_payload
     for suffix in ("sum_ms", "total_ms"):
         res[f"checksum_{suffix}"] = res[f"payload_{suffix}"] - res[f"pread_{suffix}"]
         res[f"decode_{suffix}"] = res[f"read_packed_{suffix}"] - res[f"payload_{suffix}"]

@@ -21,7 +21,7 @@ Corruption rules (spec: "Structural corruption is an error; ordinary incompatibi
 * **Invalid entry** (``store.invalid[name] = reason``; a miss, and replaced by the next build): its
   payload file is missing, not a regular file, or shorter than offset + length. Files are separate
   from the manifest, so one lost or truncated file must not take every other entry with it.
-* **CacheError at read**: ``read_payload`` finds fewer bytes or a different sha256 (a bit flip). The
+* **CacheError at read**: ``read_payload`` finds fewer bytes or a different checksum (a bit flip). The
   entry is then marked invalid too, so the caller's rebuild replaces it at the next flush.
 * **Miss** (whole companion ignored, ``store.stale_reason``): another container format version or
   another source model digest; under ``build_if_missing`` the next flush replaces it.
@@ -49,6 +49,7 @@ from onnx_prepared.kernels.prepack import KERNEL_ABI
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
 from onnx_prepared.prepared import cache_io as io
+from onnx_prepared.prepared import payload_hash
 from onnx_prepared.prepared.cache_check import info, verify
 from onnx_prepared.prepared.cache_format import (
     ABI_KEY,
@@ -268,10 +269,11 @@ class PreparedModelStore:
         """The payload of ``entry`` as a 1-D uint8 array (into ``out[:length]`` when given).
 
         Verifies length, the identity record (the payload names this entry's lineage digest, layout and
-        device: every read) and sha256; a mismatch raises CacheError and marks the entry invalid. The
-        sha256 runs on the first read of an entry in this process only: payload files are immutable
-        once published (an update writes a new generation), and an evicted object restored once per
-        token would otherwise spend most of its restore hashing (118 of 153 ms per token on medium).
+        device: every read) and the XXH3-128 checksum; a mismatch raises CacheError and marks the entry
+        invalid. The checksum is computed while the payload is read (chunk by chunk, GIL released), on
+        the first read of an entry in this process only: payload files are immutable once published (an
+        update writes a new generation), and an evicted object restored once per token need not pay it
+        again.
         """
         if out is not None:
             if out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
@@ -282,9 +284,11 @@ class PreparedModelStore:
         else:
             buf = np.empty(entry.length, dtype=np.uint8)
         record = bytearray(ID_SIZE)
+        ident = (entry.file, entry.offset, entry.checksum)
+        hasher = payload_hash.hasher() if ident not in self._verified else None
         try:
             fd = self._fd(entry)
-            got = io.pread_into(fd, buf, entry.offset, record)  # one preadv: payload, then its identity
+            got = io.pread_into(fd, buf, entry.offset, record, hasher=hasher)  # payload, then its identity
         except OSError as e:
             raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
         if got != entry.length + ID_SIZE:
@@ -293,10 +297,9 @@ class PreparedModelStore:
         why = identity_problem(record, entry)
         if why is not None:
             raise self._corrupt(entry, why)
-        ident = (entry.file, entry.offset, entry.checksum)
-        if ident not in self._verified:
-            if hashlib.sha256(buf).hexdigest() != entry.checksum:
-                raise self._corrupt(entry, "payload checksum mismatch (corrupt bytes)")
+        if hasher is not None:
+            if hasher.hexdigest() != entry.checksum:
+                raise self._corrupt(entry, f"payload checksum mismatch (corrupt bytes; {payload_hash.ALGORITHM})")
             with self._lock:
                 self._verified.add(ident)
         with self._lock:

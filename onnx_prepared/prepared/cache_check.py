@@ -35,7 +35,7 @@ def verify(path: str | os.PathLike, *, source_digest: str | None = None) -> list
                 continue
             if e.offset % ALIGNMENT:
                 problems.append(f"{path}: entry {name!r}: offset {e.offset} is not {ALIGNMENT}-byte aligned")
-            sha, got = io.sha256_range(fds[e.file], e.offset, e.length)
+            sha, got = io.checksum_range(fds[e.file], e.offset, e.length)
             record = os.pread(fds[e.file], ID_SIZE, e.offset + e.length)
             if got != e.length:
                 problems.append(f"{path}: entry {name!r}: payload truncated ({got} of {e.length} bytes)")

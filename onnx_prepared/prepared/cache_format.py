@@ -2,10 +2,11 @@
 
 The companion is a cache container, not a graph to execute: an empty graph whose initializers are
 ``UINT8`` 1-D tensors named ``prepared/<key>``, each with external data
-``{location, offset, length, checksum}`` (``checksum`` = hex sha256 of the payload bytes) and the
-``onnx_light.prepack.*`` metadata below. The model's own ``metadata_props`` carry the container format
-version, the digest of the portable source model it belongs to and the sidecar source digests. Key
-names are the spec's interchange convention: do not rename them.
+``{location, offset, length, checksum}`` (``checksum`` = ``xxh3_128:`` + hex XXH3-128 of the payload
+bytes, see ``payload_hash``) and the ``onnx_light.prepack.*`` metadata below. The model's own
+``metadata_props`` carry the container format version, the payload checksum algorithm, the digest of
+the portable source model it belongs to and the sidecar source digests (sha256: content identity).
+Key names are the spec's interchange convention: do not rename them.
 
 Decoding is metadata-only and collects every structural problem instead of stopping at the first, so
 ``verify`` can list them all and the store can raise on the first.
@@ -23,12 +24,15 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import Error as ProtobufError
 
+from onnx_prepared.errors import short
 from onnx_prepared.model.strings import invalid_string_field
+from onnx_prepared.prepared.payload_hash import ALGORITHM, is_checksum
 
 #: Version of the container format (model metadata) and of the per-entry packed-record convention.
 #: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
 #: 3: 4-bit MatMulNBits weights in the panel16 layout (kernels/_q4_panels.py).
-FORMAT_VERSION = "3"
+#: 4: payload checksums are XXH3-128 (``PAYLOAD_CHECKSUM_KEY``), not sha256.
+FORMAT_VERSION = "4"
 #: Every payload starts at a multiple of this many bytes in its data file (page/direct-I/O friendly).
 ALIGNMENT = 4096
 #: The identity record right after each payload's bytes (after, so payloads stay aligned): magic, the
@@ -47,6 +51,7 @@ GENERATION_KEY = P + "generation"
 ALIGNMENT_KEY = P + "alignment"
 SOURCE_DIGESTS_KEY = P + "source_digests"  # JSON {source tensor name: hex sha256}
 SOURCE_STAMPS_KEY = P + "source_stamps"  # JSON {source tensor name: change-detection stamp} (optional)
+PAYLOAD_CHECKSUM_KEY = P + "payload_checksum"  # algorithm of every entry's checksum ("xxh3_128")
 
 E = "onnx_light.prepack."
 LINEAGE_DIGEST_KEY = E + "source_lineage_digest"
@@ -81,7 +86,7 @@ class CacheEntry:
     file: str
     offset: int
     length: int
-    checksum: str
+    checksum: str  # hex XXH3-128 of the payload (no algorithm prefix)
     location: str = field(default="", compare=False)  # as written (relative to the cache folder)
 
 
@@ -151,6 +156,7 @@ def encode(meta: dict[str, str], entries: list[CacheEntry], source_digests: dict
     props = dict(meta)
     props[FORMAT_KEY] = FORMAT_VERSION
     props[ALIGNMENT_KEY] = str(ALIGNMENT)
+    props[PAYLOAD_CHECKSUM_KEY] = ALGORITHM
     if source_digests:
         props[SOURCE_DIGESTS_KEY] = json.dumps(source_digests, sort_keys=True, separators=(",", ":"))
     if source_stamps:
@@ -161,7 +167,7 @@ def encode(meta: dict[str, str], entries: list[CacheEntry], source_digests: dict
         t = model.graph.initializer.add(name=e.key_name, data_type=onnx.TensorProto.UINT8, dims=[e.length])
         t.data_location = onnx.TensorProto.EXTERNAL
         for k, v in (("location", e.location), ("offset", str(e.offset)), ("length", str(e.length)),
-                     ("checksum", e.checksum)):
+                     ("checksum", f"{ALGORITHM}:{e.checksum}")):
             t.external_data.add(key=k, value=v)
         md = {
             LINEAGE_DIGEST_KEY: e.lineage_digest, LINEAGE_KEY: ",".join(e.lineage), LAYOUT_KEY: e.layout,
@@ -212,8 +218,11 @@ def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> Manife
     for key in (FORMAT_KEY, SOURCE_MODEL_KEY):
         if not meta.get(key):
             m.problems.append(("", f"model metadata lacks {key}"))
-    if not entries:
-        return m
+    if m.format_version == FORMAT_VERSION and meta.get(PAYLOAD_CHECKSUM_KEY) != ALGORITHM:
+        m.problems.append(("", f"metadata {PAYLOAD_CHECKSUM_KEY} is {meta.get(PAYLOAD_CHECKSUM_KEY)!r}, not "
+                               f"{ALGORITHM!r}"))
+    if not entries or m.format_version not in (None, FORMAT_VERSION):
+        return m  # another format is a miss as a whole: its entries follow other rules
     folder = os.path.dirname(m.path)
     real_folder = os.path.realpath(folder)
     for t in model.graph.initializer:
@@ -249,9 +258,9 @@ def _entry(t: onnx.TensorProto, folder: str, real_folder: str) -> CacheEntry:
     offset, length = int(info["offset"]), int(info["length"])
     if length != t.dims[0]:
         raise ValueError(f"length {length} does not match dims {list(t.dims)}")
-    checksum = info["checksum"].lower().removeprefix("sha256:")
-    if not is_sha256(checksum):
-        raise ValueError(f"checksum {info['checksum']!r} is not a hex sha256")
+    algo, _, checksum = info["checksum"].lower().partition(":")
+    if algo != ALGORITHM or not is_checksum(checksum):
+        raise ValueError(f"checksum {short(info['checksum'])!r} is not {ALGORITHM}:<32 hex digits>")
     if not is_sha256(md[LINEAGE_DIGEST_KEY]):
         raise ValueError(f"{LINEAGE_DIGEST_KEY} {md[LINEAGE_DIGEST_KEY]!r} is not a hex sha256")
     lineage = _lineage(md)

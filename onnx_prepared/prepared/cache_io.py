@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import stat
@@ -30,6 +29,7 @@ import numpy as np
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.model.safe_open import NotRegularFile, file_kind, open_regular, read_regular
+from onnx_prepared.prepared import payload_hash
 from onnx_prepared.prepared.cache_format import (
     ALIGNMENT,
     ID_SIZE,
@@ -120,7 +120,7 @@ def create_temp_data(folder: str, root: str, gen_id: str) -> tuple[str, int]:
 
 def write_payloads(fd: int, payloads: list[tuple[np.ndarray, bytes]]) -> list[tuple[int, int, str]]:
     """Write each (payload, identity record) at an ALIGNMENT-aligned offset, the record right after the
-    payload; fsync. Returns [(offset, length, sha256 of the payload)]."""
+    payload; fsync. Returns [(offset, length, hex XXH3-128 of the payload)]."""
     out, pos = [], 0
     for arr, record in payloads:
         mv = memoryview(arr).cast("B")
@@ -130,7 +130,7 @@ def write_payloads(fd: int, payloads: list[tuple[np.ndarray, bytes]]) -> list[tu
         done = 0
         while done < len(record):
             done += os.pwrite(fd, record[done:], pos + n + done)
-        out.append((pos, n, hashlib.sha256(mv).hexdigest()))
+        out.append((pos, n, payload_hash.checksum(mv)))
         pos += -(-(n + len(record)) // ALIGNMENT) * ALIGNMENT
     os.fsync(fd)
     return out
@@ -180,10 +180,31 @@ def open_payload_file(file: str) -> tuple[int | None, int, str]:
     return fd, st.st_size, ""
 
 
-def pread_into(fd: int, buf: np.ndarray, offset: int, record: bytearray | None = None) -> int:
-    """Fill ``buf`` (then ``record``, in the same ``preadv``) from ``offset``; returns bytes read (fewer
-    only at end of file)."""
+def pread_into(fd: int, buf: np.ndarray, offset: int, record: bytearray | None = None, *,
+               hasher=None) -> int:
+    """Fill ``buf`` (then ``record``) from ``offset``; returns bytes read (fewer only at end of file).
+
+    Without ``hasher``: one ``preadv`` for both. With one: ``buf`` is read in ``payload_hash.CHUNK``
+    pieces and each piece goes to ``hasher.update`` right after its read, while still in cache (the
+    record rides with the last piece and is not hashed); the GIL is released by both calls.
+    """
+    n = buf.size
     views = [memoryview(buf).cast("B")] + ([memoryview(record)] if record is not None else [])
+    if hasher is None:
+        return _preadv_all(fd, views, offset)
+    got, step = 0, payload_hash.CHUNK
+    while True:
+        last = n - got <= step
+        iov = [views[0][got:n]] + views[1:] if last else [views[0][got:got + step]]
+        want = sum(len(v) for v in iov)
+        k = _preadv_all(fd, iov, offset + got)
+        hasher.update(views[0][got:got + min(k, n - got)])
+        got += k
+        if last or k < want:
+            return got
+
+
+def _preadv_all(fd: int, views: list[memoryview], offset: int) -> int:
     total, got = sum(len(v) for v in views), 0
     while got < total:
         iov, skip = [], got
@@ -200,13 +221,14 @@ def pread_into(fd: int, buf: np.ndarray, offset: int, record: bytearray | None =
     return got
 
 
-def sha256_range(fd: int, offset: int, length: int) -> tuple[str, int]:
-    """(hex sha256, bytes read) of ``length`` bytes at ``offset``, read in bounded chunks (for verify)."""
-    h, buf, done = hashlib.sha256(), np.empty(min(length, _CHUNK), dtype=np.uint8), 0
+def checksum_range(fd: int, offset: int, length: int) -> tuple[str, int]:
+    """(hex XXH3-128, bytes read) of ``length`` bytes at ``offset``, read in bounded chunks (for verify)."""
+    buf = np.empty(min(length, payload_hash.CHUNK), dtype=np.uint8)
+    h, done = payload_hash.hasher(), 0
     while done < length:
         n = min(length - done, buf.size)
-        got = pread_into(fd, buf[:n], offset + done)
-        h.update(buf[:got])
+        got = _preadv_all(fd, [memoryview(buf[:n])], offset + done)
+        h.update(memoryview(buf[:got]))
         done += got
         if got < n:
             break

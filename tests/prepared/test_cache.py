@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import onnx
 import pytest
+import xxhash
 
 from onnx_prepared.errors import CacheError
 from onnx_prepared.kernels.prepack import KERNEL_ABI
@@ -110,7 +111,8 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
     m = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(str(path))
     meta = {p.key: p.value for p in m.metadata_props}
-    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "3"
+    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "4"
+    assert meta["onnx_light.prepared.payload_checksum"] == "xxh3_128"
     assert meta["onnx_light.prepared.source_model_digest"] == SRC
     assert meta["onnx_light.prepared.kernel_abi"] == KERNEL_ABI
     assert len(m.graph.node) == 0
@@ -126,7 +128,7 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
         offsets.append(int(ext["offset"]))
         with open(tmp_path / ext["location"], "rb") as f:
             f.seek(int(ext["offset"]))
-            assert hashlib.sha256(f.read(int(ext["length"]))).hexdigest() == ext["checksum"]
+            assert ext["checksum"] == "xxh3_128:" + xxhash.xxh3_128(f.read(int(ext["length"]))).hexdigest()
         md = {p.key: p.value for p in t.metadata_props}
         for k in ("source_lineage_digest", "source_lineage", "layout", "device", "kernel_abi", "format_version"):
             assert f"onnx_light.prepack.{k}" in md

@@ -73,7 +73,7 @@ def test_read_faults_rebuild_from_the_source(tmp_path, monkeypatch, code):
     with RuntimeSession(path, {**opts, "prepared_model_policy": "build_if_missing"}) as s:
         s.prepare()
 
-    def failing(fd, buf, offset, record=None):
+    def failing(fd, buf, offset, record=None, *, hasher=None):
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(cache_io, "pread_into", failing)
