@@ -100,7 +100,7 @@ def child(a: argparse.Namespace) -> None:
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
     t_feeds = time.perf_counter()
     spans: list = []
-    _timed(cache_io, "pread_into", "pread", spans)  # the companion's payload reads (module-level function)
+    _timed(cache_io, "_preadv_all", "pread", spans)  # the preadv calls of payload reads (module-level function)
     opts = {"trace": True, "prepared_model_policy": POLICY[a.child]}
     if a.companion:
         opts["prepared_model_path"] = a.companion
@@ -166,7 +166,8 @@ def child(a: argparse.Namespace) -> None:
     }
     for k in _KINDS:
         res[f"{k}_sum_ms"], res[f"{k}_total_ms"] = before[k], total[k]
-    # checksum (XXH3-128 of the payload, hashed per chunk between preadvs) = read_payload minus its preads; decode+publish = read_packed minus read_payload
+    # checksum (XXH3-128, hashed per chunk between preadvs) = read_payload minus its preadvs;
+    # decode+publish = read_packed minus read_payload
     for suffix in ("sum_ms", "total_ms"):
         res[f"checksum_{suffix}"] = res[f"payload_{suffix}"] - res[f"pread_{suffix}"]
         res[f"decode_{suffix}"] = res[f"read_packed_{suffix}"] - res[f"payload_{suffix}"]
