@@ -4,7 +4,7 @@ After ``prepare()`` every prepared object is resident, so ``RuntimeSession.run(f
 path: feed binding, one scheduler task, a readiness-epoch check, one run-level lease and a direct
 replay of the compact action list. The spec caps that overhead against executing the plain
 ``ExecutionPlan`` after eager preparation; the baseline here is exactly that: ``plan.execution.replay``
-on a slot list prefilled with the same resident prepared objects (built as ``_hot_template`` does) and
+on a slot list prefilled with the same resident prepared objects (built as ``Inference._hot_template`` does) and
 the feeds, called on the benchmark's own thread.
 
 Variants, interleaved in rotating order, each timed over a batch of runs sized to ~``--batch-ms``:
@@ -15,9 +15,9 @@ Variants, interleaved in rotating order, each timed over a batch of runs sized t
 
 Reported per model: medians per run (us), ``run/direct`` (target <= 1.05), the extra microseconds per run
 (the C++ implementation reports ~40 us), ``run_async/run``, whether all three produced identical
-outputs, and a breakdown of the extra cost measured the same way: ``_bind_feeds`` alone, one empty
+outputs, and a breakdown of the extra cost measured the same way: ``FeedBinder.bind`` alone, one empty
 CRITICAL task submitted to the session's scheduler and waited for (the thread hand-off), and the output
-bookkeeping (``_outputs``).
+bookkeeping (``Inference._outputs``).
 
 Models: tiny-llm decode step (one token after a 16-token prompt) and prefill (``--prompt`` tokens), and a
 small Gemm+Relu MLP (``--mlp-layers`` x ``--mlp-width``) where per-run overhead dominates.
@@ -99,7 +99,7 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             return sess.run_async(feeds).result()
 
         def bind_only():
-            return sess._bind_feeds(feeds)[0]
+            return sess._feeds.bind(feeds)[0]
 
         sched = sess.scheduler
         pool = ThreadPoolExecutor(1, thread_name_prefix="bench-worker")
@@ -126,7 +126,7 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
             sub = fake_sub()
             sub.invocation_id = 0
             sub.values = ref_values.copy()
-            return sess._outputs(sub)
+            return sess.inference._outputs(sub)
 
         ref_values = ex.new_values()
         for s, v in zip(out_slots, direct()):

@@ -26,7 +26,7 @@ maximum bytes in flight (reads + prepacks in progress: bytes read, or packed inp
 arenas' peak preparation bytes. Read and prepack spans are timed by wrapping the session state's
 ``reader.read`` and ``prepack`` (the same bodies the scheduler and the sequential path run). The first
 executed node (and the first one reading a prepared object) is observed through the cold path's
-``runtime.continuation.on_cold_action`` hook, which fires when an action finished; on the hot path
+``runtime.inference.on_cold_action`` hook, which fires when an action finished; on the hot path
 (``prepare``/``sequential`` modes) it is the start of ``run``.
 
 The asynchronous figures come from the ``stream`` run's scheduler trace: submission latency
@@ -121,7 +121,7 @@ def child(a: argparse.Namespace) -> None:
     import numpy  # noqa: F401  (part of the import phase, as for any runtime)
 
     import onnx_prepared.runtime.session as rs
-    from onnx_prepared.runtime import continuation
+    from onnx_prepared.runtime import inference
 
     t_import = time.perf_counter()
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
@@ -136,7 +136,7 @@ def child(a: argparse.Namespace) -> None:
         if "first_weight_node" not in marks and plan_box[0].action_requirements[pc]:
             marks["first_weight_node"] = time.perf_counter()
 
-    continuation.on_cold_action = on_action
+    inference.on_cold_action = on_action
     spans: list = []
     t_s0 = time.perf_counter()
     sess = rs.RuntimeSession(a.model, {"trace": True})

@@ -75,6 +75,21 @@ class PreparedExecutionPlan:
     #: Requirements that are graph outputs (an initializer returned as is, perhaps read by no action):
     #: the cold path pins them after the last action and keeps them pinned to the end of the run.
     output_requirements: tuple[int, ...] = ()
+    #: requirement bits in the order inference first needs them (the session tasks' order)
+    need_order: tuple[int, ...] = ()
+
+    def need_index(self, position: int) -> int:
+        """Index in ``need_order`` of the first requirement first needed at or after ``position``."""
+        firsts = self.first_need
+        order = self.need_order
+        lo, hi = 0, len(order)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if firsts[order[mid]] < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     @property
     def session_tasks(self) -> tuple[TaskDescriptor, ...]:
@@ -214,7 +229,7 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     return PreparedExecutionPlan(
         resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need), tuple(last_need),
         tuple(tuple(p) for p in need_positions),
-        MappingProxyType(producer), MappingProxyType(by_id), output_bits,
+        MappingProxyType(producer), MappingProxyType(by_id), output_bits, tuple(order),
     )
 
 

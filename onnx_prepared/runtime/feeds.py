@@ -1,15 +1,54 @@
-"""Values crossing the runtime boundary: feed checks against declared types, and ONNX type strings."""
+"""Values crossing the runtime boundary: feed binding and checks against declared types, ONNX type strings."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from onnx_prepared.errors import InvalidFeedError
+
+if TYPE_CHECKING:
+    from onnx_prepared.bind import ExecutionPlan
+
+
+class FeedBinder:
+    """Checks a run's feeds and places them in a fresh slot list (read-only after construction)."""
+
+    def __init__(self, execution: ExecutionPlan, graph: onnx.GraphProto, requirement_slots: tuple[int, ...]) -> None:
+        self._slot_of = {n: i for i, n in enumerate(execution.slot_names)}
+        self.required = [execution.slot_names[s] for s in execution.input_slots]
+        self._types = {i.name: i.type for i in graph.input}
+        # slots holding prepared requirements: a feed there overrides an initializer-backed input
+        self._bit_of_slot = {s: b for b, s in enumerate(requirement_slots) if s >= 0}
+        # Values that are part of the plan itself, not weights: sparse initializers (inline, tiny).
+        self._constants = execution.new_values()
+        for sp in graph.sparse_initializer:
+            if sp.values.name in self._slot_of:
+                self._constants[self._slot_of[sp.values.name]] = sparse_to_dense(sp)
+
+    def bind(self, feeds: Mapping[str, Any]) -> tuple[list, frozenset[int]]:
+        """A fresh value list with the checked feeds, and the requirement bits the caller overrode."""
+        values = list(self._constants)
+        types = self._types
+        for name in self.required:
+            if name not in feeds:
+                raise InvalidFeedError(f"missing input {name!r}; expected inputs: {self.required}")
+        overridden = []
+        for name, v in feeds.items():
+            tp = types.get(name)
+            if tp is None:
+                raise InvalidFeedError(f"unknown input {name!r}; expected inputs: {self.required}")
+            slot = self._slot_of[name]
+            values[slot] = check_value(name, tp, v)
+            b = self._bit_of_slot.get(slot)
+            if b is not None:  # an initializer-backed input the caller overrides
+                overridden.append(b)
+        return values, frozenset(overridden)
 
 
 def type_string(tp: onnx.TypeProto) -> str:

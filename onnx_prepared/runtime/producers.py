@@ -35,14 +35,14 @@ class Producers:
     """Creates and tracks session tasks for one session. Thread-safe (one lock)."""
 
     def __init__(self, plan: PreparedExecutionPlan, state: PreparedExecutionState, scheduler: Any,
-                 keep: Callable[[ExecutionHandle], None], limit: int | None, eviction_policy: str) -> None:
+                 limit: int | None, eviction_policy: str) -> None:
         self.plan = plan
         self.state = state
         self.store = state.store
         self.scheduler = scheduler
         self.prepared_store = state.prepared_store
-        self._keep = keep
         self._lock = threading.RLock()  # when_done may call back on this thread
+        self._internal: set[ExecutionHandle] = set()  # session-owned submissions not yet terminal
         self._persist_tasks: list[Task] = []
         self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
         self._queued: dict[PreparedKey, PreparedKey] = {}  # put() by a background persist, key -> digest key
@@ -55,6 +55,21 @@ class Producers:
             policy=eviction_policy, on_evict=self._evicted,
             critical_reserve=max((r.estimated_bytes for r in plan.requirements), default=0),
         )
+
+    def keep(self, handle: ExecutionHandle) -> None:
+        """Own a session-internal handle until it is terminal (dropping a live handle would wait)."""
+        with self._lock:
+            self._internal.add(handle)
+        handle.add_done_callback(self._forget)
+
+    def _forget(self, handle: ExecutionHandle) -> None:
+        with self._lock:
+            self._internal.discard(handle)
+
+    def start(self, chains: list[Task]) -> None:
+        """Submit chains created with ``ensure(defer=...)`` together, in one session-owned submission."""
+        if chains:
+            self.keep(self.scheduler.submit(chains, fail_fast=False))
 
     @property
     def persisting(self) -> bool:
@@ -92,7 +107,7 @@ class Producers:
         if defer is not None:
             defer.extend(new)
         else:
-            self._keep(self.scheduler.submit(new, fail_fast=False))
+            self.keep(self.scheduler.submit(new, fail_fast=False))
         return t
 
     def _make(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:
@@ -165,7 +180,7 @@ class Producers:
             # One generation per burst of persists: flush once nothing else is queued behind it.
             flush = Task(lambda t: self._flush_store(), resource=Resource.IO, priority=Priority.BACKGROUND,
                          name="S.cache.flush")
-            self._keep(self.scheduler.submit(flush, fail_fast=False))
+            self.keep(self.scheduler.submit(flush, fail_fast=False))
 
     def flush(self) -> int:
         """Wait for scheduled persists and write the queued entries now; returns entries written."""

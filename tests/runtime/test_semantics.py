@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.errors import Cancelled, KernelError
-from onnx_prepared.runtime import RuntimeSession, continuation
+from onnx_prepared.runtime import RuntimeSession, inference
 from onnx_prepared.scheduler import HandleState
 from tests.helpers.models import gemm_mlp, reference_mlp, save_external
 
@@ -24,7 +24,7 @@ def executed(monkeypatch):
         log.append(pc)
         events.setdefault(pc, threading.Event()).set()
 
-    monkeypatch.setattr(continuation, "on_cold_action", spy)
+    monkeypatch.setattr(inference, "on_cold_action", spy)
 
     def done(pc):
         return events.setdefault(pc, threading.Event())

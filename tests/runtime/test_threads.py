@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from onnx_prepared.kernels import _blas, threads
-from onnx_prepared.runtime import RuntimeSession, continuation
-from onnx_prepared.runtime.session import default_scheduler
+from onnx_prepared.runtime import RuntimeSession, inference
+from onnx_prepared.runtime.builder import default_scheduler
 from onnx_prepared.scheduler import CpuExecutor, Priority, Resource, RuntimeScheduler, Task
 from tests.helpers.models import gemm_mlp
 
@@ -91,7 +91,7 @@ def test_cold_run_kernels_get_the_threads_preparation_leaves(mlp, monkeypatch):
 
     x = {"x": np.ones((2, 16), np.float32)}
     seen: list[int] = []
-    monkeypatch.setattr(continuation, "on_cold_action", lambda pc: seen.append(threads.available()))
+    monkeypatch.setattr(inference, "on_cold_action", lambda pc: seen.append(threads.available()))
     try:
         with RuntimeSession(mlp, {"intra_op_num_threads": 2}, scheduler=sched) as s:
             blocker = sched.submit(Task(hold, resource=Resource.CPU, priority=Priority.PREFETCH, name="P.hold"))

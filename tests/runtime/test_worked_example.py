@@ -22,7 +22,7 @@ import pytest
 from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm
 from onnx_prepared.generate.feeds import decode_feeds, prefill_feeds
 from onnx_prepared.prepared import EntryState
-from onnx_prepared.runtime import RuntimeSession, continuation
+from onnx_prepared.runtime import RuntimeSession, inference
 
 
 def _block(key) -> int | None:
@@ -60,7 +60,7 @@ def test_offloading_sequence_and_arena_accounting(tiny_llm, tmp_path, monkeypatc
         pinned = {_block(k) for k in s.store.states() if s.store.entry(k).pins}
         rows.append((pc, node_block[pc], resident - {None}, pinned - {None}, s.arenas.snapshot()))
 
-    monkeypatch.setattr(continuation, "on_cold_action", hook)
+    monkeypatch.setattr(inference, "on_cold_action", hook)
     names = [o.name for o in g.output]
     outs = s.run(prefill_feeds(cfg, np.arange(1, 17)))
     s.flush_cache()

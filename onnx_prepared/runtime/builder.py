@@ -1,0 +1,156 @@
+"""Session construction: load -> companion cache -> resolve -> plan -> state, before any session exists.
+
+:func:`build_session` runs the phases in order and returns :class:`SessionParts`; a
+:class:`~onnx_prepared.runtime.session.RuntimeSession` only holds them and runs. Each phase is one
+function here, so timing a phase or adding a read-ahead hint to one touches one place. No phase reads
+a weight byte: loading is metadata-only, and the first read happens when a session task runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from onnx_prepared.kernels import threads
+from onnx_prepared.memory import Arenas
+from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
+from onnx_prepared.model.loader import inline_nested_external
+from onnx_prepared.options import SessionOptions, as_session_options
+from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
+from onnx_prepared.resolve import ManifestReader, ResolvedModel, resolve_model
+from onnx_prepared.runtime.feeds import FeedBinder
+from onnx_prepared.runtime.producers import Producers
+from onnx_prepared.runtime.state import PreparedExecutionState
+from onnx_prepared.scheduler import CpuExecutor, MemoryBudget, RuntimeScheduler
+
+_DEFAULT: RuntimeScheduler | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_scheduler() -> RuntimeScheduler:
+    """The process-wide scheduler shared by sessions that bring none (like onnxruntime's global pools).
+
+    Its CPU executor has one worker per core (:func:`~onnx_prepared.kernels.threads.machine_threads`), one
+    of them reserved for inference: preparation may use the others. Created on first use; closed at
+    interpreter exit.
+    """
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            import atexit
+
+            workers = threads.machine_threads()
+            _DEFAULT = RuntimeScheduler(cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
+                                        io_workers=4, name="onnx-prepared")
+            atexit.register(_DEFAULT.close, cancel=True)
+        return _DEFAULT
+
+
+@dataclass(eq=False)
+class SessionParts:
+    """What construction produced, handed to the session as a whole (the session owns every part)."""
+
+    options: SessionOptions
+    loaded: LoadedModel
+    #: the companion-model cache on disk (a PreparedModelStore), None when prepared_model_policy is disabled;
+    #: not to be confused with ``state.store``, the in-memory store of prepared objects
+    companion: Any
+    resolved: ResolvedModel
+    plan: PreparedExecutionPlan
+    arenas: Arenas
+    state: PreparedExecutionState
+    scheduler: RuntimeScheduler
+    owns_scheduler: bool  # True: the session created it and closes it
+    producers: Producers
+    feeds: FeedBinder
+
+
+def build_session(
+    model: str | os.PathLike | LoadedModel,
+    options: Any = None,
+    *,
+    scheduler: RuntimeScheduler | None = None,
+    reader: ExternalDataReader | None = None,
+) -> SessionParts:
+    """Load (metadata-only), open the companion cache, resolve, plan, and create the session state.
+
+    ``options``: SessionOptions, a mapping of option names, or None (validated here: a bad value fails
+    naming the option). ``scheduler``: share this one instead of choosing (see :func:`choose_scheduler`).
+    ``reader``: the external-data reader session tasks read through (tests pass a gated one).
+    """
+    options = as_session_options(options)
+    loaded = load(model)
+    companion = open_companion(loaded, options)
+    reader = reader if reader is not None else make_reader(options, companion)
+    if companion is not None and companion.writable:
+        reader.hash_reads = True  # every source read yields the (digest, fingerprint) the sidecar persists
+    resolved = resolve_model(loaded, prepared=companion, policy=_policy(options))
+    plan = build_prepared_plan(resolved)
+    # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses
+    # against it, and admits critical work above it: the run that needs it is what frees memory),
+    # so it is not also a hard PreparedArena limit that a publish could fail on.
+    arenas = Arenas.create(retention_caps=options.arena_retention_caps)
+    state = PreparedExecutionState(plan, arenas, ManifestReader(resolved.manifest, reader), companion)
+    sched, owns = choose_scheduler(options, scheduler)
+    producers = Producers(plan, state, sched, options.prepared_memory_limit, options.eviction_policy)
+    return SessionParts(options, loaded, companion, resolved, plan, arenas, state, sched, owns, producers,
+                        FeedBinder(plan.execution, loaded.graph, plan.requirement_slots))
+
+
+def load(model: str | os.PathLike | LoadedModel) -> LoadedModel:
+    """The model, metadata-only (a LoadedModel is taken as is)."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if loaded.nested_external:
+        # NOTE: external tensors inside subgraphs/attributes are read now (onnx.reference-style
+        # evaluators read those protos directly); top-level initializers stay metadata-only.
+        with ExternalDataReader() as r:
+            inline_nested_external(loaded, r)
+    return loaded
+
+
+def open_companion(loaded: LoadedModel, options: SessionOptions) -> Any:
+    """The companion-model cache the policy asks for (a PreparedModelStore), or None when disabled."""
+    policy = _policy(options)
+    if policy == "disabled":
+        return None
+    from onnx_prepared.prepared.cache import PreparedModelStore, default_prepared_path, source_model_digest
+
+    digest = source_model_digest(loaded.path, loaded.model)
+    path = options.prepared_model_path or default_prepared_path(loaded.path, digest=digest, model=loaded.model)
+    companion = PreparedModelStore(path, source_digest=digest, policy=policy)
+    companion.bind_sources(loaded.weights)  # digests trusted only under these fingerprints
+    return companion
+
+
+def make_reader(options: SessionOptions, companion: Any) -> ExternalDataReader:
+    """The external-data reader of the session tasks.
+
+    A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy is asked
+    for the buffer; prepared_memory_limit is a residency target one object may exceed. Recorded
+    checksums are verified when a companion's identity depends on them.
+    """
+    return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, verify_checksums=companion is not None)
+
+
+def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None) -> tuple[RuntimeScheduler, bool]:
+    """(scheduler, owned). A session gets its own scheduler only when asked for non-default resources or
+    a trace; otherwise it shares the process-wide one (thread start-up is not free, and N sessions must
+    not mean N thread pools)."""
+    if scheduler is not None:
+        return scheduler, False
+    if options.io_workers == 4 and options.memory_limit is None and not options.records_trace:
+        return default_scheduler(), False
+    workers = threads.machine_threads()
+    return RuntimeScheduler(
+        cpu=CpuExecutor(workers, critical_reserved=1 if workers > 1 else 0),
+        io_workers=options.io_workers,
+        memory=MemoryBudget(options.memory_limit),
+        trace=options.records_trace,
+    ), True
+
+
+def _policy(options: SessionOptions) -> str:
+    policy = options.prepared_model_policy
+    return str(getattr(policy, "value", policy))
