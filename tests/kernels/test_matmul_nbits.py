@@ -136,6 +136,28 @@ def test_simd_levels_agree_with_portable(level):
             _close_to_max(got, ref, 1e-6)
 
 
+
+@pytest.mark.skipif(len(native.supported_levels()) < 2, reason="no SIMD dispatch level on this CPU")
+@pytest.mark.parametrize(("M", "K", "bs", "zk"), [(1, 200, 32, "none"), (9, 200, 32, "packed"), (12, 256, 16, "none"),
+                                               (3, 130, 64, "packed")])
+def test_int8_ties_quantize_identically_at_every_level(M, K, bs, zk):
+    """A made of exact half-way values (a * 127/amax = n + 0.5) and a tail block: every SIMD level's
+    vectorized quantization of A must round them as the portable one does (one flipped tie moves the
+    output by ~1e-3 of max|Y|, far above the bound)."""
+    rng = np.random.default_rng(M * K)
+    A = (rng.integers(-126, 127, (M, K)) + 0.5).astype(np.float32)
+    A[:, ::bs] = 127.0  # amax = 127 in every block, so the scale is 1 and a * 127/amax = a exactly
+    B, scales, zp = _weights(rng, K, 24, 4, bs, zk, False)
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=24, bits=4, block_size=bs)
+    with native.forced_level("portable"):
+        (ref,) = mm.matmul_nbits_packed(A, packed, accuracy_level=4)
+    for isa in native.supported_levels()[1:]:
+        with native.forced_level(isa):
+            (got,) = mm.matmul_nbits_packed(A, packed, accuracy_level=4)
+        _close_to_max(got, ref, 1e-6)
+    want = _ort(A, B, scales, zp, None, K=K, N=24, bits=4, block_size=bs, accuracy_level=4)
+    _close_to_max(ref, want)
+
 def test_int8_quantization_of_a_is_onnxruntimes():
     """Half-way values round to even, the scale is amax/127 with q = a * (127/amax): ties resolve as in MLAS."""
     a = np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 63.5, -127.0] * 2], np.float32)

@@ -37,11 +37,13 @@ typedef struct {
     const float *bias;
     /* prepared A (scratch): NB_MODE_F32: af [M][kpad], asum [M][kb] (sum of a over the block)
      * NB_MODE_I8: aq [M][kpad] (each 8-group stored as k0 k2 k4 k6 k1 k3 k5 k7), ascale [M][kb],
-     * asum [M][kb] (sum of the int8 values, as float) */
+     * asum [M][kb] (sum of the int8 values, as float), acorr [M][kb] = asum * ascale, times 8 for
+     * symmetric weights (the zero-point term of a block, ready for one fused multiply-subtract) */
     float *af;
     int8_t *aq;
     float *ascale;
     float *asum;
+    float *acorr;
 } nb_call;
 
 typedef struct {

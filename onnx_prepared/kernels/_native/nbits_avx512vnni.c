@@ -123,6 +123,89 @@ NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
     UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
 }
 
+/* int8 for M >= 2: R <= 8 rows x one panel, one accumulator per row (the low- and high-nibble products
+ * both go into it: R independent chains keep both VNNI pipes busy at R = 8), and the block epilogue is
+ * cvt + fmsub (+ one multiply with zero points) + fmadd, the zero-point term precomputed in acorr.
+ * CPB > 0 fixes the chunks per block at compile time (block sizes 16, 32, 64). */
+NB_INLINE void i8_rows(const nb_call *c, int p, int m, const int R, const int CPB)
+{
+    const nb_weights *w = &c->w;
+    const int cpb = CPB ? CPB : w->bs / 8;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * w->kb * 16;
+    const __m512i mask = _mm512_set1_epi8(15);
+    const int8_t *aq[8];
+    const float *ac[8], *asc[8];
+    __m512 yacc[8];
+    UNROLL for (int r = 0; r < R; r++) {
+        aq[r] = c->aq + (size_t)(m + r) * c->kpad;
+        ac[r] = c->acorr + (size_t)(m + r) * w->kb;
+        asc[r] = c->ascale + (size_t)(m + r) * w->kb;
+        yacc[r] = _mm512_setzero_ps();
+    }
+    const int sym = w->zp_kind == NB_ZP_NONE;
+    for (int b = 0; b < w->kb; b++) {
+        __m512i acc[8];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+        const int kb0 = b * w->bs;
+        UNROLL for (int ci = 0; ci < cpb; ci++, qp += 64) {
+            const __m512i v = _mm512_loadu_si512((const void *)qp);
+            const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+            const int k = kb0 + 8 * ci;
+            UNROLL for (int r = 0; r < R; r++) {
+                int32_t e, o;
+                memcpy(&e, aq[r] + k, 4);
+                memcpy(&o, aq[r] + k + 4, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(e));
+                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(o));
+            }
+        }
+        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * 16);
+        if (sym) {
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512 f = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(asc[r][b]),
+                                                 _mm512_set1_ps(ac[r][b]));
+                yacc[r] = _mm512_fmadd_ps(f, s, yacc[r]);
+            }
+        } else {
+            const __m512 z = zp_vec(w, p, b);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(asc[r][b]));
+                yacc[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(ac[r][b]), t), s, yacc[r]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
+}
+
+#define I8_ROWS_R(CPB)                                                                                  \
+    switch (R) {                                                                                        \
+    case 8: i8_rows(c, p, m, 8, CPB); break;                                                            \
+    case 7: i8_rows(c, p, m, 7, CPB); break;                                                            \
+    case 6: i8_rows(c, p, m, 6, CPB); break;                                                            \
+    case 5: i8_rows(c, p, m, 5, CPB); break;                                                            \
+    case 4: i8_rows(c, p, m, 4, CPB); break;                                                            \
+    case 3: i8_rows(c, p, m, 3, CPB); break;                                                            \
+    default: i8_rows(c, p, m, 2, CPB); break;                                                           \
+    }
+
+static void gemm_i8_rows(const nb_call *c, int m0, int m1, int p0, int p1)
+{
+    for (int p = p0; p < p1; p++) {
+        int m = m0;
+        for (; m + 2 <= m1; m += 8) {
+            const int R = m1 - m < 8 ? m1 - m : 8;
+            switch (c->w.bs) {
+            case 16: I8_ROWS_R(2) break;
+            case 32: I8_ROWS_R(4) break;
+            case 64: I8_ROWS_R(8) break;
+            default: I8_ROWS_R(0) break;
+            }
+        }
+        if (m < m1) i8_tile(c, p, m, 1, 2);
+    }
+}
+
 /* fp32 for M >= 4: weights of up to KCH k values of two panels are dequantized once to L1,
  * w = (q - zero_point) * scale, then 8-row tiles stream over them with plain FMAs; y holds the partial
  * sums between chunks. The dequantization is amortized over every row of the task. */
@@ -135,11 +218,12 @@ NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst)
     const __m512i mask = _mm512_set1_epi32(15);
     for (int b = 0; b < nb; b++) {
         const __m512 s = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b0 + b) * 16), z = zp_vec(w, p, b0 + b);
+        const __m512 nzs = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), s);
         for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             UNROLL for (int j = 0; j < 8; j++) {
                 const __m512i q = j == 7 ? _mm512_srli_epi32(v, 28) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * j), mask);
-                _mm512_storeu_ps(dst + 16 * j, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), z), s));
+                _mm512_storeu_ps(dst + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, nzs));
             }
         }
     }
@@ -228,6 +312,10 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
         gemm_f32_dequant(c, m0, m1, p0, p1);
         return;
     }
+    if (c->mode == NB_MODE_I8 && m1 - m0 >= 2) {
+        gemm_i8_rows(c, m0, m1, p0, p1);
+        return;
+    }
     /* chunks per block (bs / 8) is even for every bs >= 16, so the 2-way split of i8_tile is exact */
     for (int p = p0; p < p1; p++) {
         int m = m0;
@@ -251,7 +339,65 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
     }
 }
 
-const nb_isa nb_isa_avx512vnni = {"avx512vnni", nb_prep_rows, gemm_avx512};
+/* Phase 1 vectorized: 16 k values per step, lanes past K masked to zero (which is the padding).
+ * int8: bit-identical to nb_prep_rows (the same max, division, multiply; cvtps rounds half to even
+ * under the default MXCSR); the 8-groups are reordered k0 k2 k4 k6 k1 k3 k5 k7 with one byte shuffle.
+ * fp32: A is used in place when K is a multiple of the block (module.c points af at it), and the
+ * block sums are accumulated in 16 lanes (a different summation order than the scalar path: the sum
+ * only scales the zero-point term). */
+static void prep_avx512(const nb_call *c, int m0, int m1)
+{
+    const int K = c->w.K, bs = c->w.bs, kb = c->w.kb, kpad = c->kpad, segs = bs / 16;
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const float zmul = c->w.zp_kind == NB_ZP_NONE ? 8.f : 1.f;
+    for (int m = m0; m < m1; m++) {
+        const float *a = c->a + (size_t)m * K;
+        float *asum = c->asum + (size_t)m * kb;
+        if (c->mode == NB_MODE_F32) {
+            float *af = c->af + (size_t)m * kpad;
+            for (int b = 0; b < kb; b++) {
+                __m512 s = _mm512_setzero_ps();
+                for (int i = 0; i < segs; i++) {
+                    const int k = b * bs + 16 * i;
+                    const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                    const __m512 x = _mm512_maskz_loadu_ps(lm, a + k);
+                    s = _mm512_add_ps(s, x);
+                    if (af != a) _mm512_storeu_ps(af + k, x);
+                }
+                asum[b] = _mm512_reduce_add_ps(s);
+            }
+            continue;
+        }
+        int8_t *aq = c->aq + (size_t)m * kpad;
+        float *ascale = c->ascale + (size_t)m * kb, *acorr = c->acorr + (size_t)m * kb;
+        for (int b = 0; b < kb; b++) {
+            const int k0 = b * bs;
+            __m512 mx = _mm512_setzero_ps();
+            for (int i = 0; i < segs; i++) {
+                const int k = k0 + 16 * i;
+                const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(lm, a + k)));
+            }
+            const float amax = _mm512_reduce_max_ps(mx);
+            const float inv = amax != 0.f ? 127.f / amax : 0.f;
+            const __m512 vinv = _mm512_set1_ps(inv);
+            ascale[b] = amax / 127.f;
+            __m512i qs = _mm512_setzero_si512();
+            for (int i = 0; i < segs; i++) {
+                const int k = k0 + 16 * i;
+                const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, a + k), vinv));
+                qs = _mm512_add_epi32(qs, q);
+                _mm_storeu_si128((__m128i *)(void *)(aq + k), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), order));
+            }
+            const int sum = _mm512_reduce_add_epi32(qs);
+            asum[b] = (float)sum;
+            acorr[b] = (float)sum * ascale[b] * zmul;
+        }
+    }
+}
+
+const nb_isa nb_isa_avx512vnni = {"avx512vnni", prep_avx512, gemm_avx512};
 
 #if defined(__clang__)
 #pragma clang attribute pop

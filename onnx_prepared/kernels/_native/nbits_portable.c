@@ -69,7 +69,7 @@ size_t nb_scratch_bytes(int M, int K, int bs, int mode)
 {
     const size_t kb = (size_t)((K + bs - 1) / bs), kpad = kb * (size_t)bs;
     const size_t rows = (size_t)M;
-    size_t n = rows * kb * 4 * 2; /* ascale + asum (ascale unused in fp32 mode) */
+    size_t n = rows * kb * 4 * 3; /* ascale + asum + acorr (ascale, acorr unused in fp32 mode) */
     n += mode == NB_MODE_F32 ? rows * kpad * 4 : rows * kpad;
     return n + 64;
 }
@@ -80,7 +80,8 @@ void nb_layout_scratch(nb_call *c, void *scratch)
     uint8_t *p = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     c->asum = (float *)p;
     c->ascale = (float *)(p + rows * kb * 4);
-    uint8_t *rest = p + rows * kb * 8;
+    c->acorr = (float *)(p + rows * kb * 8);
+    uint8_t *rest = p + rows * kb * 12;
     c->af = (float *)rest;
     c->aq = (int8_t *)rest;
     (void)kpad;

@@ -19,8 +19,10 @@ static void nb_prep_rows(const nb_call *c, int m0, int m1)
         float *asum = c->asum + (size_t)m * kb;
         if (c->mode == NB_MODE_F32) {
             float *af = c->af + (size_t)m * kpad;
-            memcpy(af, a, sizeof(float) * (size_t)K);
-            memset(af + K, 0, sizeof(float) * (size_t)(kpad - K));
+            if (af != a) { /* module.c points af at A itself when K is a multiple of the block */
+                memcpy(af, a, sizeof(float) * (size_t)K);
+                memset(af + K, 0, sizeof(float) * (size_t)(kpad - K));
+            }
             for (int b = 0; b < kb; b++) {
                 float s = 0.f;
                 for (int k = 0; k < bs; k++) s += af[b * bs + k];
@@ -48,6 +50,7 @@ static void nb_prep_rows(const nb_call *c, int m0, int m1)
             }
             for (int k = n; k < bs; k++) tmp[k] = 0;
             asum[b] = (float)sum;
+            c->acorr[(size_t)m * kb + b] = (float)sum * ascale[b] * (c->w.zp_kind == NB_ZP_NONE ? 8.f : 1.f);
             int8_t *dst = aq + k0;
             for (int g = 0; g < bs; g += 8) {
                 for (int i = 0; i < 4; i++) {
