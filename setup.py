@@ -10,7 +10,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SRC = "onnx_prepared/kernels/_native"
-SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c"]
+SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c",
+           "rnn_module.c", "rnn_portable.c", "rnn_avx2.c"]
 
 
 class OptionalBuildExt(build_ext):
@@ -40,7 +41,8 @@ def _extensions() -> list[Extension]:
     return [Extension(
         "onnx_prepared.kernels._native._ext",
         sources=[f"{SRC}/{s}" for s in SOURCES],
-        depends=[f"{SRC}/{h}" for h in ("nbits.h", "nbits_prep.h", "nbits_avx2.inc", "pool.h")],
+        depends=[f"{SRC}/{h}" for h in ("nbits.h", "nbits_prep.h", "nbits_avx2.inc", "pool.h",
+                                        "rnn.h", "rnn_module.h", "rnn_step.inc")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

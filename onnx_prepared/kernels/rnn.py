@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _rnn_native
 from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels.native import RNN_ACTIVATIONS
 from onnx_prepared.kernels.registry import kernel
 
 # **** activations ****
@@ -78,6 +80,14 @@ _ACTIVATIONS = {
     "elu": (_elu, True, 1.0, False, 0.0), "softsign": (_softsign, False, 0.0, False, 0.0),
     "softplus": (_softplus, False, 0.0, False, 0.0),
 }
+
+
+#: bound activation function -> the native extension's activation code
+_CODES = {spec[0]: RNN_ACTIVATIONS.index(name) for name, spec in _ACTIVATIONS.items()}
+
+
+def _codes(acts: list[list]) -> list[list[tuple[int, float, float]]]:
+    return [[(_CODES[fn], a, b) for fn, a, b in d] for d in acts]
 
 
 def _activations(op: str, names, alphas, betas, defaults: tuple[str, ...], n_dir: int) -> list[list]:
@@ -154,11 +164,13 @@ def _prepare(op: str, X, W, R, B, initial, layout: int, n_gates: int, hidden_siz
 
 def _finish(ys: list, hs: list, cs: list | None, layout: int, dtype) -> tuple:
     y = np.stack(ys, axis=1)  # [seq, dirs, batch, hidden]
-    h = np.stack(hs)
-    out = [y, h] + ([np.stack(cs)] if cs is not None else [])
+    return _outputs([y, np.stack(hs)] + ([np.stack(cs)] if cs is not None else []), layout, dtype)
+
+
+def _outputs(out: list, layout: int, dtype) -> tuple:
+    """Y [seq, dirs, batch, hidden] and states [dirs, batch, hidden] in the op's layout and dtype."""
     if layout:
-        out[0] = y.transpose(2, 0, 1, 3)
-        out[1:] = [v.transpose(1, 0, 2) for v in out[1:]]
+        out = [out[0].transpose(2, 0, 1, 3)] + [v.transpose(1, 0, 2) for v in out[1:]]
     return tuple(np.ascontiguousarray(v, dtype=dtype) for v in out)
 
 
@@ -264,6 +276,12 @@ def lstm(
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "LSTM")
     p = None if P is None else P.astype(wd, copy=False).reshape(len(directions), 3, hidden)
     hs = hidden
+    if _rnn_native.usable(wd):
+        bias = None if b is None else np.concatenate([_bias(b, d, 4, hs)[0] for d in range(len(directions))])
+        y, (h_fin, c_fin) = _rnn_native.run("LSTM", x, w, r, bias, lens, directions, init, _codes(acts), clip,
+                                            p=None if p is None else p.reshape(len(directions), 3 * hs),
+                                            input_forget=input_forget)
+        return _outputs([y, h_fin, c_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
         b_sum, _ = _bias(b, d, 4, hs)
@@ -306,6 +324,17 @@ def lstm(
 # **** GRU ****
 
 
+def _gru_bias(b, d: int, hs: int, linear_before_reset: int):
+    """The bias folded into the projection, and Rbh (which linear_before_reset keeps inside the reset product)."""
+    b_sum, rb = _bias(b, d, 3, hs)
+    if b_sum is None:
+        return None, None
+    if linear_before_reset:
+        b_sum = b_sum.copy()
+        b_sum[2 * hs:] -= rb[2 * hs:]
+    return b_sum, rb[2 * hs:]
+
+
 @kernel("GRU", since=1)
 def gru(
     X: np.ndarray, W: np.ndarray, R: np.ndarray, B: np.ndarray | None = None,
@@ -319,14 +348,18 @@ def gru(
     acts = _activations("GRU", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), len(directions))
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "GRU")
     hs = hidden
+    if _rnn_native.usable(wd):
+        parts = [_gru_bias(b, d, hs, linear_before_reset) for d in range(len(directions))]
+        bias = None if b is None else np.concatenate([bs for bs, _ in parts])
+        rbh = None if b is None or not linear_before_reset else np.stack([rb for _, rb in parts])
+        y, (h_fin,) = _rnn_native.run("GRU", x, w, r, bias, lens, directions, init, _codes(acts), clip, rbh=rbh,
+                                      linear_before_reset=linear_before_reset)
+        return _outputs([y, h_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
-        b_sum, rb = _bias(b, d, 3, hs)
-        if b_sum is not None and linear_before_reset:
-            b_sum = b_sum.copy()
-            b_sum[2 * hs:] -= rb[2 * hs:]  # Rbh goes inside the reset product
+        b_sum, rbh = _gru_bias(b, d, hs, linear_before_reset)
         rt = np.ascontiguousarray(r[d].T)
-        return _projection(x, w[d], b_sum, rev_idx, reverse), rt, (None if rb is None else rb[2 * hs:],)
+        return _projection(x, w[d], b_sum, rev_idx, reverse), rt, (rbh,)
 
     def step(ctx, fns, t, state):
         xw, rt, (rbh,) = ctx
@@ -376,6 +409,10 @@ def rnn(
     x, w, r, b, init, hidden, wd = _prepare("RNN", X, W, R, B, [initial_h], layout, 1, hidden_size)
     acts = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), len(directions))
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "RNN")
+    if _rnn_native.usable(wd):
+        bias = None if b is None else np.concatenate([_bias(b, d, 1, hidden)[0] for d in range(len(directions))])
+        y, (h_fin,) = _rnn_native.run("RNN", x, w, r, bias, lens, directions, init, _codes(acts), clip)
+        return _outputs([y, h_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
         b_sum, _ = _bias(b, d, 1, hidden)

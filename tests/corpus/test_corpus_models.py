@@ -7,6 +7,8 @@ prepacked), the second takes the hot path; both must match onnxruntime within at
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytest.importorskip("torch")
@@ -87,3 +89,24 @@ def test_ops_on_the_fallback_are_the_known_ones(corpus, name):
     sess.run(None, cm.feeds[0])
     used = {k.split("::", 1)[-1].split("-")[0] for k, v in FALLBACK_CALLS.items() if v != before.get(k, 0)}
     assert used == ON_FALLBACK.get(name, set()), name
+
+
+def _levels():
+    from onnx_prepared.kernels import native
+
+    return native.supported_levels() or ("numpy",)
+
+
+@pytest.mark.parametrize("level", _levels())
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_recurrent_models_at_every_dispatch_level(corpus, name, level):
+    from onnx_prepared.kernels import native
+
+    cm = corpus(name)
+    ref = ort_session(cm.path)
+    sess = onnx_prepared.InferenceSession(cm.path)
+    with native.forced_level(level) if native.available() else contextlib.nullcontext():
+        for i, feeds in enumerate(cm.feeds):
+            expected = ref.run(None, feeds)
+            for attempt in ("first", "later"):
+                assert_matches(f"{name} at {level}, feeds {i} ({attempt} run)", sess.run(None, feeds), expected)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import _rnn_native, native
 from tests.kernels.onnx_node_check import check, check_ort, run_ours
 
 RNG = np.random.default_rng(3)
@@ -124,3 +125,60 @@ def test_float16_computes_in_float32():
 def test_bad_sequence_lens_is_a_clear_error():
     with pytest.raises(KernelError, match="sequence_lens"):
         run_ours("GRU", _inputs("GRU", "forward", lens=[6, 1, 1, 1]), opset=14, n_outputs=2, hidden_size=6)
+
+
+# **** the native recurrence (rnn_step.inc): every dispatch level, and the numpy path as its oracle ****
+
+needs_ext = pytest.mark.skipif(not native.available(), reason="native extension not built")
+OPTION_CASES = [
+    ("LSTM", {"clip": 0.7, "input_forget": 1}, {"peep": True}),
+    ("LSTM", {"activations": ["HardSigmoid", "LeakyRelu", "Softplus"] * 2, "activation_alpha": [0.3, 0.2, 0.3, 0.2],
+              "activation_beta": [0.4, 0.4]}, {"peep": True}),
+    ("GRU", {"linear_before_reset": 1, "clip": 0.9}, {}),
+    ("GRU", {"activations": ["Sigmoid", "Softsign", "HardSigmoid", "Elu"], "activation_alpha": [0.2, 0.5]}, {}),
+    ("RNN", {"activations": ["ThresholdedRelu", "Relu"], "activation_alpha": [0.1], "clip": 2.0}, {}),
+    ("RNN", {"activations": ["ScaledTanh", "Affine"], "activation_alpha": [0.9, 0.6],
+             "activation_beta": [1.1, 0.2]}, {}),
+]
+
+
+@needs_ext
+@pytest.mark.parametrize("level", native.supported_levels())
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_native_at_every_dispatch_level_matches_onnxruntime(level, op):
+    with native.forced_level(level):
+        _check(op, _inputs(op, "bidirectional", lens=[5, 3, 0, 1], init=True, peep=op == "LSTM"), "bidirectional")
+        _check(op, _inputs(op, "reverse", seq=30, batch=3, inp=20, hidden=37, init=True), "reverse")
+
+
+@needs_ext
+@pytest.mark.parametrize("level", native.supported_levels())
+@pytest.mark.parametrize(("op", "attrs", "extra"), OPTION_CASES)
+def test_native_equals_the_numpy_path(level, op, attrs, extra, monkeypatch):
+    ins = _inputs(op, "bidirectional", lens=[5, 2, 0, 4], init=True, **extra)
+    kept = [None if v is None else v.copy() for v in ins]
+    n = 3 if op == "LSTM" else 2
+    with native.forced_level(level):
+        fast = run_ours(op, ins, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional", **attrs)
+    for a, b in zip(ins, kept):
+        assert (a is None and b is None) or np.array_equal(a, b)  # inputs (initial states) untouched
+    monkeypatch.setattr(_rnn_native, "usable", lambda wd: False)
+    slow = run_ours(op, ins, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional", **attrs)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_ext
+def test_native_rejects_bad_buffers():
+    h = np.zeros((2, 4), np.float32)
+    xw = np.zeros((3, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="y holds"):
+        native.rnn_seq("LSTM", xw, 0, np.zeros((4, 16), np.float32), h, h.copy(), np.zeros((2, 1, 2, 4), np.float32),
+                       0, None, reverse=False, acts=[(0, 0, 0)] * 3, clip=None)
+    with pytest.raises(ValueError, match="rt holds"):
+        native.rnn_seq("LSTM", xw, 0, np.zeros((4, 15), np.float32), h, h.copy(), None, 0, None,
+                       reverse=False, acts=[(0, 0, 0)] * 3, clip=None)
+    with pytest.raises(ValueError, match="lens"):
+        native.rnn_seq("RNN", xw, 0, np.zeros((4, 4), np.float32), h, None, None, 0, np.array([4, 1], np.int32),
+                       reverse=False, acts=[(0, 0, 0)], clip=None)

@@ -9,6 +9,7 @@
 
 #include "nbits.h"
 #include "pool.h"
+#include "rnn_module.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -256,6 +257,13 @@ static PyObject *py_read_sum(PyObject *self, PyObject *arg)
 
 /* ---- dispatch and threads ---- */
 
+int ext_isa_level(void)
+{
+    for (int i = 0; i < NLEVELS; i++)
+        if (LEVELS[i] == g_isa) return i;
+    return 0;
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -334,6 +342,8 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "threads per call (caller included)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
+    /* cnn-native: recurrent ops (rnn_module.c) */
+    RNN_METHODS
     {NULL, NULL, 0, NULL},
 };
 
