@@ -25,9 +25,9 @@ construction start, and from process start), time until every prepared object is
 maximum bytes in flight (reads + prepacks in progress: bytes read, or packed inputs + output) and the
 arenas' peak preparation bytes. Read and prepack spans are timed by wrapping the session state's
 ``reader.read`` and ``prepack`` (the same bodies the scheduler and the sequential path run). The first
-executed node (and the first one reading a prepared object) is observed through the cold path's
-``runtime.inference.on_cold_action`` hook, which fires when an action finished; on the hot path
-(``prepare``/``sequential`` modes) it is the start of ``run``.
+executed node (and the first one reading a prepared object) is observed through
+``RuntimeSession.trace_actions`` (the plan's kernels wrapped from outside: it fires when an action's kernel
+returned); on the hot path (``prepare``/``sequential`` modes) it is the start of ``run``.
 
 The asynchronous figures come from the ``stream`` run's scheduler trace: submission latency
 (``run_async`` returning), the run continuation's yields and the time between each yield and its
@@ -121,7 +121,6 @@ def child(a: argparse.Namespace) -> None:
     import numpy  # noqa: F401  (part of the import phase, as for any runtime)
 
     import onnx_prepared.runtime.session as rs
-    from onnx_prepared.runtime import inference
 
     t_import = time.perf_counter()
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
@@ -130,19 +129,20 @@ def child(a: argparse.Namespace) -> None:
     marks: dict[str, float] = {}
     plan_box: list = []
 
-    def on_action(pc: int) -> None:  # the cold path's per-action hook: note the first executions
+    def on_action(pc: int) -> None:  # traced actions: note the first executions
         if "first_node" not in marks:
             marks["first_node"] = time.perf_counter()
         if "first_weight_node" not in marks and plan_box[0].action_requirements[pc]:
             marks["first_weight_node"] = time.perf_counter()
 
-    inference.on_cold_action = on_action
     spans: list = []
     t_s0 = time.perf_counter()
     sess = rs.RuntimeSession(a.model, {"trace": True})
     t_s1 = time.perf_counter()
     plan_box.append(sess.plan)
     _instrument(sess, spans)
+    tracing = contextlib.ExitStack()  # the child exits after printing: never closed
+    tracing.enter_context(sess.trace_actions(on_action))
     res: dict = {"mode": a.child}
     streaming = a.child.startswith("stream")
     if streaming:

@@ -43,6 +43,7 @@ and the residency actions seen in it. The default run prints it after the budget
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import re
@@ -329,7 +330,7 @@ def _actions_text(events: list, started: list[tuple], persists: int) -> str:
 
 def child_table(a: argparse.Namespace) -> dict:
     from onnx_prepared.prepared import EntryState
-    from onnx_prepared.runtime import RuntimeSession, inference
+    from onnx_prepared.runtime import RuntimeSession
 
     layers = C.llm_dims(a.model)[0]
     with RuntimeSession(a.model) as s:
@@ -380,7 +381,8 @@ def child_table(a: argparse.Namespace) -> dict:
             close_row(f"run-{run_no['n']} {phase[pc]}", f"I.{phase[pc]}@run-{run_no['n']}")
 
     close_row("0", "session: parse manifests, build plan")
-    inference.on_cold_action = hook
+    tracing = contextlib.ExitStack()
+    tracing.enter_context(s.trace_actions(hook))
     try:
         outs = s.run(C.llm_prefill_feeds(a.model, a.tokens))
         # NOTE: prefetches for the next token that a producer started finish within this wait; those
@@ -401,7 +403,7 @@ def child_table(a: argparse.Namespace) -> dict:
         li = names.index("logits")
         s.run(_decode_feeds(names, outs, int(outs[li][0, -1].argmax())))
     finally:
-        inference.on_cold_action = None
+        tracing.close()
         s.close()
     return {"block_bytes": block, "limit_bytes": limit, "layers": layers, "tokens": a.tokens, "rows": rows,
             "end_of_run1": {d: {"live_mb": v["live"] / C.MB, "retained_mb": v["retained"] / C.MB}

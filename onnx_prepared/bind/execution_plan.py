@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,58 +65,99 @@ class ExecutionPlan:
     def replay(
         self,
         values: list,
+        start: int = 0,
+        stop: int | None = None,
         *,
         on_release: Callable[[int], None] | None = None,
         on_step: Callable[[ExecuteAction, list], None] | None = None,
     ) -> None:
-        """Execute every action over ``values`` (a per-run list of length ``n_slots``).
+        """Execute actions ``[start, stop)`` (default: all) over ``values`` (a per-run slot list).
 
-        ``on_step(action, values)`` runs after an action stored its outputs and before it releases
-        anything (peak live memory); ``on_release(slot)`` after each release. Both are for tests and
-        diagnostics; without them the loop is the bare hot path. Thread-safe: the plan is read-only.
+        This is the one kernel-call loop: the hot path replays everything, the cold path one action
+        at a time. ``on_step(action, values)`` (after an action stored its outputs, before it releases
+        anything: peak live memory) and ``on_release(slot)`` are for tests and diagnostics; they wrap
+        the steps from outside (:func:`_observed_steps`), the loop itself stays bare. Thread-safe: the
+        plan is read-only.
         """
-        if on_release is not None or on_step is not None:
-            return self._replay_traced(values, on_release, on_step)
-        for call, n_in, arg, out, outs, rel, act in self.steps:
-            try:
-                if n_in == 1:
-                    res = call(values[arg])
-                elif n_in:
-                    res = call(*arg(values))
-                else:
-                    res = call()
-                if out >= 0:
-                    values[out] = res[0]
-                else:
-                    for slot, v in zip(outs, res):
-                        values[slot] = v
-            except Exception as e:
-                raise self.kernel_error(act, [values[i] for i in act.inputs], e) from e
-            for slot in rel:
-                values[slot] = None
+        steps = self.steps if start == 0 and stop is None else self.steps[start:stop]
+        if on_release is None and on_step is None:
+            return _run(steps, values, self)
+        steps, flush = _observed_steps(steps, values, on_step, on_release)
+        _run(steps, values, self)
+        flush()
         return None
 
-    def _replay_traced(self, values: list, on_release, on_step) -> None:
-        for act in self.actions:
-            args = [values[i] for i in act.inputs]
-            try:
-                res = act.kernel.call(*args)
-                for slot, v in zip(act.outputs, res):
-                    values[slot] = v
-            except Exception as e:
-                raise self.kernel_error(act, args, e) from e
-            if on_step is not None:
-                on_step(act, values)
-            for slot in act.release:
-                values[slot] = None
-                if on_release is not None:
-                    on_release(slot)
+    def traced(self, after: Callable[[int], None]) -> ExecutionPlan:
+        """A copy whose every action calls ``after(action_index)`` once its kernel returned: tracing
+        wraps the plan from outside; replaying the copy runs the same loop."""
+        acts = tuple(replace(a, kernel=replace(a.kernel, call=_reporting(a.kernel.call, i, after)))
+                     for i, a in enumerate(self.actions))
+        return replace(self, actions=acts)
 
     def kernel_error(self, act: ExecuteAction, args: Sequence, e: BaseException) -> KernelError:
         """The user-facing error for a failed kernel: node, op, kernel and every input's dtype/shape."""
         sig = ", ".join(_describe(a) for a in args)
         return KernelError(f"node {self.node_labels[act.node_index]} [{act.kernel.name}] failed on inputs ({sig}): "
                            f"{type(e).__name__}: {e}")
+
+
+def _run(steps: tuple, values: list, plan: ExecutionPlan) -> None:
+    """The kernel-call loop (see ``_step`` for what each step unpacks)."""
+    for call, n_in, arg, out, outs, rel, act in steps:
+        try:
+            if n_in == 1:
+                res = call(values[arg])
+            elif n_in:
+                res = call(*arg(values))
+            else:
+                res = call()
+            if out >= 0:
+                values[out] = res[0]
+            else:
+                for slot, v in zip(outs, res):
+                    values[slot] = v
+        except Exception as e:
+            raise plan.kernel_error(act, [values[i] for i in act.inputs], e) from e
+        for slot in rel:
+            values[slot] = None
+
+
+def _reporting(call: Callable[..., tuple], index: int, after: Callable[[int], None]) -> Callable[..., tuple]:
+    def reporting(*args):
+        res = call(*args)
+        after(index)
+        return res
+
+    return reporting
+
+
+def _observed_steps(steps: tuple, values: list, on_step, on_release) -> tuple[tuple, Callable[[], None]]:
+    """``steps`` with each action's releases deferred to the next call, so ``on_step`` sees its stored
+    outputs before they happen; returns the steps and the flush to call after the last one."""
+    pending: list = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        act = pending.pop()
+        if on_step is not None:
+            on_step(act, values)
+        for slot in act.release:
+            values[slot] = None
+            if on_release is not None:
+                on_release(slot)
+
+    def wrap(call, act):
+        def observed(*args):
+            flush()  # the previous action's step and releases (its outputs are stored by now)
+            res = call(*args)
+            pending.append(act)
+            return res
+
+        return observed
+
+    return tuple((wrap(call, act), n_in, arg, out, outs, (), act)
+                 for call, n_in, arg, out, outs, rel, act in steps), flush
 
 
 def _step(act: ExecuteAction) -> tuple:

@@ -76,6 +76,11 @@ class RuntimeSession:
                                    blas_threads=parts.options.blas_threads)
         self._closed = False
 
+    def trace_actions(self, after):
+        """``with sess.trace_actions(fn):`` runs submitted inside call ``fn(action_index)`` after each
+        action's kernel (tests, benchmarks); see :meth:`Inference.trace_actions`."""
+        return self.inference.trace_actions(after)
+
     @property
     def counters(self):
         """``hot_runs``, ``cold_runs``, ``yields`` of this session's runs."""

@@ -2,7 +2,7 @@
 
 The plan is immutable and shared; this object owns the prepared-object store (the one generation
 record per key, and the shared source reads), the arenas and the payload reader, and holds the session
-task bodies. Per-invocation state lives in :class:`ExecutionSubmission`.
+task bodies. Per-invocation state lives in :class:`~onnx_prepared.runtime.frame.ExecutionFrame`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -218,22 +217,3 @@ class PrefetchWindow:
     def shrink(self) -> None:
         with self._lock:
             self.size = max(1, self.size // 2)
-
-
-@dataclass(eq=False)
-class ExecutionSubmission:
-    """One inference: its id, values, pins, progress and errors. Never shared between runs."""
-
-    invocation_id: int
-    values: list
-    context: Any = None
-    pc: int = 0  # next action to execute
-    pinned: dict[int, PreparedKey] = field(default_factory=dict)  # requirement bit -> key pinned now
-    held: set[int] = field(default_factory=set)  # requirement bits this run has used (or the caller fed)
-    allocations: dict[int, Any] = field(default_factory=dict)  # slot -> ExecutionArena allocation
-    live_bytes: int = 0  # invariant: sum of allocations' bytes
-    peak_bytes: int = 0  # the largest live_bytes of this run
-    bound: dict[int, Any] = field(default_factory=dict)  # requirement bit -> producer task bound at submit
-    hot: bool = False
-    yields: int = 0
-    error: BaseException | None = None

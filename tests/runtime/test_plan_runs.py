@@ -6,7 +6,7 @@ import pytest
 from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm
 from onnx_prepared.generate.feeds import prefill_feeds
 from onnx_prepared.plan import TaskKind, TaskScope
-from onnx_prepared.runtime import RuntimeSession, inference
+from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.models import gemm_mlp
 
 X = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
@@ -19,11 +19,8 @@ def _session_task_names(s) -> list[str]:
 def _check_plan_matches_what_ran(s, feeds):
     """Cold run with every producer started at submission: each descriptor runs once, nothing else."""
     acted = []
-    inference.on_cold_action = acted.append
-    try:
+    with s.trace_actions(acted.append):
         s.run(feeds)
-    finally:
-        inference.on_cold_action = None
     ran = _session_task_names(s)
     planned = [t.id for t in s.plan.session_tasks]
     assert sorted(ran) == sorted(planned)  # every task run has a descriptor, and every descriptor ran

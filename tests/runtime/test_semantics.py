@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.errors import Cancelled, KernelError
-from onnx_prepared.runtime import RuntimeSession, inference
+from onnx_prepared.runtime import RuntimeSession
 from onnx_prepared.scheduler import HandleState
 from tests.helpers.models import gemm_mlp, reference_mlp, save_external
 
@@ -16,28 +16,26 @@ X = np.random.default_rng(7).standard_normal((3, 16)).astype(np.float32)
 
 
 @pytest.fixture
-def executed(monkeypatch):
-    """Records every action the cold path executes, and sets an event per executed action."""
+def executed():
+    """Records every action a traced session executes (``s.trace_actions(spy)``), with an event per action."""
     log, events = [], {}
 
     def spy(pc):
         log.append(pc)
         events.setdefault(pc, threading.Event()).set()
 
-    monkeypatch.setattr(inference, "on_cold_action", spy)
-
     def done(pc):
         return events.setdefault(pc, threading.Event())
 
-    return log, done
+    return log, done, spy
 
 
 def test_a_node0_runs_before_weight1_finishes_loading(tmp_path, gated_reader, executed):
-    log, done = executed
+    log, done, spy = executed
     path = gemm_mlp(tmp_path, layers=2)
     gate = threading.Event()
     reader = gated_reader({"W1": gate})
-    with RuntimeSession(path, reader=reader) as s:
+    with RuntimeSession(path, reader=reader) as s, s.trace_actions(spy):
         h = s.run_async({"x": X})
         assert done(1).wait(20)  # Gemm 0 and Relu 0 executed ...
         assert reader.reads_of("W1") == 0  # ... while W1 is still being read
@@ -133,13 +131,13 @@ def test_d_failing_node_fails_its_run_only(tmp_path):
 
 
 def test_e_cancel_releases_pins_and_leaves_shared_preparation(tmp_path, gated_reader, executed):
-    log, done = executed
+    log, done, spy = executed
     # Layers 0 and 2 share one prepacked W0 (transB 0), so a run pins it from action 0 to action 4;
     # layer 1's bias c1 is gated, so both runs wait at action 2 while holding that pin.
     path = gemm_mlp(tmp_path, layers=3, share_b=True)
     gate = threading.Event()
     reader = gated_reader({"c1": gate})
-    with RuntimeSession(path, reader=reader) as s:
+    with RuntimeSession(path, reader=reader) as s, s.trace_actions(spy):
         h1 = s.run_async({"x": X})
         h2 = s.run_async({"x": X})
         assert reader.started["c1"].wait(20)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from onnx_prepared.kernels import _blas, threads
-from onnx_prepared.runtime import RuntimeSession, inference
+from onnx_prepared.runtime import RuntimeSession
 from onnx_prepared.runtime.builder import default_scheduler
 from onnx_prepared.scheduler import CpuExecutor, Priority, Resource, RuntimeScheduler, Task
 from tests.helpers.models import gemm_mlp
@@ -91,13 +91,13 @@ def test_cold_run_kernels_get_the_threads_preparation_leaves(mlp, monkeypatch):
 
     x = {"x": np.ones((2, 16), np.float32)}
     seen: list[int] = []
-    monkeypatch.setattr(inference, "on_cold_action", lambda pc: seen.append(threads.available()))
     try:
         with RuntimeSession(mlp, {"intra_op_num_threads": 2}, scheduler=sched) as s:
             blocker = sched.submit(Task(hold, resource=Resource.CPU, priority=Priority.PREFETCH, name="P.hold"))
             assert started.wait(20)
             assert sched.cpu_preparation_running() == 1
-            cold = s.run(x)
+            with s.trace_actions(lambda pc: seen.append(threads.available())):
+                cold = s.run(x)
             assert seen and set(seen) == {1}
             if _blas.available():
                 assert _blas._current == threads.DEFAULT_BLAS_THREADS

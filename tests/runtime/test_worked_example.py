@@ -22,7 +22,7 @@ import pytest
 from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm
 from onnx_prepared.generate.feeds import decode_feeds, prefill_feeds
 from onnx_prepared.prepared import EntryState
-from onnx_prepared.runtime import RuntimeSession, inference
+from onnx_prepared.runtime import RuntimeSession
 
 
 def _block(key) -> int | None:
@@ -36,7 +36,7 @@ def tiny_llm(tmp_path_factory):
     return path, TinyLlmConfig.from_model(path)
 
 
-def test_offloading_sequence_and_arena_accounting(tiny_llm, tmp_path, monkeypatch):
+def test_offloading_sequence_and_arena_accounting(tiny_llm, tmp_path):
     path, cfg = tiny_llm
     with RuntimeSession(path) as s:
         s.prepare()
@@ -60,9 +60,9 @@ def test_offloading_sequence_and_arena_accounting(tiny_llm, tmp_path, monkeypatc
         pinned = {_block(k) for k in s.store.states() if s.store.entry(k).pins}
         rows.append((pc, node_block[pc], resident - {None}, pinned - {None}, s.arenas.snapshot()))
 
-    monkeypatch.setattr(inference, "on_cold_action", hook)
     names = [o.name for o in g.output]
-    outs = s.run(prefill_feeds(cfg, np.arange(1, 17)))
+    with s.trace_actions(hook):
+        outs = s.run(prefill_feeds(cfg, np.arange(1, 17)))
     s.flush_cache()
     prefill_rows = list(rows)
 

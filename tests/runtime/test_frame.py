@@ -1,0 +1,67 @@
+"""ExecutionFrame and the hot path: one kernel-call loop, a short hot path, tracing wrapped from outside."""
+
+import inspect
+import pathlib
+import re
+
+import numpy as np
+
+import onnx_prepared
+from onnx_prepared.runtime import ExecutionFrame, RuntimeSession
+from onnx_prepared.runtime.inference import Inference
+from tests.helpers.models import gemm_mlp
+
+X = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+
+
+def test_the_kernel_call_loop_exists_once():
+    """Only ExecutionPlan's step builder reads a bound kernel's call; every path replays through it."""
+    root = pathlib.Path(onnx_prepared.__file__).parent
+    callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if re.search(r"\.kernel\.call\b", p.read_text()))
+    assert callers == ["bind/execution_plan.py"]
+
+
+def test_hot_path_fits_on_one_screen():
+    lines = inspect.getsource(Inference._submit_hot).strip().splitlines()
+    assert len(lines) <= 30, len(lines)
+
+
+def test_trace_actions_reports_every_action_of_cold_and_hot_runs_without_changing_results(tmp_path):
+    with RuntimeSession(gemm_mlp(tmp_path, layers=3)) as s:
+        n = len(s.plan.execution.actions)
+        seen: list[int] = []
+        with s.trace_actions(seen.append):
+            (cold,) = s.run({"x": X})
+            assert s.counters["cold_runs"] == 1 and seen == list(range(n))
+            s.prepare()
+            (hot,) = s.run({"x": X})
+            assert s.counters["hot_runs"] == 1 and seen == list(range(n)) * 2
+        (untraced,) = s.run({"x": X})
+        assert seen == list(range(n)) * 2  # the block ended: the plan is the untraced one again
+        assert s.inference.execution is s.plan.execution
+    np.testing.assert_array_equal(cold, hot)
+    np.testing.assert_array_equal(hot, untraced)
+
+
+def test_frame_steps_charge_each_activation_and_replay_charges_the_peak_once(tmp_path):
+    with RuntimeSession(gemm_mlp(tmp_path, layers=2)) as s:
+        s.prepare()
+        ex = s.plan.execution
+        arena = s.arenas.execution
+        values, _ = s._feeds.bind({"x": X})
+        for r, slot in zip(s.plan.requirements, s.plan.requirement_slots):
+            values[slot] = s.store.get(r.key)
+        stepped = ExecutionFrame(1, list(values), arena)
+        while stepped.pc < len(ex.actions):
+            stepped.step(ex)
+            assert arena.live == stepped.live_bytes == sum(a.nbytes for a in stepped.allocations.values())
+        assert stepped.peak_bytes > 0 and stepped.pc == len(ex.actions)
+        stepped.release_allocations()
+        assert arena.live == 0
+        before = arena.allocations
+        replayed = ExecutionFrame(2, list(values), arena)
+        replayed.replay(ex, stepped.peak_bytes)
+        assert arena.allocations == before + 1 and arena.live == 0
+        out = ex.output_slots[0]
+        np.testing.assert_array_equal(stepped.values[out], replayed.values[out])
