@@ -20,6 +20,7 @@ from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inp
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
+from onnx_prepared.resolve.fusions import fuse_dequantize_matmul
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 
@@ -141,6 +142,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
     removed = _eliminate_dead_nodes(graph)
+    fuse_dequantize_matmul(graph, model.weights, model.opsets)
     weights = model.weights
     used = _used_names(graph)
     dead = tuple(sorted(n for n in weights if n not in used))
@@ -247,7 +249,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
 
 def _has_numpy_dtype(d: WeightDescriptor) -> bool:
     try:
-        return d.dtype.kind in "biuf"
+        return d.dtype.kind in "biuf" or d.dtype.name in ("int4", "uint4")
     except Exception:
         return False
 

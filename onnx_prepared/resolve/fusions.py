@@ -1,0 +1,86 @@
+"""Graph rewrites applied to the resolver's copy of the graph before kernels are chosen.
+
+One rewrite today, the one onnxruntime performs for weight-only INT4 QDQ models: a blocked INT4
+``DequantizeLinear`` of initializers whose only consumers are MatMuls reading it as B becomes, per
+MatMul, one ``onnx_prepared::DequantizeMatMul`` node (kernels/dq_matmul.py), which the prepack rule
+binds to the native MatMulNBits path. Anything that does not match exactly is left as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+from onnx import helper
+
+from onnx_prepared.kernels.dq_matmul import BLOCK_SIZES, FUSED_DOMAIN, FUSED_OP
+
+_INT4 = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+
+
+def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Mapping[str, int]) -> int:
+    """Rewrite every matching DequantizeLinear + MatMul pair in ``graph`` in place; returns how many
+    MatMuls were fused."""
+    if opsets.get("", opsets.get("ai.onnx", 0)) < 21:  # block_size exists from DequantizeLinear-21
+        return 0
+    consumers: dict[str, list[int]] = {}
+    for idx, node in enumerate(graph.node):
+        for name in set(node.input):
+            consumers.setdefault(name, []).append(idx)
+    outputs = {o.name for o in graph.output}
+    replace: dict[int, onnx.NodeProto] = {}
+    drop: set[int] = set()
+    for idx, node in enumerate(graph.node):
+        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        operands = _blocked_int4(node, weights)
+        if operands is None:
+            continue
+        users = consumers.get(node.output[0], [])
+        if not users or not all(_reads_as_b(graph.node[u], node.output[0]) for u in users):
+            continue
+        for u in users:
+            mm = graph.node[u]
+            replace[u] = helper.make_node(FUSED_OP, [mm.input[0], *operands[0]], list(mm.output), name=mm.name,
+                                          domain=FUSED_DOMAIN, block_size=operands[1])
+        drop.add(idx)
+    if not replace:
+        return 0
+    nodes = [replace.get(i, n) for i, n in enumerate(graph.node) if i not in drop]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace)
+
+
+def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], int] | None:
+    """(operand names, block size) when ``node`` dequantizes 2-D int4/uint4 initializers along axis 0
+    in blocks the native kernel takes, to float32; else None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if set(attrs) - {"axis", "block_size", "output_dtype"}:
+        return None
+    bs = int(attrs.get("block_size", 0))
+    if bs not in BLOCK_SIZES or int(attrs.get("axis", 1)) not in (0, -2):
+        return None
+    if int(attrs.get("output_dtype", 0)) not in (0, onnx.TensorProto.FLOAT):
+        return None
+    names = [n for n in node.input]
+    if len(names) == 3 and not names[2]:
+        names = names[:2]
+    if len(names) not in (2, 3) or not all(n in weights for n in names):
+        return None
+    x, scale = weights[names[0]], weights[names[1]]
+    if x.elem_type not in _INT4 or len(x.dims) != 2 or scale.elem_type != onnx.TensorProto.FLOAT:
+        return None
+    K, N = x.dims
+    if K <= 0 or N <= 0 or tuple(scale.dims) != (-(-K // bs), N):
+        return None
+    if len(names) == 3:
+        zp = weights[names[2]]
+        if zp.elem_type != x.elem_type or tuple(zp.dims) != tuple(scale.dims):
+            return None
+    return names, bs
+
+
+def _reads_as_b(node: onnx.NodeProto, name: str) -> bool:
+    return (node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2
+            and node.input[1] == name and node.input[0] != name)
