@@ -97,3 +97,20 @@ def test_lineage_digest_from_checksums(tmp_path):
     assert all(q.key.lineage_digest is not None for q in r.requirements)
     r = resolve_model(loaded, prepared=Sidecar("cd" * 32))  # the sidecar disagrees with the model: distrusted
     assert all(q.key.lineage_digest is None for q in r.requirements)
+
+
+def test_resolved_graph_keeps_initializer_metadata_only(tmp_path):
+    """The transformed graph is serialized without payloads (creation time); names, types, dims remain."""
+    inline = tmp_path / "inline.onnx"
+    onnx.save(onnx.load(gemm_mlp(tmp_path)), inline)  # payloads embedded in the model proto
+    model = load_model(inline)
+    src = {t.name: t for t in model.graph.initializer}
+    assert any(t.raw_data or t.float_data for t in src.values())  # embedded payloads in the source
+    r = resolve_model(model)
+    g = r.graph()
+    assert {t.name for t in g.initializer} == set(src)
+    for t in g.initializer:
+        assert not t.raw_data and not t.float_data and not t.external_data
+        assert (t.data_type, list(t.dims)) == (src[t.name].data_type, list(src[t.name].dims))
+    assert [n.SerializeToString() for n in g.node] == [n.SerializeToString() for n in model.graph.node]
+    assert len(r.graph_bytes) < sum(len(t.SerializeToString()) for t in src.values())
