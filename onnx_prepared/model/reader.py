@@ -20,9 +20,10 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_prepared.errors import ExternalDataError, ModelLoadError, ResourceLimitError, short
-from onnx_prepared.model.checksum import recorded_sha256, sha256_hex
+from onnx_prepared.model.checksum import recorded_sha256
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor, is_packed
 from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, open_regular, physical_memory
+from onnx_prepared.model.verify import ChecksumVerifier, sha256_chunked
 
 _RAM = physical_memory()
 
@@ -41,23 +42,30 @@ class ExternalDataReader:
     physical memory raises :class:`ResourceLimitError` before its buffer is allocated.
 
     A tensor whose external data records a sha256 is verified on its first read from each file
-    fingerprint (mismatch: :class:`ExternalDataError`; ``verify_checksums=False`` skips it where no
-    cache identity depends on the checksum: it costs a sha256 pass per weight); with ``hash_reads``
-    every external read is hashed. ``source_digest`` then gives (sha256, fingerprint of the file the
-    bytes came from), the pair a companion cache may trust later without reading the source.
+    fingerprint (mismatch: :class:`ExternalDataError`). By default the read hashes its bytes before it
+    returns them; with ``defer_verify`` (a session that does not persist what it reads) the hash runs on
+    a background thread (``model/verify.py``) and the bytes are returned at once: whoever consumed them
+    must call ``check_verified()`` before its result counts, which waits for every verification queued
+    so far and raises a mismatch. ``verify_checksums=False`` skips verification (tests, tools). With
+    ``hash_reads`` every external read is hashed inline. ``source_digest`` then gives (sha256,
+    fingerprint of the file the bytes came from), the pair a companion cache may trust later without
+    reading the source.
 
     >>> with ExternalDataReader() as r:
     ...     w = r.read(loaded.weights["W"])
     """
 
     def __init__(self, *, max_tensor_bytes: int | None = None, hash_reads: bool = False,
-                 verify_checksums: bool = True, fd_bound: int | None = None) -> None:
+                 verify_checksums: bool = True, defer_verify: bool = False, fd_bound: int | None = None) -> None:
         self._pool = FdPool(_open_data, fd_bound)
         self._lock = threading.Lock()  # guards bytes_read and _digests
         self.bytes_read = 0
         self.max_tensor_bytes = max_tensor_bytes
         self.hash_reads = hash_reads
         self.verify_checksums = verify_checksums
+        self.defer_verify = defer_verify
+        self.verifier = ChecksumVerifier()
+        self._queued: set[tuple[str, int, int, str]] = set()  # (file, offset, length, fp) being verified
         self._digests: dict[tuple[str, int, int], tuple[str, str]] = {}  # (file, offset, length) -> (sha, fp)
 
     @property
@@ -66,8 +74,14 @@ class ExternalDataReader:
         return len(self._pool)
 
     def close(self) -> None:
-        """Close every pooled file descriptor. Idempotent."""
+        """Close every pooled file descriptor and stop background verification. Idempotent."""
+        self.verifier.close()
         self._pool.close()
+
+    def check_verified(self) -> None:
+        """Wait for every checksum verification queued so far; raise :class:`ExternalDataError` if any
+        bytes this reader returned did not match their recorded sha256 (on every call from then on)."""
+        self.verifier.check()
 
     def __enter__(self) -> ExternalDataReader:
         return self
@@ -113,7 +127,10 @@ class ExternalDataReader:
                                             f"at offset {p.offset}", tensor=desc.name, file=p.file)
                 got += n
             want = recorded_sha256(desc) if self.verify_checksums else None
-            if want is not None or self.hash_reads:
+            # Deferred only for bytes nobody persists (hash_reads) into a buffer only we hand out (no out=).
+            deferred = (want is not None and self.defer_verify and not self.hash_reads and out is None
+                        and self._defer(desc, p, st, buf, want))
+            if not deferred and (want is not None or self.hash_reads):
                 self._verify(desc, p, fd, st, buf, want)
         except OSError as e:
             raise ExternalDataError(f"cannot read external data: {e.strerror or e}", tensor=desc.name,
@@ -145,14 +162,46 @@ class ExternalDataReader:
         if have is not None and have[1] == fp:
             sha = have[0]
         else:
-            sha = sha256_hex(buf)
+            sha = sha256_chunked(buf)
             if fingerprint(os.fstat(fd)) == fp:  # unchanged while hashed: the pair may be trusted later
                 with self._lock:
                     self._digests[key] = (sha, fp)
         if want is not None and sha != want:
-            raise ExternalDataError(f"external data checksum mismatch: bytes {p.offset}..{p.offset + p.length} "
-                                    f"hash to sha256 {sha[:16]}..., the model records {want[:16]}... (the data "
-                                    f"file changed or is corrupt)", tensor=desc.name, file=p.file)
+            err = _mismatch(desc, p, sha, want)
+            self.verifier.fail(err)  # deferred users of this reader fail too
+            raise err
+
+    def _defer(self, desc: WeightDescriptor, p: ExternalPayload, st: os.stat_result, buf: np.ndarray,
+               want: str) -> bool:
+        """Queue the verification of ``buf`` on the background thread; False: verify inline instead."""
+        key, fp = (p.file, p.offset, p.length), fingerprint(st)
+        have = self._digests.get(key)
+        if have is not None and have[1] == fp:
+            if have[0] != want:
+                raise _mismatch(desc, p, have[0], want)
+            return True  # verified already: nothing to queue
+        with self._lock:
+            if (*key, fp) in self._queued:
+                return True  # a verification of these very bytes is queued: check_verified covers it
+            self._queued.add((*key, fp))
+
+        def job() -> ExternalDataError | None:
+            try:
+                sha = sha256_chunked(buf, lambda: self.verifier.closed)
+                if sha is None:
+                    return None  # reader closed: nobody will consume a result
+                with self._lock:  # NOTE: fingerprint as read: a later change is a new key, never trusted
+                    self._digests[key] = (sha, fp)
+                return None if sha == want else _mismatch(desc, p, sha, want)
+            finally:
+                with self._lock:
+                    self._queued.discard((*key, fp))
+
+        if self.verifier.submit(job, p.length):
+            return True
+        with self._lock:
+            self._queued.discard((*key, fp))
+        return False
 
     def read(self, desc: WeightDescriptor) -> np.ndarray:
         """The value of ``desc`` as a read-only numpy array of its logical dtype and shape.
@@ -166,6 +215,12 @@ class ExternalDataReader:
             arr = _inline_array(desc)
         arr.flags.writeable = False
         return arr
+
+
+def _mismatch(desc: WeightDescriptor, p: ExternalPayload, sha: str, want: str) -> ExternalDataError:
+    return ExternalDataError(f"external data checksum mismatch: bytes {p.offset}..{p.offset + p.length} hash to "
+                             f"sha256 {sha[:16]}..., the model records {want[:16]}... (the data file changed or "
+                             f"is corrupt)", tensor=desc.name, file=p.file)
 
 
 def decode(desc: WeightDescriptor, raw: np.ndarray) -> np.ndarray:

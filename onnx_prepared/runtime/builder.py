@@ -129,9 +129,10 @@ def make_reader(options: SessionOptions, companion: Any) -> ExternalDataReader:
 
     A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy is asked
     for the buffer; prepared_memory_limit is a residency target one object may exceed. Recorded
-    checksums are verified when a companion's identity depends on them.
+    checksums are always verified: in the background (a run checks before it completes, model/verify.py),
+    inline when the bytes are persisted (``hash_reads``, set for a writable companion).
     """
-    return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, verify_checksums=companion is not None)
+    return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, defer_verify=True)
 
 
 def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None) -> tuple[RuntimeScheduler, bool]:

@@ -109,6 +109,7 @@ class Inference:
                 frame.replay(execution, self.state.execution_peak)
             finally:
                 store.release_lease()
+            self.state.reader.reader.check_verified()  # a no-op once every read was verified
             frame.carry(execution)
 
         self.counters["hot_runs"] += 1
@@ -171,6 +172,9 @@ class Inference:
                         frame.values[slots[b]] = None
             frame.segment += 1
         self.state.note_execution_peak(frame.peak_bytes)
+        # Weights may reach their consumers before their checksum is verified (model/verify.py): a run
+        # that used bytes failing it raises here instead of returning a result computed from them.
+        self.state.reader.reader.check_verified()
         frame.carry(execution)
         return None
 

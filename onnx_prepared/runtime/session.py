@@ -131,6 +131,7 @@ class RuntimeSession:
             self.prepare_async().wait()
         else:
             self.wait_reporting(self.prepare_async(), report)
+        self.state.reader.reader.check_verified()  # nothing prepared from bytes that failed their checksum
         self.producers.flush()
         if report is not None:
             report(len(self.plan.requirements), len(self.plan.requirements))
