@@ -31,6 +31,7 @@ from onnx_prepared.model.nesting import graph_depth
 from onnx_prepared.model.reader import ExternalDataReader
 from onnx_prepared.model.safe_open import NotRegularFile, read_regular
 from onnx_prepared.model.strings import invalid_string_field
+from onnx_prepared.model.types import check_types
 from onnx_prepared.model.versions import check_versions
 
 __all__ = [
@@ -99,6 +100,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise ModelLoadError(f"model path is a {e.kind}, not a regular file: {short(path, 400)!r}") from None
     except OSError as e:
         raise ModelLoadError(f"cannot read model file {short(path, 400)!r}: {e.strerror or e}") from None
+    except ValueError as e:  # os refuses a path with an embedded NUL
+        raise ModelLoadError(f"invalid model path {short(repr(path), 400)}: {e}") from None
     model = _parse(data, repr(short(path, 400)))
     return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path)
 
@@ -150,6 +153,7 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; no later code must see them
         raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
     check_versions(model, what)
+    check_types(model, what)
     return model
 
 

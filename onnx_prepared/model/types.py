@@ -1,0 +1,111 @@
+"""Refuse at load nodes whose input element types their onnx schema's type constraints do not allow.
+
+ONNX types each formal input with a type parameter (``T`` of Add, MatMul, Conv, Concat, ...): every
+actual input bound to one parameter must have the same element type, and that type must be one the
+constraint allows. onnxruntime refuses a model that breaks either rule ("Type parameter (T) of Optype
+(Add) bound to different types"); we would instead let numpy promote (int64 + float32 -> float64) or
+reinterpret bytes, and return a result that is not the model's. The check is generic: it reads the
+schema's ``type_constraints`` and formal parameters, with no per-op code.
+
+Element types are known for graph inputs and initializers, and are propagated through node outputs
+whose formal type is a concrete tensor type or a type parameter bound by an input; everything else
+(Cast's ``T2``, outputs of custom-domain ops, values of subgraphs) is unknown and not checked. Declared
+``value_info`` is not trusted: it may be wrong, and onnxruntime infers rather than believes it.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.defs
+
+from onnx_prepared.errors import ModelLoadError, short
+
+_NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items() if v}
+_TENSOR_TYPES = frozenset(_NAMES.values())
+_VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
+
+
+def check_types(model: onnx.ModelProto, what: str) -> None:
+    """Raise ModelLoadError naming the node if an input's element type breaks its schema's constraints.
+
+    Call after ``versions.check_versions`` (opsets and op versions are known to the installed onnx).
+    """
+    opsets = {{"ai.onnx": ""}.get(o.domain, o.domain): o.version for o in model.opset_import
+              if o.domain in ("", "ai.onnx", "ai.onnx.ml")}
+    g = model.graph
+    types: dict[str, str] = {}
+    for vi in g.input:
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.elem_type in _NAMES:
+            types[vi.name] = _NAMES[tt.elem_type]
+    for t in g.initializer:
+        if t.data_type in _NAMES:
+            types[t.name] = _NAMES[t.data_type]
+    for t in g.sparse_initializer:
+        if t.values.data_type in _NAMES:
+            types[t.values.name] = _NAMES[t.values.data_type]
+    local = {(f.domain, f.name) for f in model.functions}
+    for node in g.node:
+        dom = {"ai.onnx": ""}.get(node.domain, node.domain)
+        version = opsets.get(dom)
+        if version is None or (node.domain, node.op_type) in local or not onnx.defs.has(node.op_type, dom):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, version, dom)
+        except onnx.defs.SchemaError:
+            continue  # versions.check_versions reports it
+        _check_node(node, schema, types, what)
+
+
+def _check_node(node: onnx.NodeProto, schema: onnx.defs.OpSchema, types: dict[str, str], what: str) -> None:
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (element type, first input name bound to it)
+    for name, formal in _formals(node.input, schema.inputs):
+        tp = formal.type_str
+        have = types.get(name)
+        if have is None or tp not in allowed:
+            continue
+        first = bound.get(tp)
+        if first is None:
+            ok = allowed[tp]
+            if any(s.startswith("tensor(") for s in ok) and have not in ok:
+                raise ModelLoadError(
+                    f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset "
+                    f"{schema.since_version}) input {short(name)!r} has type {have}, which type parameter "
+                    f"{tp} does not allow ({', '.join(sorted(s for s in ok if s.startswith('tensor(')))})")
+            bound[tp] = (have, name)
+        elif first[0] != have:
+            raise ModelLoadError(
+                f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset {schema.since_version}): "
+                f"type parameter {tp} is bound to different types: {first[0]} (input {short(first[1])!r}) and "
+                f"{have} (input {short(name)!r})")
+    for name, formal in _formals(node.output, schema.outputs):
+        tp = formal.type_str
+        only = allowed.get(tp, ())
+        if tp in bound:
+            types[name] = bound[tp][0]
+        elif tp in _TENSOR_TYPES:
+            types[name] = tp
+        elif len(only) == 1 and next(iter(only)) in _TENSOR_TYPES:  # Shape's T1 is int64 only
+            types[name] = next(iter(only))
+        else:
+            types.pop(name, None)  # unknown (a later producer of the same name must not inherit a stale type)
+
+
+def _formals(names, formals):
+    """(actual name, formal parameter) pairs; a last variadic formal takes every remaining name. A
+    heterogeneous variadic (Loop's ``V``) binds no common type; omitted optional names are skipped."""
+    if not formals:
+        return
+    last = formals[-1]
+    for i, name in enumerate(names):
+        if i < len(formals) - 1 or (i == len(formals) - 1 and last.option != _VARIADIC):
+            formal = formals[i]
+        elif last.option == _VARIADIC:
+            if not last.is_homogeneous:
+                continue
+            formal = last
+        else:
+            return  # more names than formals: check_versions refuses it
+        if name:
+            yield name, formal
