@@ -61,7 +61,7 @@ def test_mismatched_element_types_are_refused_naming_the_node(tmp_path, case):
     _, m = case
     assert _ort_refuses(m)  # the reference refuses it too
     with pytest.raises(ModelLoadError, match=r"node '(the_|add_r_s|the_sqrt)"):
-        load_model_bytes(m.SerializeToString(), '.')
+        load_model_bytes(m.SerializeToString(), ".")
 
 
 def test_matching_types_load_and_run_as_onnxruntime():
@@ -69,7 +69,8 @@ def test_matching_types_load_and_run_as_onnxruntime():
     assert not _ort_refuses(m)
     x = np.ones(3, np.float32)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x0": x})
-    np.testing.assert_array_equal(RuntimeSession(load_model_bytes(m.SerializeToString(), '.')).run({"x0": x})[0], want[0])
+    with RuntimeSession(load_model_bytes(m.SerializeToString(), ".")) as s:
+        np.testing.assert_array_equal(s.run({"x0": x})[0], want[0])
 
 
 def test_unknown_types_are_not_guessed():
@@ -79,4 +80,4 @@ def test_unknown_types_are_not_guessed():
     g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", F, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     assert not _ort_refuses(m)
-    load_model_bytes(m.SerializeToString(), '.')
+    load_model_bytes(m.SerializeToString(), ".")
