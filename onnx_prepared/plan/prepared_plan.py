@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import onnx
@@ -77,6 +77,11 @@ class PreparedExecutionPlan:
     output_requirements: tuple[int, ...] = ()
     #: requirement bits in the order inference first needs them (the session tasks' order)
     need_order: tuple[int, ...] = ()
+    #: key -> id of its PERSIST task (build_if_missing, a layout with bytes); not required by inference
+    persister: Mapping[PreparedKey, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: key -> id of the READ_PACKED task restoring it from the entry this session persisted, after a
+    #: residency budget evicted it (same id scheme as a companion hit: the restore is a packed read)
+    restorer: Mapping[PreparedKey, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def need_index(self, position: int) -> int:
         """Index in ``need_order`` of the first requirement first needed at or after ``position``."""
@@ -107,6 +112,13 @@ class PreparedExecutionPlan:
                 return p - position
         first = self.need_positions[bit]
         return (n - position + first[0]) if first else 2 * n
+
+    def generation_tasks(self, key: PreparedKey, *, restore: bool = False) -> tuple[TaskDescriptor, ...]:
+        """The session tasks one generation of ``key`` runs, dependencies first: its producer's closure
+        (a companion read, or source reads and a prepack / raw publish), or its restore (a packed read
+        of the entry this session persisted). The persist task is separate (:attr:`persister`)."""
+        tid = self.restorer[key] if restore else self.producer[key]
+        return tuple(self.by_id[t] for t in self.session_closure([tid]))
 
     def session_closure(self, task_ids: list[str]) -> list[str]:
         """Session tasks ``task_ids`` transitively depend on (including themselves), dependencies first."""
@@ -176,6 +188,9 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
     order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
     persist = resolved.policy == "build_if_missing"
+    persister: dict[PreparedKey, str] = {}
+    restorer: dict[PreparedKey, str] = {}
+    restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs
     for i in order:
         r = reqs[i]
         if r.cached:
@@ -215,11 +230,19 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
             peak_temporary_bytes=r.estimated_bytes, sources=r.sources, result=f"publish {r.key}",
         ))
         if persist and r.spec is not None and r.spec.to_bytes is not None:
+            persister[r.key] = f"S.{r.key}.persist"
             tasks.append(TaskDescriptor(
-                f"S.{r.key}.persist", TaskScope.SESSION, TaskKind.PERSIST, "io", (tid,),
+                persister[r.key], TaskScope.SESSION, TaskKind.PERSIST, "io", (tid,),
                 estimated_input_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
                 result="companion-model payload; not required by inference",
             ))
+            restorer[r.key] = f"S.{r.key}.read_packed"
+            restores.append(TaskDescriptor(
+                restorer[r.key], TaskScope.SESSION, TaskKind.READ_PACKED, "io", (), publishes=r.key,
+                estimated_output_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
+                result=f"restore {r.key} (after eviction, from the entry persisted by {persister[r.key]})",
+            ))
+    tasks.extend(restores)
     io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
     tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits))
     by_id = {t.id: t for t in tasks}
@@ -230,6 +253,7 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
         resolved, tuple(tasks), execution, reqs, req_slots, action_reqs, tuple(first_need), tuple(last_need),
         tuple(tuple(p) for p in need_positions),
         MappingProxyType(producer), MappingProxyType(by_id), output_bits, tuple(order),
+        MappingProxyType(persister), MappingProxyType(restorer),
     )
 
 

@@ -1,10 +1,12 @@
-"""Session tasks: the producer chain of each prepared object's current generation.
+"""Session tasks: the producer chain of each prepared object's current generation, from the plan.
 
 For a key that is not resident, :meth:`Producers.ensure` returns the task that publishes its current
-generation, creating the chain when there is none: ``read_packed`` on a companion hit (or for an
-object this session persisted and evicted), else ``read_source -> prepack`` (reads shared between
-layouts of one source), plus a background ``persist`` under ``build_if_missing``. Residency admission
-happens before a chain is created; a refused prefetch returns :data:`REFUSED`.
+generation, creating the chain when there is none by instantiating the plan's descriptors of that
+generation (``plan.generation_tasks``): ``read_packed`` on a companion hit (or the restore of an object
+this session persisted and evicted), else ``read_source -> prepack`` / ``publish_raw`` (reads shared
+between layouts of one source), plus a background ``persist`` under ``build_if_missing``. Every task's
+name is its descriptor's id and its body comes from :data:`~onnx_prepared.runtime.state.BODIES`.
+Residency admission happens before a chain is created; a refused prefetch returns :data:`REFUSED`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
+from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import EntryState, ReadEntry
 from onnx_prepared.prepared.residency import ResidencyManager
 from onnx_prepared.resolve import PreparedKey
-from onnx_prepared.runtime.state import PreparedExecutionState
+from onnx_prepared.runtime.state import BODIES, PreparedExecutionState, SessionTaskInstances
 from onnx_prepared.scheduler import Domain, ExecutionHandle, MemoryEstimate, Priority, Resource, Task, TaskState
 
 FAILED_STATES = (TaskState.FAILED, TaskState.SUPPRESSED)
+_RESOURCE = {"io": Resource.IO, "cpu": Resource.CPU, "inline": Resource.INLINE}
+#: the arena each kind's memory estimate is admitted against (estimated bytes come from the descriptor)
+_DOMAIN = {TaskKind.READ_SOURCE: Domain.PREPARATION, TaskKind.PREPACK: Domain.PREPARED,
+           TaskKind.PUBLISH_RAW: Domain.PREPARED, TaskKind.READ_PACKED: Domain.PREPARED}
+
+
+def _estimate(d: TaskDescriptor) -> MemoryEstimate:
+    if d.kind is TaskKind.PERSIST:
+        return MemoryEstimate(Domain.PREPARATION, temp=d.estimated_input_bytes)
+    return MemoryEstimate(_DOMAIN[d.kind], input=d.estimated_input_bytes, output=d.estimated_output_bytes)
 REFUSED = object()  #: returned by ensure() when residency refused a prefetch
 
 
@@ -111,51 +123,59 @@ class Producers:
         return t
 
     def _make(self, key: PreparedKey, gen: int, priority: Priority) -> tuple[Task, Task | None]:
-        req = self.plan.resolved.requirement(key)
+        """Instantiate the plan's descriptors of one generation of ``key`` as scheduler tasks.
+
+        A companion hit runs its read_packed; an object this session persisted and a budget evicted
+        its restore (a read_packed of that entry); otherwise its source reads (joined when another
+        layout of the same source is reading it) and its prepack or raw publish, plus the background
+        persist under build_if_missing. Returns (the publishing task, the persist task or None).
+        """
         st = self.state
-        manifest = self.plan.resolved.manifest.active
-        entry = req.active.entry if req.cached else self.session_entries.get(key)
-        if entry is not None:  # companion hit: read packed bytes -> publish (no source read, no prepack)
-            return Task(
-                lambda t: st.read_packed(key, gen), resource=Resource.IO, priority=priority,
-                memory=MemoryEstimate(Domain.PREPARED, output=entry.length), name=f"S.{key}.read_packed",
-            ), None
-        entries = [self._attach(s, priority) for s in req.sources]
-        if req.spec is None:  # raw: the (shared) read publishes its bytes as they are
-            name = req.sources[0]
-            t = Task(lambda t: st.publish_raw(key, gen, entries[0]), deps=[entries[0].task],
-                     resource=Resource.INLINE, priority=priority, name=f"S.{name}.publish",
-                     memory=MemoryEstimate(Domain.PREPARED, output=manifest[name].descriptor.nbytes))
+        restore = key in self.session_entries and not self.plan.resolved.requirement(key).cached
+        inst = SessionTaskInstances(key, gen)
+        made: dict[str, Task] = {}
+        for d in self.plan.generation_tasks(key, restore=restore):
+            if d.kind is TaskKind.READ_SOURCE:
+                entry = self._attach(d, priority)
+                inst.reads[d.sources[0]] = entry
+                made[d.id] = entry.task
+            else:
+                made[d.id] = self._task(d, inst, priority, deps=[made[x] for x in d.dependencies])
+        t = made[self.plan.restorer[key] if restore else self.plan.producer[key]]
+        if inst.reads:
+            entries = list(inst.reads.values())
             self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
-            return t, None
-        t = Task(
-            lambda t: st.prepack(key, gen, entries), deps=[e.task for e in entries], resource=Resource.CPU,
-            priority=priority, name=f"S.{key}.prepack",
-            memory=MemoryEstimate(Domain.PREPARED, input=req.source_bytes, output=req.estimated_bytes),
-        )
-        self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
+        pid = self.plan.persister.get(key)
         persist = None
-        if self.persisting and req.spec.to_bytes is not None and key not in self.session_entries:
-            persist = Task(lambda t: self._persist_bg(key), deps=[t], resource=Resource.IO,
-                           priority=Priority.BACKGROUND,
-                           memory=MemoryEstimate(Domain.PREPARATION, temp=req.estimated_bytes),
-                           name=f"S.{key}.persist")
+        if pid is not None and self.persisting and key not in self.session_entries:
+            persist = self._task(self.plan.by_id[pid], inst, Priority.BACKGROUND, deps=[t])
             self._persist_tasks.append(persist)  # under self._lock (ensure holds it)
             self.scheduler.when_done(persist, self._persist_done)
         return t, persist
 
-    def _attach(self, name: str, priority: Priority) -> ReadEntry:
+    def _task(self, d: TaskDescriptor, inst: SessionTaskInstances, priority: Priority, deps: list[Task]) -> Task:
+        """One scheduler task for descriptor ``d``: its body from :data:`BODIES`, resource and memory
+        from the descriptor."""
+        st = self.state
+        body = BODIES[d.kind]
+        if d.kind is TaskKind.PERSIST:
+            def run(t: Task) -> None:
+                self._queue(inst.key, body(st, d, inst))
+        else:
+            def run(t: Task) -> None:
+                body(st, d, inst)
+        return Task(run, deps=deps, resource=_RESOURCE[d.resource], priority=priority, memory=_estimate(d),
+                    name=d.id)
+
+    def _attach(self, d: TaskDescriptor, priority: Priority) -> ReadEntry:
         """Join the current read of a source, or start one: a source shared by a raw object and a prepack
         (a tied embedding and LM head) is read once."""
         st = self.state
+        name = d.sources[0]
         e, new = st.attach_read(name)
         if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
-            d = self.plan.resolved.manifest.active[name].descriptor
-            e.task = Task(
-                lambda t, e=e: st.read_source(name, e),
-                resource=Resource.IO if d.is_external else Resource.INLINE, priority=priority,
-                memory=MemoryEstimate(Domain.PREPARATION, output=d.nbytes), name=f"S.{name}.read_source",
-            )
+            e.task = Task(lambda t, e=e: st.read_source(name, e), resource=_RESOURCE[d.resource],
+                          priority=priority, memory=_estimate(d), name=d.id)
         return e
 
     def _done(self, task: Task, key: PreparedKey, gen: int) -> None:
@@ -205,8 +225,8 @@ class Producers:
                 self.session_entries[key] = entry
         return n
 
-    def _persist_bg(self, key: PreparedKey) -> None:
-        dkey = self.state.persist(key)
+    def _queue(self, key: PreparedKey, dkey: PreparedKey | None) -> None:
+        """A background persist put ``key`` into the companion (as ``dkey``): restorable after a flush."""
         if dkey is not None:
             with self._lock:
                 self._queued[key] = dkey

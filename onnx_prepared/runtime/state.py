@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from onnx_prepared.memory import Arenas
-from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
+from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import PreparedObjectStore, ReadEntry
 from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
@@ -162,40 +164,81 @@ class PreparedExecutionState:
         return dkey
 
     def prepare_sequential(self, requirements: list) -> None:
-        """The spec's sequential reference path: the same task bodies, one at a time, in this order.
+        """The spec's sequential reference path: the same session tasks, one at a time, in this order.
 
-        A companion hit runs its read_packed body; a miss its read_source (once per source, even when
-        two layouts share it) and prepack bodies.
+        Each requirement's generation runs the plan's descriptors (``plan.generation_tasks``) through
+        :data:`BODIES`, as the scheduler does: a companion hit its read_packed, a miss its read_source
+        (once per source, even when two layouts share it) and prepack / publish_raw. Persisting stays
+        with the parallel path's background tasks.
         """
         work = []
         for r in requirements:  # claim and attach first, so a source shared by two objects is read once
             gen, produce = self.store.claim(r.key)
             if produce:
-                work.append((r, gen, [] if r.cached else [self.attach_read(s)[0] for s in r.sources]))
+                inst = SessionTaskInstances(r.key, gen)
+                descriptors = self.plan.generation_tasks(r.key)
+                for d in descriptors:
+                    if d.kind is TaskKind.READ_SOURCE:
+                        inst.reads[d.sources[0]] = self.attach_read(d.sources[0])[0]
+                work.append((inst, descriptors))
         try:
-            for r, gen, entries in work:
+            for inst, descriptors in work:
                 try:
-                    if r.cached:
-                        self.read_packed(r.key, gen)
-                        continue
-                    for s, entry in zip(r.sources, entries):
-                        if entry.value is None:
-                            self.read_source(s, entry)
-                    if r.spec is None:
-                        self.publish_raw(r.key, gen, entries[0])
-                    else:
-                        self.prepack(r.key, gen, entries)
+                    for d in descriptors:
+                        if d.kind is TaskKind.READ_SOURCE and inst.reads[d.sources[0]].value is not None:
+                            continue  # a source shared with an object prepared earlier: already read
+                        BODIES[d.kind](self, d, inst)
                 except BaseException as e:
-                    self.store.fail(r.key, gen, e)
+                    self.store.fail(inst.key, inst.generation, e)
                     raise
         finally:
-            for r, gen, entries in work:
-                self.store.abandon(r.key, gen)  # no-op for published or failed generations
-                self.detach_reads(entries)
+            for inst, _ in work:
+                self.store.abandon(inst.key, inst.generation)  # no-op for published or failed generations
+                self.detach_reads(list(inst.reads.values()))
 
     def detach_reads(self, entries: list[ReadEntry]) -> None:
         """A production is finished with its reads (success, failure or cancel)."""
         self.store.detach_reads(entries)
+
+
+@dataclass(eq=False)
+class SessionTaskInstances:
+    """One generation of one prepared object: the shared reads its session tasks consume."""
+
+    key: PreparedKey
+    generation: int
+    reads: dict[str, ReadEntry] = field(default_factory=dict)  # source name -> its (shared) read
+
+
+def _read_source(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
+    st.read_source(d.sources[0], inst.reads[d.sources[0]])
+
+
+def _publish_raw(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
+    st.publish_raw(inst.key, inst.generation, inst.reads[d.sources[0]])
+
+
+def _prepack(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
+    st.prepack(inst.key, inst.generation, [inst.reads[s] for s in d.sources])
+
+
+def _read_packed(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
+    st.read_packed(inst.key, inst.generation)
+
+
+def _persist(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> PreparedKey | None:
+    return st.persist(inst.key)
+
+
+#: The body of every session task, by the kind of its descriptor: what the scheduler's tasks and the
+#: sequential path call (``BODIES[d.kind](state, d, instances)``).
+BODIES: dict[TaskKind, Callable[[PreparedExecutionState, TaskDescriptor, SessionTaskInstances], Any]] = {
+    TaskKind.READ_SOURCE: _read_source,
+    TaskKind.PUBLISH_RAW: _publish_raw,
+    TaskKind.PREPACK: _prepack,
+    TaskKind.READ_PACKED: _read_packed,
+    TaskKind.PERSIST: _persist,
+}
 
 
 class PrefetchWindow:

@@ -57,3 +57,34 @@ def test_tied_embedding_raw_object_has_its_publish_descriptor(tied_llm):
                 (dep,) = t.dependencies
                 assert s.plan.by_id[dep].kind is TaskKind.READ_SOURCE and t.publishes.is_raw
         _check_plan_matches_what_ran(s, prefill_feeds(cfg, np.arange(3, 19)))
+
+
+def test_budget_restores_run_their_read_packed_descriptors(tmp_path):
+    """Under a residency budget with build_if_missing, an evicted object comes back through its restore
+    descriptor (a READ_PACKED of the entry this session persisted): every task the scheduler ran is a
+    descriptor of the plan, restores included."""
+    path = gemm_mlp(tmp_path, layers=4, width=32)
+    with RuntimeSession(path) as s:
+        s.prepare()
+        limit = max(s.store.entry(r.key).nbytes for r in s.plan.requirements)
+    opts = {"trace": True, "prepared_memory_limit": limit, "prepared_model_policy": "build_if_missing",
+            "prepared_model_path": str(tmp_path / "c" / "m.prepared.onnx")}
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    with RuntimeSession(path, opts) as s:
+        for _ in range(3):
+            s.run({"x": x})
+        s.flush_cache()
+        ran = [n for n in _session_task_names(s) if n != "S.cache.flush"]
+        assert set(ran) <= set(s.plan.by_id)
+        restores = set(s.plan.restorer.values())
+        assert restores and restores <= {t.id for t in s.plan.session_tasks}
+        assert all(s.plan.by_id[t].kind is TaskKind.READ_PACKED for t in restores)
+        assert set(ran) & restores  # some evicted object was restored by its descriptor
+        packed = [k for k in s.plan.restorer]
+        assert sum(s.state.counters[f"read_packed:{k}"] for k in packed) > 0
+
+
+def test_every_session_task_kind_has_one_body():
+    from onnx_prepared.runtime.state import BODIES
+
+    assert set(BODIES) == set(TaskKind) - {TaskKind.EXECUTE}
