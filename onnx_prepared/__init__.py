@@ -12,8 +12,6 @@ from onnx_prepared.errors import (
     UnsupportedOpError,
 )
 from onnx_prepared.options import SessionOptions
-from onnx_prepared.runtime import RuntimeSession
-from onnx_prepared.session import InferenceSession, NodeArg
 
 __version__ = "0.1.0"
 
@@ -33,9 +31,13 @@ __all__ = [
     "UnsupportedOpError",
 ]
 
-# onnxruntime's module-level names, loaded on first access so `import onnx_prepared` stays light.
+# The sessions and onnxruntime's module-level names load on first access: `import onnx_prepared` (and
+# so every CLI command's start, `--help` included) stays light, and a session's modules load with it.
 _API = "onnx_prepared.compat.api"
 _LAZY = {
+    "InferenceSession": "onnx_prepared.session",
+    "NodeArg": "onnx_prepared.session",
+    "RuntimeSession": "onnx_prepared.runtime",
     **dict.fromkeys(
         ("GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "OrtAllocatorType", "OrtMemType", "RunOptions",
          "get_available_providers", "get_all_providers", "get_device", "get_version_string", "get_build_info",

@@ -16,8 +16,8 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_prepared.bind.execution_plan import NONE_SLOT, ExecuteAction, ExecutionPlan
+from onnx_prepared.bind.fallback_env import FallbackEnv
 from onnx_prepared.bind.kernel import BoundKernel, bind_kernel
-from onnx_prepared.bind.reference import FallbackEnv
 from onnx_prepared.bind.scopes import implicit_inputs_of, subgraph_outer_names
 from onnx_prepared.errors import ModelLoadError
 from onnx_prepared.scheduler.task import checkpoint

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_prepared.bind.attributes import parse_attributes
-from onnx_prepared.bind.reference import FallbackEnv, bind_fallback
+from onnx_prepared.bind.fallback_env import FallbackEnv, bind_fallback
 from onnx_prepared.bind.scopes import implicit_inputs_of
 from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
 from onnx_prepared.kernels import registry

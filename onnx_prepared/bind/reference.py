@@ -11,6 +11,9 @@ of If/Loop/Scan (the node's ``implicit_inputs``) arrive after the explicit input
 op as its ``context``; ops with a body but no context (SequenceMap) get their body wrapped so it sees them.
 Ops whose function body depends on input types (Gelu, GroupNormalization, ...) are instantiated on first
 call, once per input type signature.
+
+This module imports ``onnx.reference`` (tens of ms): only :mod:`onnx_prepared.bind.fallback_env` and
+:func:`onnx_prepared.bind.kernel.bind_kernel` import it, when a node first needs the fallback.
 """
 
 from __future__ import annotations
@@ -28,125 +31,68 @@ from onnx.reference.ops import _op
 from onnx.reference.ops.op_if import If as _RefIf
 from onnx.reference.ops.op_loop import Loop as _RefLoop
 
+from onnx_prepared.bind.fallback_env import FALLBACK_CALLS, FallbackEnv, SubgraphFactory
 from onnx_prepared.bind.reference_fixes import FIXES as SEMANTIC_FIXES
 from onnx_prepared.scheduler.task import checkpoint
 
-#: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
-FALLBACK_CALLS: collections.Counter[str] = collections.Counter()
+__all__ = ["FALLBACK_CALLS", "FallbackEnv", "SubgraphFactory", "bind_fallback"]
 
 # NOTE: Scatter (opsets 9-10, deprecated) has no reference implementation; its semantics are exactly
 # ScatterElements-11 without a reduction attribute.
 _ALIASES = {("", "Scatter"): "ScatterElements"}
 
 
-def _no_log(*_args: Any) -> None:
+def no_log(*_args: Any) -> None:
     return None
 
 
-#: Builds the evaluator of a plain subgraph (If/Loop/Scan body): ``factory(graph, env)``.
-SubgraphFactory = Callable[[onnx.GraphProto, "FallbackEnv"], Any]
+def load_op_class(env: FallbackEnv, node: onnx.NodeProto, input_types: Sequence[onnx.TypeProto] | None = None
+                  ) -> Callable:
+    """:meth:`FallbackEnv.load`: the ``OpRun`` class (or factory) implementing ``node``."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if (node.domain, node.op_type) in env.function_protos:
+        impl = env.functions[node.domain, node.op_type]
+        return lambda n, rp: OpFunction(n, rp, impl=impl)
+    if (domain, node.op_type) in PATCHES:
+        return PATCHES[domain, node.op_type]
+    if domain not in env.opsets:
+        raise ValueError(f"domain {domain!r} is not in the model's opset imports {sorted(env.opsets)}")
+    version = env.opsets[domain]
+    op_type = _ALIASES.get((domain, node.op_type), node.op_type)
+    if domain == "":
+        from onnx.reference.ops import load_op
+
+        if input_types is None:
+            return load_op("", op_type, version, evaluator_cls=env.make_evaluator)
+        return load_op("", op_type, version, node=node, input_types=list(input_types),
+                       evaluator_cls=env.make_evaluator)
+    if domain == "ai.onnx.ml":
+        from onnx.reference.ops.aionnxml import load_op
+    elif domain == "ai.onnx.preview.training":
+        from onnx.reference.ops.aionnx_preview_training import load_op
+    elif domain == "ai.onnx.preview":
+        from onnx.reference.ops.aionnx_preview import load_op
+    elif domain == "experimental":
+        from onnx.reference.ops.experimental import load_op
+    else:
+        raise NotImplementedError(f"onnx.reference has no domain {domain!r} and the model defines no such "
+                                  f"function (model functions: {sorted(env.function_protos)})")
+    return load_op(domain, op_type, version)
 
 
-class FallbackEnv:
-    """What every fallback node of one graph shares: opsets, model-local functions, ``run_params``.
-
-    ``subgraph`` builds the evaluator of a plain subgraph; :func:`onnx_prepared.bind.graph.graph_env`
-    passes one that runs the body through its own slot-indexed ExecutionPlan (fast kernels inside
-    control flow). Without it, bodies run on the reference evaluator. Model-local functions become
-    reference evaluators on first use (most models have none), each seeing the functions it calls.
-    Not thread-safe while being built; read-only afterwards.
-    """
-
-    def __init__(self, opsets: Mapping[str, int], functions: Mapping[tuple[str, str], onnx.FunctionProto],
-                 *, subgraph: SubgraphFactory | None = None):
-        self.model_opsets = dict(opsets)  # as the model spells them (bind_kernel's opset lookup)
-        self.opsets = {("" if d == "ai.onnx" else d): v for d, v in opsets.items()}
-        self._subgraph = subgraph
-        self._function_protos = dict(functions)
-        self._functions: dict[tuple[str, str], ReferenceEvaluator] | None = None
-        self._run_params: dict[str, Any] | None = None
-
-    @property
-    def functions(self) -> dict[tuple[str, str], ReferenceEvaluator]:
-        if self._functions is None:
-            self._functions = _function_evaluators(self._function_protos)
-        return self._functions
-
-    @property
-    def function_protos(self) -> dict[tuple[str, str], onnx.FunctionProto]:
-        return self._function_protos
-
-    @property
-    def run_params(self) -> dict[str, Any]:
-        """The ``run_params`` every ``OpRun`` of this graph is built with (subgraphs inherit them)."""
-        if self._run_params is None:
-            self._run_params = {
-                "log": _no_log,
-                "opsets": self.opsets,
-                "verbose": 0,
-                "new_ops": dict(_PATCHES),
-                "existing_functions": dict(self.functions),
-                "evaluator_cls": self.make_evaluator,
-            }
-        return self._run_params
-
-    def make_evaluator(self, proto: Any, opsets=None, functions=None, verbose: int = 0, new_ops=None, **kw: Any):
-        """What reference ops build for a body: the subgraph factory's evaluator for a plain subgraph,
-        the reference otherwise.
-
-        Function bodies (FunctionProto) and graphs whose nodes reference function attributes stay with
-        the reference evaluator, which resolves attribute references per call.
-        """
-        if self._subgraph is not None and isinstance(proto, onnx.GraphProto) and not _references_attributes(proto):
-            return self._subgraph(proto, self)
-        return _Evaluator(proto, opsets=opsets, functions=functions, verbose=verbose, new_ops=new_ops, **kw)
-
-    def load(self, node: onnx.NodeProto, input_types: Sequence[onnx.TypeProto] | None = None) -> Callable:
-        """The ``OpRun`` class (or factory) implementing ``node``; RuntimeContextError if it needs types."""
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        if (node.domain, node.op_type) in self._function_protos:
-            impl = self.functions[node.domain, node.op_type]
-            return lambda n, rp: OpFunction(n, rp, impl=impl)
-        if (domain, node.op_type) in _PATCHES:
-            return _PATCHES[domain, node.op_type]
-        if domain not in self.opsets:
-            raise ValueError(f"domain {domain!r} is not in the model's opset imports {sorted(self.opsets)}")
-        version = self.opsets[domain]
-        op_type = _ALIASES.get((domain, node.op_type), node.op_type)
-        if domain == "":
-            from onnx.reference.ops import load_op
-
-            if input_types is None:
-                return load_op("", op_type, version, evaluator_cls=self.make_evaluator)
-            return load_op("", op_type, version, node=node, input_types=list(input_types),
-                           evaluator_cls=self.make_evaluator)
-        if domain == "ai.onnx.ml":
-            from onnx.reference.ops.aionnxml import load_op
-        elif domain == "ai.onnx.preview.training":
-            from onnx.reference.ops.aionnx_preview_training import load_op
-        elif domain == "ai.onnx.preview":
-            from onnx.reference.ops.aionnx_preview import load_op
-        elif domain == "experimental":
-            from onnx.reference.ops.experimental import load_op
-        else:
-            raise NotImplementedError(f"onnx.reference has no domain {domain!r} and the model defines no such "
-                                      f"function (model functions: {sorted(self._function_protos)})")
-        return load_op(domain, op_type, version)
-
-
-def _references_attributes(graph: onnx.GraphProto) -> bool:
+def references_attributes(graph: onnx.GraphProto) -> bool:
     for node in graph.node:
         for a in node.attribute:
             if a.ref_attr_name:
                 return True
-            if a.type == onnx.AttributeProto.GRAPH and _references_attributes(a.g):
+            if a.type == onnx.AttributeProto.GRAPH and references_attributes(a.g):
                 return True
-            if a.type == onnx.AttributeProto.GRAPHS and any(_references_attributes(g) for g in a.graphs):
+            if a.type == onnx.AttributeProto.GRAPHS and any(references_attributes(g) for g in a.graphs):
                 return True
     return False
 
 
-def _function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -> dict:
+def function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -> dict:
     """Reference evaluators of model-local functions, built callee-first (any declaration order)."""
     done: dict[tuple[str, str], ReferenceEvaluator] = {}
     pending = dict(protos)
@@ -155,7 +101,7 @@ def _function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -
         failure: tuple[tuple[str, str], Exception] | None = None
         for key, proto in list(pending.items()):
             try:
-                done[key] = _Evaluator(proto, functions=list(done.values()))
+                done[key] = Evaluator(proto, functions=list(done.values()))
             except Exception as e:  # maybe a callee not built yet: retry once the others are
                 failure = (key, e)
             else:
@@ -327,12 +273,12 @@ def _type_proto(v: Any) -> onnx.TypeProto:
 # create (subgraphs, function bodies) gets them as ``new_ops``.
 
 
-class _Evaluator(ReferenceEvaluator):
+class Evaluator(ReferenceEvaluator):
     """ReferenceEvaluator with our fixes as default ``new_ops`` (propagates to nested subgraphs)."""
 
     def __init__(self, proto: Any, opsets=None, functions=None, verbose: int = 0, new_ops=None, **kwargs: Any):
         super().__init__(proto, opsets=opsets, functions=functions, verbose=verbose,
-                         new_ops=new_ops or list(_PATCHES.values()), **kwargs)
+                         new_ops=new_ops or list(PATCHES.values()), **kwargs)
 
 
 class Optional(OpRun):
@@ -435,7 +381,7 @@ class GlobalLpPool(OpRun):
         return ((np.sum(np.abs(x) ** p, axis=axes, keepdims=True) ** (1.0 / p)).astype(x.dtype),)
 
 
-_PATCHES: dict[tuple[str, str], type[OpRun]] = {
+PATCHES: dict[tuple[str, str], type[OpRun]] = {
     ("", "Optional"): Optional, ("", "Loop"): Loop, ("", "If"): If, ("", "GlobalLpPool"): GlobalLpPool,
     **SEMANTIC_FIXES,  # ops where the reference's values differ from onnxruntime's (reference_fixes.py)
 }

@@ -12,13 +12,27 @@ CLI (hooked into ``onnx-prepared`` by :func:`add_generate_parser`)::
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from onnx_prepared.generate.checker import check_model
 from onnx_prepared.generate.config import EMBEDDINGS, PRESETS, TinyLlmConfig
-from onnx_prepared.generate.feeds import decode_feeds, empty_past, prefill_feeds
-from onnx_prepared.generate.tiny_llm import DATA_FILE, MODEL_FILE, generate_tiny_llm, timed_generate, weight_names
+
+# The generator and its checker (onnx.helper, onnx.checker) load on first use, so the CLI's start and
+# --help stay light.
+_LAZY = {
+    "check_model": "checker", "decode_feeds": "feeds", "empty_past": "feeds", "prefill_feeds": "feeds",
+    **dict.fromkeys(("DATA_FILE", "MODEL_FILE", "generate_tiny_llm", "timed_generate", "weight_names"), "tiny_llm"),
+}
+
+
+def __getattr__(name: str):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "DATA_FILE",
@@ -67,6 +81,7 @@ def _cmd_tiny_llm(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from onnx_prepared.generate.tiny_llm import DATA_FILE, timed_generate
     from onnx_prepared.progress import reporter
 
     path, seconds = timed_generate(config, args.out_dir, reporter(True, config.layers, "generate", unit="block"))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
 # Bumped whenever the generator's output bytes change for the same arguments.
 FORMAT_VERSION = 1
@@ -148,6 +150,8 @@ class TinyLlmConfig:
     @classmethod
     def from_model(cls, model: str | onnx.ModelProto) -> TinyLlmConfig:
         """The config a generated model was built from (read from its metadata_props)."""
+        import onnx
+
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load(model, load_external_data=False)
         for p in model.metadata_props:

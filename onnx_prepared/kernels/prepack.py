@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_prepared.kernels import catalog
 from onnx_prepared.kernels.registry import normalize_domain
 
 #: Version of the packed byte formats this build writes; part of every persisted entry's identity.
@@ -53,7 +54,9 @@ def prepack_rule(op_type: str, *, domain: str = ""):
 
 def match(node: Any, attrs: dict, const_inputs: frozenset[int], const_shapes: dict[int, tuple]) -> PrepackSpec | None:
     """The first rule's spec for ``node``, or None when it runs unpacked."""
-    for rule in RULES.get((normalize_domain(node.domain), node.op_type), ()):
+    key = (normalize_domain(node.domain), node.op_type)
+    catalog.ensure_loaded(*key)
+    for rule in RULES.get(key, ()):
         spec = rule(node, attrs, const_inputs, const_shapes)
         if spec is not None:
             return spec

@@ -4,9 +4,10 @@ A kernel is a plain module-level function: inputs are positional ndarrays (``Non
 optional input), ONNX attributes arrive as keyword-only arguments with their defaults spelled out in
 the signature, and it returns a tuple of arrays. A kernel knows nothing about nodes or sessions.
 
-Register with ``@kernel("Gemm", since=13)``; :func:`lookup` picks the highest ``since`` <= the model's
-opset (and < ``until`` when given). Ops without a fast kernel go through the named, counted
-``onnx.reference`` fallback in :mod:`onnx_prepared.bind.reference`.
+Register with ``@kernel("Gemm", since=13)`` and list the op in :mod:`onnx_prepared.kernels.catalog`
+(which imports a kernel module when a model first uses one of its ops); :func:`lookup` picks the
+highest ``since`` <= the model's opset (and < ``until`` when given). Ops without a fast kernel go
+through the named, counted ``onnx.reference`` fallback in :mod:`onnx_prepared.bind.reference`.
 
 A kernel that needs the node's output count declares a keyword-only ``n_outputs`` parameter; the
 binder passes it (Split-13 splits evenly by the number of outputs, for example).
@@ -17,6 +18,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from onnx_prepared.kernels import catalog
 
 KernelFn = Callable[..., tuple]
 
@@ -69,8 +72,13 @@ def kernel(op_type: str, since: int = 1, *, domain: str = "", until: int | None 
 
 
 def lookup(domain: str, op_type: str, opset: int) -> KernelSpec | None:
-    """The fast kernel for ``op_type`` at ``opset``, or None when only the fallback applies."""
-    versions = REGISTRY.get((normalize_domain(domain), op_type))
+    """The fast kernel for ``op_type`` at ``opset``, or None when only the fallback applies.
+
+    Imports the op's kernel modules on first use (:mod:`onnx_prepared.kernels.catalog`).
+    """
+    domain = normalize_domain(domain)
+    catalog.ensure_loaded(domain, op_type)
+    versions = REGISTRY.get((domain, op_type))
     if not versions:
         return None
     best = None
@@ -82,4 +90,6 @@ def lookup(domain: str, op_type: str, opset: int) -> KernelSpec | None:
 
 def available(domain: str, op_type: str) -> list[str]:
     """Names of every registered implementation of an op (for error messages)."""
-    return sorted(s.name for s in REGISTRY.get((normalize_domain(domain), op_type), {}).values())
+    domain = normalize_domain(domain)
+    catalog.ensure_loaded(domain, op_type)
+    return sorted(s.name for s in REGISTRY.get((domain, op_type), {}).values())

@@ -1,0 +1,74 @@
+"""``import onnx_prepared`` loads only what building a session needs (structure, not timing).
+
+Kernel modules load when a model uses their ops (kernels/catalog.py), ``onnx.reference`` when a node
+needs the fallback, and the CLI's ``--help`` builds no runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnx_prepared.kernels.catalog import MODULES
+
+_KERNEL_MODULES = {f"onnx_prepared.kernels.{m}" for m in MODULES}
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def _heavy(mods: set[str]) -> set[str]:
+    """Kernel modules and the onnx.reference fallback that were loaded."""
+    return {m for m in mods if m in _KERNEL_MODULES or m.startswith(("onnx.reference", "onnx_prepared.bind.reference"))}
+
+
+def test_import_loads_no_kernel_and_no_reference():
+    assert _heavy(_modules_after("from onnx_prepared import InferenceSession, RuntimeSession")) == set()
+
+
+def test_bare_import_builds_no_runtime():
+    """The sessions load on first access, so `import onnx_prepared` (every CLI start) stays small."""
+    mods = _modules_after("import onnx_prepared")
+    assert {m for m in mods if m.startswith("onnx_prepared")} == {"onnx_prepared", "onnx_prepared.errors",
+                                                                  "onnx_prepared.options"}
+
+
+def test_session_loads_only_its_kernels(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "x"], ["y"])],
+                          "g", [x], [y])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    mods = _modules_after(
+        "import numpy as np, onnx_prepared as op\n"
+        f"s = op.InferenceSession({str(path)!r})\n"
+        "print(s.run(None, {'x': np.ones((2, 3), np.float32)})[0].sum())")
+    assert _heavy(mods) == {"onnx_prepared.kernels.activation", "onnx_prepared.kernels.elementwise"}
+
+
+def test_fallback_loads_reference_on_first_need():
+    from onnx_prepared import InferenceSession
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    g = helper.make_graph([helper.make_node("Acosh", ["x"], ["y"])], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = InferenceSession(m.SerializeToString())
+    v = np.array([1.0, 2.0, 3.0], np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": v})[0], np.arccosh(v), rtol=1e-6)
+    assert "onnx.reference" in sys.modules
+
+
+def test_cli_help_builds_no_runtime():
+    mods = _modules_after("import sys; sys.argv = ['onnx-prepared', '--help']\nfrom onnx_prepared import cli\n"
+                          "try:\n    cli.main()\nexcept SystemExit:\n    pass")
+    assert not {m for m in mods if m == "onnx" or m.startswith(("onnx.", "onnx_prepared.runtime",
+                                                                 "onnx_prepared.scheduler", "onnx_prepared.kernels"))}
