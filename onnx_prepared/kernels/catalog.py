@@ -25,6 +25,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "conv_prepacked": ("Conv",),
     "conv_transpose": ("ConvTranspose",),
     "detection": ("NonMaxSuppression", "TopK"),
+    "dq_matmul": ("onnx_prepared:DequantizeMatMul",),
     "einsum": ("Einsum",),
     "elementwise": ("Abs", "Add", "And", "Ceil", "Cos", "Div", "Equal", "Exp", "Floor", "Greater",
                     "GreaterOrEqual", "IsInf", "IsNaN", "Less", "LessOrEqual", "Log", "Max", "Mean", "Min", "Mod",

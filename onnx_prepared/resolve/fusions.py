@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import onnx
 from onnx import helper
 
-from onnx_prepared.kernels.dq_matmul import BLOCK_SIZES, FUSED_DOMAIN, FUSED_OP
+from onnx_prepared.kernels import catalog
 
 _INT4 = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
 
@@ -39,10 +39,11 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
         users = consumers.get(node.output[0], [])
         if not users or not all(_reads_as_b(graph.node[u], node.output[0]) for u in users):
             continue
+        dq = _dq_matmul()
         for u in users:
             mm = graph.node[u]
-            replace[u] = helper.make_node(FUSED_OP, [mm.input[0], *operands[0]], list(mm.output), name=mm.name,
-                                          domain=FUSED_DOMAIN, block_size=operands[1])
+            replace[u] = helper.make_node(dq.FUSED_OP, [mm.input[0], *operands[0]], list(mm.output), name=mm.name,
+                                          domain=dq.FUSED_DOMAIN, block_size=operands[1])
         drop.add(idx)
     if not replace:
         return 0
@@ -52,6 +53,15 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
     return len(replace)
 
 
+def _dq_matmul():
+    """The fused kernel's module, imported only when a model has a DequantizeLinear to fuse (the kernel
+    catalog's rule: kernel modules load when a model uses them)."""
+    catalog.ensure_loaded("onnx_prepared", "DequantizeMatMul")
+    from onnx_prepared.kernels import dq_matmul
+
+    return dq_matmul
+
+
 def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], int] | None:
     """(operand names, block size) when ``node`` dequantizes 2-D int4/uint4 initializers along axis 0
     in blocks the native kernel takes, to float32; else None."""
@@ -59,7 +69,7 @@ def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], in
     if set(attrs) - {"axis", "block_size", "output_dtype"}:
         return None
     bs = int(attrs.get("block_size", 0))
-    if bs not in BLOCK_SIZES or int(attrs.get("axis", 1)) not in (0, -2):
+    if bs not in _dq_matmul().BLOCK_SIZES or int(attrs.get("axis", 1)) not in (0, -2):
         return None
     if int(attrs.get("output_dtype", 0)) not in (0, onnx.TensorProto.FLOAT):
         return None
