@@ -332,6 +332,13 @@ static PyObject *py_set_spin_us(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_pool_stalls(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLongLong(nb_pool_stalls());
+}
+
 static PyMethodDef methods[] = {
     {"matmul_q4", (PyCFunction)(void (*)(void))py_matmul_q4, METH_FASTCALL, "MatMulNBits (4-bit) on panel16 weights"},
     {"scratch_bytes", (PyCFunction)(void (*)(void))py_scratch_bytes, METH_FASTCALL, "scratch bytes for matmul_q4"},
@@ -342,6 +349,7 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "threads per call (caller included)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
+    {"pool_stalls", py_pool_stalls, METH_NOARGS, "calls whose workers stalled the caller (then run inline)"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     {NULL, NULL, 0, NULL},
