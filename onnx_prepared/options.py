@@ -9,6 +9,7 @@ option and the allowed values, at the assignment rather than at session creation
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
@@ -18,8 +19,26 @@ from typing import Any
 
 from onnx_prepared.errors import InvalidOptionError, UnknownOptionError
 
-POLICIES = ("disabled", "read_only", "build_if_missing", "require_complete")
-EVICTION_POLICIES = ("auto", "drop", "refuse")
+
+class PreparedModelPolicy(str, enum.Enum):
+    """``SessionOptions.prepared_model_policy``: how a session uses the companion prepared model."""
+
+    DISABLED = "disabled"  # never opened, never written
+    READ_ONLY = "read_only"  # uses compatible entries; never creates or modifies a file
+    BUILD_IF_MISSING = "build_if_missing"  # persists misses (put + flush)
+    REQUIRE_COMPLETE = "require_complete"  # like read_only; plan construction fails on a miss
+
+
+class EvictionPolicy(str, enum.Enum):
+    """``SessionOptions.eviction_policy``: what residency does with an unpersisted victim under a budget."""
+
+    AUTO = "auto"  # persist it to the companion (when persisting), then evict
+    DROP = "drop"  # evict; a later use rebuilds it from its source
+    REFUSE = "refuse"  # never evict it: only persisted objects (restorable by one read) are victims
+
+
+POLICIES = tuple(p.value for p in PreparedModelPolicy)
+EVICTION_POLICIES = tuple(p.value for p in EvictionPolicy)
 ARENAS = ("preparation", "prepared", "execution", "io")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}

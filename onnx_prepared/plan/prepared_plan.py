@@ -21,6 +21,7 @@ import onnx
 
 from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
+from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
 
 
@@ -157,7 +158,7 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     if not resolved.complete:
         raise PlanError("the resolved model is incomplete (a node without a kernel or a requirement "
                         "whose source is not an active manifest entry)")
-    if resolved.policy == "require_complete" and resolved.missing_cache_entries:
+    if resolved.policy is PreparedModelPolicy.REQUIRE_COMPLETE and resolved.missing_cache_entries:
         missing = resolved.missing_cache_entries
         raise PlanError(f"prepared_model_policy=require_complete: the companion model has no compatible entry "
                         f"for {len(missing)} prepared object(s): {', '.join(str(k) for k in missing[:10])}"
@@ -187,7 +188,7 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     manifest = resolved.manifest.active
     # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
     order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
-    persist = resolved.policy == "build_if_missing"
+    persist = resolved.policy is PreparedModelPolicy.BUILD_IF_MISSING
     persister: dict[PreparedKey, str] = {}
     restorer: dict[PreparedKey, str] = {}
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs

@@ -39,7 +39,6 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping
-from enum import Enum
 
 import numpy as np
 import onnx
@@ -48,6 +47,7 @@ from onnx_prepared.errors import CacheError, CacheWarning
 from onnx_prepared.kernels.prepack import KERNEL_ABI
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
+from onnx_prepared.options import PreparedModelPolicy  # its one home: the option's values
 from onnx_prepared.prepared import cache_io as io
 from onnx_prepared.prepared import payload_hash
 from onnx_prepared.prepared.cache_check import info, verify
@@ -78,13 +78,6 @@ __all__ = [
     "source_model_digest",
     "verify",
 ]
-
-
-class PreparedModelPolicy(str, Enum):
-    DISABLED = "disabled"  # never opened, never written
-    READ_ONLY = "read_only"  # uses compatible entries; never creates or modifies a file
-    BUILD_IF_MISSING = "build_if_missing"  # persists misses (put + flush)
-    REQUIRE_COMPLETE = "require_complete"  # like read_only; the caller fails on a miss
 
 
 def source_model_digest(model_path: str | os.PathLike, model: onnx.ModelProto | None = None) -> str:

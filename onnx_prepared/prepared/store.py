@@ -7,12 +7,14 @@
                  +-------> failed -> loading (a new generation retries)
 
 Each key has one entry, the record of its current *generation* (each production attempt is a new
-one): its state, the task producing it, the bytes residency admitted for it while in flight, and the
-published value with its PreparedArena allocation (the object's lease on that memory). The shared
-source reads a generation consumes are registered here too (:class:`ReadEntry`, one per source name,
-shared by the layouts of one tensor). The store is the only writer of all of it. Consumers of one key
-share the in-flight generation (one read, one prepack), wait on its producing task, and pin the
-resident object while they use it. Eviction removes residency, not identity.
+one): its state, the task producing it (whose completion is the generation's: consumers wait on that
+task, there is no second completion event), the bytes residency admitted for it while in flight, and
+the published value with its PreparedArena allocation (the object's lease on that memory, released by
+the store on eviction). The shared source reads a generation consumes are registered here too
+(:class:`ReadEntry`, one per source name, shared by the layouts of one tensor). The store is the only
+writer of all of it. Consumers of one key share the in-flight generation (one read, one prepack), wait
+on its producing task, and pin the resident object while they use it (:meth:`try_pin`: the value, or
+None in the normal race with eviction or production). Eviction removes residency, not identity.
 
 Every state change goes through ``_transition`` under the one lock, against ``_ALLOWED`` (an Enum plus
 one transition function: keep it that way; callers decide under the lock and act outside it).
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from onnx_prepared.errors import InternalError
@@ -51,9 +53,6 @@ _ALLOWED: dict[EntryState, frozenset[EntryState]] = {
     EntryState.EVICTING: frozenset({EntryState.ABSENT, EntryState.RESIDENT}),
     EntryState.FAILED: frozenset({EntryState.LOADING}),
 }
-
-Waiter = Callable[[Any, int, BaseException | None], None]  # (key, generation, error)
-
 
 @dataclass(eq=False)
 class ReadEntry:
@@ -81,8 +80,9 @@ class PreparedEntry:
     nbytes: int = 0
     pins: int = 0  # invariant: > 0 only while RESIDENT (or EVICTING refused)
     error: BaseException | None = None
-    waiters: list[Waiter] = field(default_factory=list)
-    producer: Any = None  # the task publishing the current generation (kept after it finished)
+    # the task publishing the current generation (kept after it finished): its completion is the
+    # generation's completion, the one event consumers wait on (the scheduler's resume_after)
+    producer: Any = None
     reserved: int | None = None  # bytes residency admitted for the in-flight generation (None: none)
     last_use: int = 0
     persisted: bool = False
@@ -148,19 +148,17 @@ class PreparedObjectStore:
             self._transition(e, EntryState.PREPARING)
 
     def publish(self, key: Any, generation: int, value: Any, nbytes: int, allocation: Allocation | None = None) -> None:
-        """Make ``value`` resident; wakes every waiter of this generation (outside the lock)."""
+        """Make ``value`` resident; ``allocation`` (its PreparedArena bytes) is now the store's to release."""
         with self._lock:
             e = self._entries[key]
             self._check_gen(e, generation)
             e.value, e.nbytes, e.allocation = value, nbytes, allocation
             self._transition(e, EntryState.RESIDENT)
             self.counters["published"] += 1
-            waiters, e.waiters = e.waiters, []
-        for w in waiters:
-            w(key, generation, None)
 
     def fail(self, key: Any, generation: int, error: BaseException) -> None:
-        """Record a failed generation; waiters see the error; a later claim starts a new generation."""
+        """Record a failed generation (consumers see the error through its producer task); a later claim
+        starts a new generation."""
         with self._lock:
             e = self._entries[key]
             if e.generation != generation or e.state not in (EntryState.LOADING, EntryState.PREPARING):
@@ -168,9 +166,6 @@ class PreparedObjectStore:
             e.error = error
             self._transition(e, EntryState.FAILED)
             self.counters["failed"] += 1
-            waiters, e.waiters = e.waiters, []
-        for w in waiters:
-            w(key, generation, error)
 
     def abandon(self, key: Any, generation: int) -> None:
         """A generation was cancelled before publishing: back to absent (no error recorded)."""
@@ -179,9 +174,6 @@ class PreparedObjectStore:
             if e.generation != generation or e.state not in (EntryState.LOADING, EntryState.PREPARING):
                 return
             self._transition(e, EntryState.ABSENT)
-            waiters, e.waiters = e.waiters, []
-        for w in waiters:
-            w(key, generation, None)
 
     def set_producer(self, key: Any, generation: int, task: Any) -> None:
         """Record the task that produces ``generation`` (the caller claimed it)."""
@@ -256,15 +248,6 @@ class PreparedObjectStore:
             raise InternalError(f"prepared object {e.key}: generation {generation} is stale (now {e.generation})")
 
     # ---- consumption ----
-    def when_ready(self, key: Any, waiter: Waiter) -> bool:
-        """Call ``waiter`` when the current generation completes; False if already resident (no call)."""
-        with self._lock:
-            e = self._entries[key]
-            if e.state is EntryState.RESIDENT:
-                return False
-            e.waiters.append(waiter)
-            return True
-
     def get(self, key: Any) -> Any:
         e = self._entries[key]
         if e.state is not EntryState.RESIDENT:
@@ -318,9 +301,10 @@ class PreparedObjectStore:
             e.pins -= 1
 
     def evict(self, key: Any) -> Allocation | None:
-        """Drop residency of an unpinned object; returns its allocation for the caller to release.
+        """Drop residency of an unpinned object and return its bytes to the PreparedArena (the store owns
+        the published allocation); returns that allocation, released.
 
-        Returns None (and changes nothing) when the object is pinned or not resident.
+        Returns None (and changes nothing) when the object is pinned, leased or not resident.
         """
         with self._lock:
             e = self._entries[key]
@@ -330,7 +314,9 @@ class PreparedObjectStore:
             alloc, e.allocation, e.value = e.allocation, None, None
             self._transition(e, EntryState.ABSENT)
             self.counters["evicted"] += 1
-            return alloc
+        if alloc is not None:
+            alloc.release()  # outside the lock: the arena has its own
+        return alloc
 
     def state(self, key: Any) -> EntryState:
         return self._entries[key].state

@@ -20,6 +20,7 @@ from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inp
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
+from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.resolve.fusions import fuse_dequantize_matmul
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
@@ -97,7 +98,7 @@ class ResolvedModel:
     manifest: PayloadManifest
     removed_nodes: int
     dead_initializers: tuple[str, ...]
-    policy: str = "disabled"  # the prepared-model policy resolution ran under
+    policy: PreparedModelPolicy = PreparedModelPolicy.DISABLED  # the prepared-model policy resolution ran under
     node_count: int = 0  # nodes of the transformed graph (so `complete` needs no parse)
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
     #: per node, the bound kernel's name ("ai.onnx::Gemm-13", "prepacked:...", "fallback:..."): derived
@@ -133,7 +134,8 @@ class ResolvedModel:
         return self.requirements[self.index[key]]
 
 
-def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "disabled") -> ResolvedModel:
+def resolve_model(model: LoadedModel, *, prepared: Any = None,
+                  policy: PreparedModelPolicy | str = PreparedModelPolicy.DISABLED) -> ResolvedModel:
     """Resolve ``model`` metadata-only (no payload is read).
 
     ``prepared`` is the companion :class:`~onnx_prepared.prepared.cache.PreparedModelStore` (or None);
@@ -243,7 +245,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None, policy: str = "di
         node_count=len(graph.node),
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         dead_initializers=dead,
-        policy=str(getattr(policy, "value", policy)),
+        policy=PreparedModelPolicy(getattr(policy, "value", policy)),
     )
 
 

@@ -17,7 +17,7 @@ from onnx_prepared.kernels import threads
 from onnx_prepared.memory import Arenas
 from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
 from onnx_prepared.model.loader import inline_nested_external
-from onnx_prepared.options import SessionOptions, as_session_options
+from onnx_prepared.options import PreparedModelPolicy, SessionOptions, as_session_options
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
 from onnx_prepared.resolve import ManifestReader, ResolvedModel, resolve_model
 from onnx_prepared.runtime.feeds import FeedBinder
@@ -113,7 +113,7 @@ def load(model: str | os.PathLike | LoadedModel) -> LoadedModel:
 def open_companion(loaded: LoadedModel, options: SessionOptions) -> Any:
     """The companion-model cache the policy asks for (a PreparedModelStore), or None when disabled."""
     policy = _policy(options)
-    if policy == "disabled":
+    if policy is PreparedModelPolicy.DISABLED:
         return None
     from onnx_prepared.prepared.cache import PreparedModelStore, default_prepared_path, source_model_digest
 
@@ -152,6 +152,5 @@ def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None
     ), True
 
 
-def _policy(options: SessionOptions) -> str:
-    policy = options.prepared_model_policy
-    return str(getattr(policy, "value", policy))
+def _policy(options: SessionOptions) -> PreparedModelPolicy:
+    return PreparedModelPolicy(options.prepared_model_policy)

@@ -16,10 +16,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from onnx_prepared.options import EvictionPolicy
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import EntryState, ReadEntry
-from onnx_prepared.prepared.residency import ResidencyManager
+from onnx_prepared.prepared.residency import ResidencyPolicy
 from onnx_prepared.resolve import PreparedKey
+from onnx_prepared.runtime.residency_budget import ResidencyBudget
 from onnx_prepared.runtime.state import BODIES, PreparedExecutionState, SessionTaskInstances
 from onnx_prepared.scheduler import Domain, ExecutionHandle, MemoryEstimate, Priority, Resource, Task, TaskState
 
@@ -47,7 +49,7 @@ class Producers:
     """Creates and tracks session tasks for one session. Thread-safe (one lock)."""
 
     def __init__(self, plan: PreparedExecutionPlan, state: PreparedExecutionState, scheduler: Any,
-                 limit: int | None, eviction_policy: str) -> None:
+                 limit: int | None, eviction_policy: EvictionPolicy | str) -> None:
         self.plan = plan
         self.state = state
         self.store = state.store
@@ -61,12 +63,14 @@ class Producers:
         self.closed = False
         self.on_evict: Callable[[PreparedKey], None] | None = None
         keys = [r.key for r in plan.requirements]
-        self.residency = ResidencyManager(
-            self.store, state.arenas.prepared, limit, keys=keys, next_need=plan.next_need,
-            persisted=self.persisted, persist=self.persist_now if self.persisting else None,
-            policy=eviction_policy, on_evict=self._evicted,
+        policy = ResidencyPolicy(
+            limit, {k: i for i, k in enumerate(keys)}, plan.next_need, self.persisted,
+            EvictionPolicy(eviction_policy),
             critical_reserve=max((r.estimated_bytes for r in plan.requirements), default=0),
         )
+        self.residency = ResidencyBudget(policy, self.store, state.arenas.prepared,
+                                         persist=self.persist_now if self.persisting else None,
+                                         on_evict=self._evicted)
 
     def keep(self, handle: ExecutionHandle) -> None:
         """Own a session-internal handle until it is terminal (dropping a live handle would wait)."""

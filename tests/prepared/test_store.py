@@ -4,18 +4,20 @@ from onnx_prepared.errors import InternalError
 from onnx_prepared.prepared import EntryState, PreparedObjectStore
 
 
-def test_shared_generation_and_publish_wakes_waiters():
+def test_shared_generation_and_publish():
+    """Consumers of one key share its in-flight generation; its completion is its producer task's (the
+    store keeps no second completion mechanism)."""
     s = PreparedObjectStore(["a", "b"])
     gen, produce = s.claim("a")
     gen2, produce2 = s.claim("a")  # second consumer joins the in-flight generation
     assert (gen, produce, gen2, produce2) == (1, True, 1, False)
-    seen = []
-    assert s.when_ready("a", lambda k, g, e: seen.append((k, g, e)))
     s.mark_preparing("a", gen)
+    assert s.states()["a"] is EntryState.PREPARING and s.try_pin("a") is None
     s.publish("a", gen, "A", 10)
-    assert seen == [("a", 1, None)]
+    assert s.states()["a"] is EntryState.RESIDENT and s.entry("a").generation == 1 and s.get("a") == "A"
     assert s.counters["productions"] == 1 and s.counters["shared"] == 1
-    assert not s.when_ready("a", lambda *a: None)  # already resident
+    assert s.claim("a") == (1, False)  # already resident: nothing to produce
+    assert not hasattr(s, "when_ready") and not hasattr(s.entry("a"), "waiters")
 
 
 def test_readiness_epoch_and_eviction():
@@ -38,10 +40,8 @@ def test_readiness_epoch_and_eviction():
 def test_failure_then_retry_with_new_generation():
     s = PreparedObjectStore(["a"])
     g, _ = s.claim("a")
-    errs = []
-    s.when_ready("a", lambda k, gen, e: errs.append(e))
     s.fail("a", g, ValueError("bad read"))
-    assert isinstance(errs[0], ValueError) and s.states()["a"] is EntryState.FAILED
+    assert isinstance(s.entry("a").error, ValueError) and s.states()["a"] is EntryState.FAILED
     g2, produce = s.claim("a")
     assert (g2, produce) == (2, True)
     with pytest.raises(InternalError, match="stale"):
