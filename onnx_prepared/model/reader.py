@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_prepared.errors import ExternalDataError, ModelLoadError, ResourceLimitError, short
+from onnx_prepared.model import verified
 from onnx_prepared.model.checksum import recorded_sha256
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor, is_packed
 from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, open_regular, physical_memory
@@ -46,7 +47,10 @@ class ExternalDataReader:
     returns them; with ``defer_verify`` (a session that does not persist what it reads) the hash runs on
     a background thread (``model/verify.py``) and the bytes are returned at once: whoever consumed them
     must call ``check_verified()`` before its result counts, which waits for every verification queued
-    so far and raises a mismatch. ``verify_checksums=False`` skips verification (tests, tools). With
+    so far and raises a mismatch. With ``verified_dir`` what matched is recorded at ``close()`` under the
+    data file's fingerprint, and a later reader trusts it while the fingerprint is unchanged
+    (``model/verified.py``), so repeated cold starts do not re-hash unchanged weights.
+    ``verify_checksums=False`` skips verification (tests, tools). With
     ``hash_reads`` every external read is hashed inline. ``source_digest`` then gives (sha256,
     fingerprint of the file the bytes came from), the pair a companion cache may trust later without
     reading the source.
@@ -56,7 +60,8 @@ class ExternalDataReader:
     """
 
     def __init__(self, *, max_tensor_bytes: int | None = None, hash_reads: bool = False,
-                 verify_checksums: bool = True, defer_verify: bool = False, fd_bound: int | None = None) -> None:
+                 verify_checksums: bool = True, defer_verify: bool = False, verified_dir: str | None = None,
+                 fd_bound: int | None = None) -> None:
         self._pool = FdPool(_open_data, fd_bound)
         self._lock = threading.Lock()  # guards bytes_read and _digests
         self.bytes_read = 0
@@ -66,6 +71,9 @@ class ExternalDataReader:
         self.defer_verify = defer_verify
         self.verifier = ChecksumVerifier()
         self._queued: set[tuple[str, int, int, str]] = set()  # (file, offset, length, fp) being verified
+        self.verified_dir = verified_dir
+        self._records_read: set[tuple[str, str]] = set()  # (file, fp) whose verification record was loaded
+        self._records_new: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # verified by this reader
         self._digests: dict[tuple[str, int, int], tuple[str, str]] = {}  # (file, offset, length) -> (sha, fp)
 
     @property
@@ -74,9 +82,15 @@ class ExternalDataReader:
         return len(self._pool)
 
     def close(self) -> None:
-        """Close every pooled file descriptor and stop background verification. Idempotent."""
+        """Close every pooled file descriptor, stop background verification and save what this reader
+        verified (``verified_dir``). Idempotent."""
         self.verifier.close()
         self._pool.close()
+        with self._lock:
+            new, self._records_new = self._records_new, {}
+        if self.verified_dir is not None:
+            for (file, fp), ranges in new.items():
+                verified.save(self.verified_dir, file, fp, ranges)
 
     def check_verified(self) -> None:
         """Wait for every checksum verification queued so far; raise :class:`ExternalDataError` if any
@@ -127,6 +141,8 @@ class ExternalDataReader:
                                             f"at offset {p.offset}", tensor=desc.name, file=p.file)
                 got += n
             want = recorded_sha256(desc) if self.verify_checksums else None
+            if want is not None and self.verified_dir is not None:
+                self._load_record(p.file, fingerprint(st))
             # Deferred only for bytes nobody persists (hash_reads) into a buffer only we hand out (no out=).
             deferred = (want is not None and self.defer_verify and not self.hash_reads and out is None
                         and self._defer(desc, p, st, buf, want))
@@ -159,17 +175,21 @@ class ExternalDataReader:
         """Hash the bytes just read (once per file fingerprint) and compare with the recorded sha256."""
         key, fp = (p.file, p.offset, p.length), fingerprint(st)
         have = self._digests.get(key)
+        trusted = False
         if have is not None and have[1] == fp:
             sha = have[0]
         else:
             sha = sha256_chunked(buf)
             if fingerprint(os.fstat(fd)) == fp:  # unchanged while hashed: the pair may be trusted later
+                trusted = True
                 with self._lock:
                     self._digests[key] = (sha, fp)
         if want is not None and sha != want:
             err = _mismatch(desc, p, sha, want)
             self.verifier.fail(err)  # deferred users of this reader fail too
             raise err
+        if want is not None and trusted:
+            self._remember(p, fp, sha)
 
     def _defer(self, desc: WeightDescriptor, p: ExternalPayload, st: os.stat_result, buf: np.ndarray,
                want: str) -> bool:
@@ -192,7 +212,10 @@ class ExternalDataReader:
                     return None  # reader closed: nobody will consume a result
                 with self._lock:  # NOTE: fingerprint as read: a later change is a new key, never trusted
                     self._digests[key] = (sha, fp)
-                return None if sha == want else _mismatch(desc, p, sha, want)
+                if sha != want:
+                    return _mismatch(desc, p, sha, want)
+                self._remember(p, fp, sha)
+                return None
             finally:
                 with self._lock:
                     self._queued.discard((*key, fp))
@@ -202,6 +225,21 @@ class ExternalDataReader:
         with self._lock:
             self._queued.discard((*key, fp))
         return False
+
+    def _load_record(self, file: str, fp: str) -> None:
+        """Trust what an earlier process verified in ``file`` under fingerprint ``fp`` (model/verified.py)."""
+        if (file, fp) in self._records_read:
+            return
+        ranges = verified.load(self.verified_dir, file, fp)
+        with self._lock:
+            self._records_read.add((file, fp))
+            for (off, n), sha in ranges.items():
+                self._digests.setdefault((file, off, n), (sha, fp))
+
+    def _remember(self, p: ExternalPayload, fp: str, sha: str) -> None:
+        if self.verified_dir is not None:
+            with self._lock:
+                self._records_new.setdefault((p.file, fp), {})[(p.offset, p.length)] = sha
 
     def read(self, desc: WeightDescriptor) -> np.ndarray:
         """The value of ``desc`` as a read-only numpy array of its logical dtype and shape.

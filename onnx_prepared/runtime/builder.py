@@ -15,7 +15,7 @@ from typing import Any
 
 from onnx_prepared.kernels import threads
 from onnx_prepared.memory import Arenas
-from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model
+from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model, verified
 from onnx_prepared.model.loader import inline_nested_external
 from onnx_prepared.options import PreparedModelPolicy, SessionOptions, as_session_options
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
@@ -130,9 +130,11 @@ def make_reader(options: SessionOptions, companion: Any) -> ExternalDataReader:
     A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy is asked
     for the buffer; prepared_memory_limit is a residency target one object may exceed. Recorded
     checksums are always verified: in the background (a run checks before it completes, model/verify.py),
-    inline when the bytes are persisted (``hash_reads``, set for a writable companion).
+    inline when the bytes are persisted (``hash_reads``, set for a writable companion); what matched is
+    recorded under the data file's fingerprint, so the next process need not hash it (model/verified.py).
     """
-    return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, defer_verify=True)
+    return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, defer_verify=True,
+                              verified_dir=verified.default_dir())
 
 
 def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None) -> tuple[RuntimeScheduler, bool]:

@@ -26,6 +26,11 @@ from tests.helpers.models import add_checksums, gemm_mlp, reference_mlp
 X = np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-home"))  # verification records land here
+
+
 def _model(tmp_path, *, corrupt: str | None = None):
     path = gemm_mlp(tmp_path, layers=3, seed=1)
     add_checksums(path)
@@ -120,6 +125,31 @@ def test_a_writable_companion_verifies_before_publishing(tmp_path):
         store = PreparedModelStore(companion, source_digest=source_model_digest(path), policy="read_only")
         assert not [n for n in store.entries() if "W2" in n]  # nothing derived from the bad bytes persisted
         assert "W2" not in store.source_digests
+
+
+def test_a_later_process_trusts_what_was_verified_only_under_the_same_fingerprint(tmp_path, monkeypatch):
+    calls = _count_hashes(monkeypatch)
+    path = _model(tmp_path)
+    n = sum(t.data_location == onnx.TensorProto.EXTERNAL
+            for t in onnx.load(path, load_external_data=False).graph.initializer)
+    for expect in (n, 0):  # the second session trusts the first one's record: no hash at all
+        calls.clear()
+        with RuntimeSession(path) as s:
+            np.testing.assert_allclose(s.run({"x": X})[0], reference_mlp(path, X), rtol=1e-5, atol=1e-6)
+        assert len(calls) == expect
+    data = os.path.join(os.path.dirname(path), onnx.load(path, load_external_data=False).graph.initializer[0]
+                        .external_data[0].value)
+    st = os.stat(data)
+    with open(data, "r+b") as f:  # corrupt one byte of W1, restore the mtime: only ctime tells
+        m = onnx.load(path, load_external_data=False)
+        info = next({e.key: e.value for e in t.external_data} for t in m.graph.initializer if t.name == "W1")
+        f.seek(int(info.get("offset", 0)) + 3)
+        f.write(b"\x7f")
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    calls.clear()
+    with RuntimeSession(path) as s, pytest.raises(ExternalDataError, match="checksum mismatch"):
+        s.run({"x": X})
+    assert len(calls) >= 1  # the record was not trusted: the bytes were hashed again
 
 
 def test_verifier_bounds_its_backlog_and_keeps_the_first_failure():

@@ -1,0 +1,85 @@
+"""Verification records: which tensors of a data file matched their model checksum, under which stat
+fingerprint, so a later process need not hash them again.
+
+The trust rule is the companion's (docs/reliability.md): a digest is trusted only while the data file
+keeps the fingerprint (device, inode, size, mtime_ns, ctime_ns) it had when those bytes were hashed.
+A record therefore says "bytes offset..offset+length of this file, under fingerprint F, hash to S"; a
+reader trusts it only when the file's fingerprint is F now and S equals the checksum the model records.
+A rewrite (even one that restores mtime) changes ctime, so the record is ignored and the bytes are
+hashed again. Without records every process re-hashes every weight (sha256, ~0.5 ms per MB here).
+
+One JSON file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``), named
+by the sha256 of the data file's real path, written atomically (temporary file + ``os.replace``).
+Records are a cache: an unreadable, corrupt or foreign record is ignored, a folder that cannot be
+written is skipped silently, and at most ``MAX_RECORDS`` files are kept (oldest removed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+
+from onnx_prepared.model.safe_open import fingerprint, read_regular
+
+MAX_RECORDS = 256
+_LIMIT = 16 << 20  # a record is a few dozen bytes per tensor
+
+
+def default_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "onnx-prepared", "verified")
+
+
+def _path(folder: str, file: str) -> str:
+    return os.path.join(folder, hashlib.sha256(os.path.realpath(file).encode()).hexdigest()[:32] + ".json")
+
+
+def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
+    """{(offset, length): sha256} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
+    try:
+        data, _ = read_regular(_path(folder, file), limit=_LIMIT)
+        rec = json.loads(data)
+        if rec.get("file") != os.path.realpath(file) or rec.get("fingerprint") != fp:
+            return {}
+        out = {}
+        for k, sha in rec["ranges"].items():
+            off, length = (int(x) for x in k.split(":"))
+            if isinstance(sha, str) and len(sha) == 64:
+                out[(off, length)] = sha
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) -> None:
+    """Record ``ranges`` (merged with a record of the same fingerprint) if ``file`` still has ``fp``."""
+    with contextlib.suppress(OSError, ValueError):
+        if fingerprint(os.stat(file)) != fp:
+            return  # changed since it was hashed: the record would be ignored anyway
+        merged = {**load(folder, file, fp), **ranges}
+        os.makedirs(folder, exist_ok=True)
+        body = json.dumps({"file": os.path.realpath(file), "fingerprint": fp,
+                           "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}})
+        path = _path(folder, file)
+        tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone after a successful replace
+        _prune(folder)
+
+
+def _prune(folder: str) -> None:
+    names = [n for n in os.listdir(folder) if n.endswith(".json")]
+    if len(names) <= MAX_RECORDS:
+        return
+    aged = sorted(names, key=lambda n: os.stat(os.path.join(folder, n)).st_mtime_ns)
+    for n in aged[: len(names) - MAX_RECORDS]:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, n))
