@@ -72,3 +72,40 @@ def set_threads(n: int | None) -> None:
     with _lock:
         api[1](n)
         _current = n
+
+
+_sgemm: tuple[int, bool] | bool | None = False  # False: not looked up yet
+
+
+def sgemm_address() -> tuple[int, bool] | None:
+    """(address, ilp64) of the OpenBLAS ``cblas_sgemm`` numpy uses, or None (another BLAS, or none found).
+
+    The native conv GEMM (``_native/conv_gemm.c``) calls it from the extension's pool, one column or row
+    block per task, with OpenBLAS kept single-threaded (the blocks are fixed by shape, so results do not
+    depend on the thread count).
+    """
+    global _sgemm
+    if _sgemm is not False:
+        return _sgemm
+    _sgemm = None
+    import numpy as np
+
+    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "*openblas*"))
+    libs += glob.glob(os.path.join(os.path.dirname(np.__file__), ".dylibs", "*openblas*"))
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name, ilp64 in (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("cblas_sgemm", False)):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                _sgemm = (ctypes.cast(fn, ctypes.c_void_p).value, ilp64)
+                return _sgemm
+    return _sgemm
+
+
+def current_threads() -> int | None:
+    """OpenBLAS's thread count now (None without OpenBLAS)."""
+    api = _load()
+    return int(api[0]()) if api else None

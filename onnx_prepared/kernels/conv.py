@@ -19,6 +19,7 @@ import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
 
@@ -52,22 +53,41 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     p = sp.prod(out)
     m = g * mg
     cg = c // g
+    # NOTE: a batch of small planes joins the GEMM's columns ([g, K, N*P], one pass over the weights
+    # instead of N): late ResNet layers have P = 4..16 columns per image and weights of megabytes.
+    merge = n > 1 and p < 256 and cg > 1
     if all(k == 1 for k in kshape) and all(s == 1 for s in strides) and not any(begins) and not any(ends):
-        y = np.matmul(wm, xw.reshape(n, g, cg, p))
+        cols = xw.reshape(n, g, cg, p)
+        y = _gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else _gemm(wm, cols)
     elif cg == 1:
         y = _depthwise(xw, wm, kshape, begins, ends, out, strides, dilations)
     else:
         xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
-        win = sp.windows(xp, out, kshape, strides, dilations)
-        axes = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
-        cols = win.transpose(axes).reshape(n, g, cgk, p)
-        y = np.matmul(wm, cols)
+        win = sp.windows(xp, out, kshape, strides, dilations)  # [N, C, *out, *k]
+        if merge:  # the im2col copy itself puts the batch next to the output positions
+            axes = (1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))
+            y = _gemm(wm, win.transpose(axes).reshape(1, g, cgk, n * p))
+        else:
+            axes = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+            y = _gemm(wm, win.transpose(axes).reshape(n, g, cgk, p))
+    if merge:  # columns ordered (image, position)
+        y = y.reshape(m, n, p).transpose(1, 0, 2)
     y = y.reshape((n, m) + tuple(out))
     if b is not None:
         if b.shape != (m,):
             raise KernelError(f"Conv: bias shape {list(b.shape)} is not [{m}]")
         y += b.astype(wd, copy=False).reshape((m,) + (1,) * nd)
     return y if y.dtype == dtype else y.astype(dtype)
+
+
+def _gemm(wm: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``wm [g, M/g, K] @ cols [N, g, K, P]``: on the native pool in blocks when float32 (every core,
+    thread-count independent), else numpy's matmul (OpenBLAS, single-threaded in a run)."""
+    if wm.dtype == np.float32 and cols.dtype == np.float32:
+        y = native.conv_gemm(wm, np.ascontiguousarray(cols))
+        if y is not None:
+            return y
+    return np.matmul(wm, cols)
 
 
 def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:

@@ -105,8 +105,8 @@ def describe() -> str:
     """One line for ``inspect``/``demo``: which kernels and which dispatch level are active."""
     if _ext is None:
         return f"native kernels: numpy fallback ({unavailable_reason})"
-    return (f"native kernels: MatMulNBits q4 (fp32 + int8), LSTM/GRU/RNN recurrence, dispatch {dispatch_level()} "
-            f"(CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
+    return (f"native kernels: MatMulNBits q4 (fp32 + int8), LSTM/GRU/RNN recurrence, Conv GEMM blocks, "
+            f"dispatch {dispatch_level()} (CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
 
 
 def _scratch(nbytes: int) -> np.ndarray:
@@ -174,6 +174,35 @@ def rnn_seq(op: str, xw: np.ndarray, xw_off: int, rt: np.ndarray, h: np.ndarray,
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     scratch = _scratch(_ext.rnn_scratch_bytes(batch, hidden, gates))
     _ext.rnn_seq(cfg, fcfg, xw, rt, h, c, y, lens, p, rbh, scratch)
+
+
+_sgemm_bound: bool | None = None  # None: not tried yet
+
+
+def conv_gemm(a: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """``a [g, M, K] @ x [n, g, K, N]`` (float32, C order) split over the pool, or None when the caller
+    should use numpy (no extension, no OpenBLAS sgemm found, or OpenBLAS itself multi-threaded).
+
+    Each task runs OpenBLAS's single-threaded sgemm on a block fixed by the shape (``conv_gemm.c``), so
+    the result does not depend on the thread count.
+    """
+    global _sgemm_bound
+    if _ext is None:
+        return None
+    from onnx_prepared.kernels import _blas
+
+    if _sgemm_bound is None:
+        found = _blas.sgemm_address()
+        if found is not None:
+            _ext.conv_gemm_set_blas(*found)
+        _sgemm_bound = found is not None
+    if not _sgemm_bound or _blas.current_threads() != 1:
+        return None
+    g, m, k = a.shape
+    n, _, _, cols = x.shape
+    y = np.empty((n, g, m, cols), np.float32)
+    _ext.conv_gemm(a, x, y, g, m, k, cols, n)
+    return y
 
 
 def _apply_env() -> None:

@@ -10,6 +10,7 @@
 #include "nbits.h"
 #include "pool.h"
 #include "rnn_module.h"
+#include "conv_gemm.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -352,6 +353,7 @@ static PyMethodDef methods[] = {
     {"pool_stalls", py_pool_stalls, METH_NOARGS, "calls whose workers stalled the caller (then run inline)"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
+    CONV_GEMM_METHODS
     {NULL, NULL, 0, NULL},
 };
 
