@@ -1,29 +1,40 @@
-"""Time to first output against onnxruntime: process start to the first prefill's logits.
+"""Time to first output against onnxruntime: process start to the first prefill's logits, phase by phase.
 
-Each measurement is a fresh process, started right after the model's files were evicted from the page
-cache (``cold``, checked with ``mincore``) or read once (``warm``). Runtimes, interleaved in rotating
-order within each repetition, on the same model and feeds (a prefill of ``--prompts`` tokens):
+Each measurement is a fresh process, started right after the model's files (and the companion cache's)
+were evicted from the page cache (``cold``: ``posix_fadvise(DONTNEED)``, residency checked with
+``mincore``) or read once (``warm``). Runtimes, interleaved in rotating order within each repetition, on
+the same model and feeds (a prefill of ``--prompts`` tokens):
 
 - ``ort``: ``import onnxruntime``, ``InferenceSession(path, providers=["CPUExecutionProvider"])`` (default
   options), ``run(None, feeds)``
-- ``ours``: ``import onnx_prepared.runtime.session``, ``RuntimeSession(path)``, ``run(feeds)`` (cold path:
-  the run streams weights in while it executes)
+- ``ours``: ``from onnx_prepared import RuntimeSession``, ``RuntimeSession(path)`` (no companion cache:
+  ``prepared_model_policy="disabled"``), ``run(feeds)`` (cold path: the run streams weights in as it executes)
+- ``ours+cache``: the same with ``read_only`` on a complete companion built beforehand
+  (``onnx-prepared cache build``), evicted with the model
 
-Phases (ms, from the process's spawn): interpreter start, ``import numpy``, import of the runtime,
-feeds, session creation, first run; TTFO is their sum (spawn -> logits). For ``ours`` the first run is
-split further from its scheduler trace: time the run continuation computed, time it waited for
-prepared objects, and the summed read / prepack task durations. Unless ``--no-profile``, one more
-process per preset and prompt prepares the model and times our prefill per kernel (first and second
-run after ``prepare()``), to show which kernels cost the difference. Goals (issue): on the medium and large
-presets, cold TTFO <= 0.5x onnxruntime's with 16 tokens and <= 0.7x with 128 tokens.
+Models (``--models``): ``medium`` (tied INT4 embedding: GatherBlockQuantized shared with the LM head) and
+``medium-genai`` (onnxruntime-genai's builder shape: an untied float32 embedding read by Gather and a
+separate INT4 LM head; ``generate tiny-llm --embedding fp32``).
 
-    python benchmarks/ttfo.py [--presets medium,large] [--prompts 16,128] [--reps 3] [--json]
+Phases (ms): interpreter start (spawn -> main), ``import numpy``, import of the runtime, feeds; for ours
+the session construction split by builder phase: parse (metadata-only load), companion (open the
+cache), resolve, plan, state (session state, producers, scheduler); the first run. Points (ms from
+spawn): first node (the run's first continuation segment starts), last read (the last read task that
+finished before the output), output (= TTFO). Plus run compute (summed continuation segments), bytes
+read before the output (source + companion payloads) and peak RSS. Unless ``--no-profile``, one more
+process per model and prompt prepares the model and times our prefill per kernel (first and second run
+after ``prepare()``). Goals (issue 12; ratios ours / onnxruntime, cold): TTFO <= 0.5x at 16 and 128
+tokens without a cache, <= 0.45x with a complete cache, a hit never slower than a miss; import
+(numpy included) <= 1.1x.
+
+    python benchmarks/ttfo.py [--models medium,medium-genai] [--prompts 16,128] [--reps 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -32,9 +43,38 @@ if __package__:  # python -m benchmarks.NAME
 else:  # python benchmarks/NAME.py
     import _common as C
 
-RUNTIMES = ("ort", "ours")
-GOALS = {16: 0.5, 128: 0.7}
+RUNTIMES = ("ort", "ours", "ours+cache")
+GOALS = {"ours": 0.5, "ours+cache": 0.45}  # cold TTFO, ours / onnxruntime, at every prompt length
+GOAL_IMPORT = 1.1
+MODELS = {"medium": {"preset": "medium"}, "medium-genai": {"preset": "medium", "embedding": "fp32"}, "tiny": {}}
+STEM = "tiny-llm.prepared.onnx"
 _PHASES = ("interp_ms", "numpy_ms", "import_ms", "feeds_ms", "session_ms", "run_ms")
+_BUILD_PHASES = (("parse_ms", "load"), ("companion_ms", "open_companion"), ("resolve_ms", "resolve_model"),
+                 ("plan_ms", "build_prepared_plan"))
+
+
+def model_path(models_dir: str, model: str) -> str:
+    """The cached generated model ``model`` (a key of MODELS); ``tiny``/``medium`` are folders others share."""
+    if model in ("tiny", "medium"):
+        return C.tiny_llm_path(models_dir, model)
+    from onnx_prepared.generate import MODEL_FILE, generate_tiny_llm
+
+    out = os.path.join(models_dir, model)
+    path = os.path.join(out, MODEL_FILE)
+    if not os.path.exists(path):
+        print(f"[bench] generating {model!r} into {out} (once)", file=sys.stderr)
+        generate_tiny_llm(out, **MODELS[model])
+    return path
+
+
+def build_companion(models_dir: str, model: str, path: str) -> str:
+    """A complete companion cache of ``path`` (``cache build``, which tops up an earlier one), verified."""
+    out = os.path.join(models_dir, "companions-ttfo", model, STEM)
+    for args in (("cache", "build", path, "--out", out, "--quiet"), ("cache", "verify", out, "--model", path)):
+        p = subprocess.run([sys.executable, "-m", "onnx_prepared.cli", *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return out
 
 
 # **** child process ****
@@ -57,16 +97,24 @@ def child(a: argparse.Namespace) -> None:
         t_out = time.perf_counter()
         extra: dict = {}
     else:
-        from onnx_prepared.runtime.session import RuntimeSession
+        from onnx_prepared import RuntimeSession
 
         t_imp = time.perf_counter()
         feeds = C.llm_prefill_feeds(a.model, a.tokens)
+        phases = _time_build_phases()
         t_feeds = time.perf_counter()
-        sess = RuntimeSession(a.model, {"trace": True})
+        opts = {"trace": True, "prepared_model_policy": "disabled"}
+        if a.companion:
+            opts.update(prepared_model_policy="read_only", prepared_model_path=a.companion)
+        sess = RuntimeSession(a.model, opts)
         t_sess = time.perf_counter()
         out = sess.run(feeds)
         t_out = time.perf_counter()
-        extra = _ours_breakdown(sess, t_sess, t_out)
+        st, ps = sess.state, sess.prepared_store
+        read_mb = (st.reader.reader.bytes_read + (ps.bytes_read if ps is not None else 0)) / C.MB
+        extra = {**_ours_breakdown(sess, t_sess, t_out, a.spawn), "read_mb_before_output": read_mb,
+                 **{k: v * 1e3 for k, v in phases.items()}}
+        extra["state_ms"] = (t_sess - t_feeds) * 1e3 - sum(extra.get(k, 0.0) for k, _ in _BUILD_PHASES)
         sess.close()
     logits = np.asarray(out[0])[0, -1]
     C.child_print({
@@ -83,6 +131,25 @@ def child(a: argparse.Namespace) -> None:
         "logits_head": [float(x) for x in logits[:4]],
         **extra,
     })
+
+
+def _time_build_phases() -> dict[str, float]:
+    """Seconds per construction phase: wraps the phase functions runtime/builder.py calls by name."""
+    from onnx_prepared.runtime import builder
+
+    spent: dict[str, float] = {}
+    for key, name in _BUILD_PHASES:
+        fn = getattr(builder, name)
+
+        def timed(*args, _fn=fn, _key=key, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                spent[_key] = spent.get(_key, 0.0) + time.perf_counter() - t0
+
+        setattr(builder, name, timed)
+    return spent
 
 
 def child_profile(a: argparse.Namespace) -> None:
@@ -140,14 +207,17 @@ def _hot_blas_threads(sess) -> int | None:
     return n if n is not None else _blas.default_threads()
 
 
-def _ours_breakdown(sess, t0: float, t1: float) -> dict:
+def _ours_breakdown(sess, t0: float, t1: float, spawn: float) -> dict:
     """Split the first run: continuation compute vs waiting, and the loading work done meanwhile."""
     recs = [r for r in sess.scheduler.trace.records() if r.started <= t1]
     runs = sorted((r for r in recs if r.name.startswith("I.run")), key=lambda r: r.started)
-    reads = [r for r in recs if r.name.endswith(".read_source")]
+    reads = [r for r in recs if r.name.endswith((".read_source", ".read_packed"))]
     packs = [r for r in recs if r.name.endswith(".prepack")]
     busy = sum(r.finished - r.started for r in runs)
+    done = [r.finished for r in reads if r.finished <= t1]
     return {
+        "first_node_at_ms": (runs[0].started - spawn) * 1e3 if runs else None,
+        "last_read_at_ms": (max(done) - spawn) * 1e3 if done else None,
         "run_compute_ms": busy * 1e3,
         "run_wait_ms": ((t1 - t0) - busy) * 1e3,
         "yields": sess.counters["yields"],
@@ -163,48 +233,60 @@ def _ours_breakdown(sess, t0: float, t1: float) -> dict:
 
 def bench(a: argparse.Namespace) -> dict:
     me = os.path.abspath(__file__)
-    res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS, "cases": []}
+    res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS,
+                 "goal_import": GOAL_IMPORT, "cases": []}
     raw: dict[tuple, list[dict]] = {}
     resident: dict[str, list[float]] = {"cold": [], "warm": []}
-    paths = {p: C.tiny_llm_path(a.models_dir, p) for p in a.presets}
+    paths = {m: model_path(a.models_dir, m) for m in a.models}
+    companions = {m: build_companion(a.models_dir, m, paths[m]) for m in a.models if "ours+cache" in a.runtimes}
     for rep in range(a.reps):
-        for preset in a.presets:
-            files = C.model_files(paths[preset])
+        for model in a.models:
+            files = C.model_files(paths[model])
+            if model in companions:
+                folder = os.path.dirname(companions[model])
+                files += [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith((".onnx", ".data"))]
             for tokens in a.prompts:
                 for cache in a.caches:
                     for rt in C.rotate(list(a.runtimes), rep):
                         frac = C.set_cache(files, cache)
                         if frac is not None:
                             resident[cache].append(frac)
-                        r = C.run_child([me, "--child", rt, "--model", paths[preset], "--tokens", str(tokens)],
-                                        {})
-                        raw.setdefault((preset, tokens, cache, rt), []).append(r)
-    for (preset, tokens, cache, rt), runs in raw.items():
-        row: dict = {"preset": preset, "tokens": tokens, "cache": cache, "runtime": rt, "n": len(runs)}
-        for k, v in runs[0].items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "argmax":
-                row[k] = C.median([r[k] for r in runs])
+                        args = [me, "--child", "ort" if rt == "ort" else "ours", "--model", paths[model],
+                                "--tokens", str(tokens)]
+                        if rt == "ours+cache":
+                            args += ["--companion", companions[model]]
+                        raw.setdefault((model, tokens, cache, rt), []).append(C.run_child(args, {}))
+    for (model, tokens, cache, rt), runs in raw.items():
+        row: dict = {"model": model, "tokens": tokens, "cache": cache, "runtime": rt, "n": len(runs)}
+        for k in runs[0]:
+            vals = [r[k] for r in runs if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+            if vals and k != "argmax":
+                row[k] = C.median(vals)
+        row["import_total_ms"] = C.median([r["numpy_ms"] + r["import_ms"] for r in runs])
         row["argmax"] = runs[0]["argmax"]
         res["cases"].append(row)
-    by = {(r["preset"], r["tokens"], r["cache"], r["runtime"]): r for r in res["cases"]}
+    by = {(r["model"], r["tokens"], r["cache"], r["runtime"]): r for r in res["cases"]}
     for r in res["cases"]:
-        base = by.get((r["preset"], r["tokens"], r["cache"], "ort"))
+        base = by.get((r["model"], r["tokens"], r["cache"], "ort"))
         if base is not None and r["runtime"] != "ort":
             r["vs_ort"] = r["ttfo_ms"] / base["ttfo_ms"]
-            r["goal"] = GOALS.get(r["tokens"])
+            r["import_vs_ort"] = r["import_total_ms"] / base["import_total_ms"]
+            r["goal"] = GOALS.get(r["runtime"])
             r["meets_goal"] = r["vs_ort"] <= r["goal"] if r["goal"] and r["cache"] == "cold" else None
             r["same_argmax"] = r["argmax"] == base["argmax"]
             r["delta_ms"] = {p: r[p] - base[p] for p in _PHASES}
+        miss = by.get((r["model"], r["tokens"], r["cache"], "ours"))
+        if r["runtime"] == "ours+cache" and miss is not None:
+            r["hit_vs_miss"] = r["ttfo_ms"] / miss["ttfo_ms"]
     res["resident_before"] = {k: ([round(min(v), 4), round(max(v), 4)] if v else None) for k, v in resident.items()}
     if a.profile:
         res["profile"] = []
-        for preset in a.presets:
-            C.warm(C.model_files(paths[preset]))
+        for model in a.models:
+            C.warm(C.model_files(paths[model]))
             for tokens in a.prompts:
-                p = C.run_child([me, "--child", "profile", "--model", paths[preset], "--tokens", str(tokens)],
-                                {})
-                ort_run = by.get((preset, tokens, "warm", "ort"), {}).get("run_ms")
-                res["profile"].append({"preset": preset, "tokens": tokens, "ort_first_run_ms": ort_run, **p})
+                p = C.run_child([me, "--child", "profile", "--model", paths[model], "--tokens", str(tokens)], {})
+                ort_run = by.get((model, tokens, "warm", "ort"), {}).get("run_ms")
+                res["profile"].append({"preset": model, "tokens": tokens, "ort_first_run_ms": ort_run, **p})
     return res
 
 
@@ -217,23 +299,28 @@ def print_table(res: dict) -> None:
         print(f"page cache resident before cold runs: {rb['cold'][0]:.1%}..{rb['cold'][1]:.1%}"
               + ("  WARNING: eviction did not work" if rb["cold"][1] > 0.05 else ""))
     for r in res["cases"]:
-        r["case"] = f"{r['preset']} {r['tokens']}tok {r['cache']}"
+        r["case"] = f"{r['model']} {r['tokens']}tok {r['cache']}"
     print(C.table(res["cases"], [
         ("case", "case", ""), ("runtime", "runtime", ""), ("interp", "interp_ms", ".0f"), ("numpy", "numpy_ms", ".0f"),
         ("import", "import_ms", ".0f"), ("session", "session_ms", ".0f"), ("first run", "run_ms", ".0f"),
-        ("TTFO ms", "ttfo_ms", ".0f"), ("vs ort", "vs_ort", ".2f"), ("goal", "goal", ".1f"),
-        ("meets", "meets_goal", ""), ("same argmax", "same_argmax", ""), ("peak RSS MB", "peak_rss_mb", ".0f"),
+        ("TTFO ms", "ttfo_ms", ".0f"), ("vs ort", "vs_ort", ".2f"), ("goal", "goal", ".2f"),
+        ("meets", "meets_goal", ""), ("hit/miss", "hit_vs_miss", ".2f"), ("same argmax", "same_argmax", ""),
+        ("import+numpy", "import_total_ms", ".0f"), ("import vs ort", "import_vs_ort", ".2f"),
+        ("peak RSS MB", "peak_rss_mb", ".0f"),
     ]))
     ours = [r for r in res["cases"] if r["runtime"] != "ort"]
     if ours:
-        print("\nour first run, split (from its trace): continuation compute vs waiting for prepared objects; "
-              "loading work done before the output")
+        print(f"\nours, phase by phase (ms; 'at' = ms from process spawn); import goal <= {res['goal_import']}x")
         for r in ours:
             d = r.get("delta_ms") or {}
             r["d_import"], r["d_session"], r["d_run"] = d.get("import_ms"), d.get("session_ms"), d.get("run_ms")
         print(C.table(ours, [
-            ("case", "case", ""), ("runtime", "runtime", ""), ("run compute", "run_compute_ms", ".0f"),
-            ("run wait", "run_wait_ms", ".0f"), ("yields", "yields", ".0f"), ("read sum", "read_sum_ms", ".0f"),
+            ("case", "case", ""), ("runtime", "runtime", ""), ("parse", "parse_ms", ".0f"),
+            ("companion", "companion_ms", ".0f"), ("resolve", "resolve_ms", ".0f"), ("plan", "plan_ms", ".0f"),
+            ("state", "state_ms", ".0f"), ("first node at", "first_node_at_ms", ".0f"),
+            ("last read at", "last_read_at_ms", ".0f"), ("output at", "ttfo_ms", ".0f"),
+            ("run compute", "run_compute_ms", ".0f"), ("run wait", "run_wait_ms", ".0f"),
+            ("MB read", "read_mb_before_output", ".1f"), ("read sum", "read_sum_ms", ".0f"),
             ("prepack sum", "prepack_sum_ms", ".0f"),
             ("vs ort: import", "d_import", "+.0f"), ("session", "d_session", "+.0f"), ("first run", "d_run", "+.0f"),
         ]))
@@ -261,11 +348,11 @@ def print_profile(res: dict, top: int = 6) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models-dir", default=C.MODELS_DIR)
-    ap.add_argument("--presets", type=C.parse_list, default=["medium", "large"],
-                    help="comma-separated tiny-llm presets (default medium,large)")
+    ap.add_argument("--models", type=C.parse_list, default=["medium", "medium-genai"],
+                    help=f"comma-separated generated models among {', '.join(MODELS)} (default medium,medium-genai)")
     ap.add_argument("--prompts", type=lambda s: [int(x) for x in C.parse_list(s)], default=[16, 128],
                     help="prompt lengths (default 16,128)")
-    ap.add_argument("--caches", type=C.parse_list, default=["cold", "warm"])
+    ap.add_argument("--caches", type=C.parse_list, default=["cold"], help="page-cache states: cold,warm")
     ap.add_argument("--runtimes", type=C.parse_list, default=list(RUNTIMES))
     ap.add_argument("--reps", type=int, default=3, help="fresh processes per row (median reported)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -274,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=["ort", "ours", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--companion", help=argparse.SUPPRESS)
     ap.add_argument("--spawn", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child == "profile":
@@ -282,9 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         child(a)
         return 0
-    bad = [c for c in a.caches if c not in ("cold", "warm")] + [r for r in a.runtimes if r not in RUNTIMES]
+    bad = ([c for c in a.caches if c not in ("cold", "warm")] + [r for r in a.runtimes if r not in RUNTIMES]
+           + [m for m in a.models if m not in MODELS])
     if bad or a.reps < 1 or not a.prompts or min(a.prompts) < 1:
-        ap.error(f"bad caches/runtimes {bad} or non-positive reps/prompts")
+        ap.error(f"bad caches/runtimes/models {bad} or non-positive reps/prompts")
     if "ort" in a.runtimes:
         import importlib.util
 

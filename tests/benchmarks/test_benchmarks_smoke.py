@@ -101,8 +101,8 @@ def test_loading(models_dir, capsys):
 
 
 def test_ttfo(models_dir, capsys):
-    runtimes = "ort,ours" if importlib.util.find_spec("onnxruntime") else "ours"
-    res = _run("ttfo.py", "--models-dir", models_dir, "--presets", "tiny", "--prompts", "4", "--reps", "1",
+    runtimes = "ort,ours,ours+cache" if importlib.util.find_spec("onnxruntime") else "ours,ours+cache"
+    res = _run("ttfo.py", "--models-dir", models_dir, "--models", "tiny", "--prompts", "4", "--reps", "1",
                "--caches", "warm", "--runtimes", runtimes)
     assert res["benchmark"] == "ttfo"
     by_rt = {c["runtime"]: c for c in res["cases"]}
@@ -110,6 +110,11 @@ def test_ttfo(models_dir, capsys):
     for c in res["cases"]:
         assert {"interp_ms", "numpy_ms", "import_ms", "session_ms", "run_ms", "ttfo_ms", "peak_rss_mb"} <= set(c)
         assert _finite(c["ttfo_ms"]) and c["ttfo_ms"] >= c["run_ms"] > 0
+    for rt in ("ours", "ours+cache"):
+        c = by_rt[rt]
+        assert {"parse_ms", "resolve_ms", "plan_ms", "state_ms", "first_node_at_ms", "read_mb_before_output"} <= set(c)
+        assert c["interp_ms"] < c["first_node_at_ms"] <= c["ttfo_ms"] and c["read_mb_before_output"] > 0
+    assert by_rt["ours+cache"]["companion_ms"] > 0 and "hit_vs_miss" in by_rt["ours+cache"]
     if "ort" in by_rt:
         assert "vs_ort" in by_rt["ours"] and by_rt["ours"]["delta_ms"].keys() >= {"import_ms", "run_ms"}
     prof = res["profile"][0]
