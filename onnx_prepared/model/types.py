@@ -34,9 +34,15 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
               if o.domain in ("", "ai.onnx", "ai.onnx.ml")}
     g = model.graph
     types: dict[str, str] = {}
+    for kind, values in (("input", g.input), ("output", g.output)):
+        for vi in values:
+            tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+            if tt is not None and tt.elem_type and tt.elem_type not in _NAMES:  # 0: not stated
+                raise ModelLoadError(f"{what}: graph {kind} {short(vi.name)!r} has element type {tt.elem_type}, "
+                                     f"which onnx {onnx.__version__} does not define")
     for vi in g.input:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-        if tt is not None and tt.elem_type in _NAMES:
+        if tt is not None and tt.elem_type:
             types[vi.name] = _NAMES[tt.elem_type]
     for t in g.initializer:
         if t.data_type in _NAMES:

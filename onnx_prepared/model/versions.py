@@ -94,9 +94,10 @@ def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
     else (a Gemm missing A ran with A=B and B=C), or read an INT ``alpha`` as a float and compute with
-    it: a result, but not the model's. Attributes the schema does not declare are left to the kernels
-    (extra attributes are harmless); a reference to a function's attribute (``ref_attr_name``) has no
-    type of its own yet.
+    it: a result, but not the model's. An attribute the schema does not declare is refused too, as
+    onnxruntime and onnx's checker refuse it: a misspelt ``transB`` would otherwise run with the default
+    and give another result. A reference to a function's attribute (``ref_attr_name``) has no type of its
+    own yet.
     """
     name = short(node.name or node.op_type)
     n = len(node.input)  # omitted optional inputs are empty names and count, as in onnx's checker
@@ -109,7 +110,10 @@ def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str
         if not isinstance(a.name, str):
             raise ModelLoadError(f"{what}: node {name!r} has an attribute name that is not valid UTF-8")
         declared = schema.attributes.get(a.name)
-        if declared is None or a.ref_attr_name:
+        if declared is None:
+            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has "
+                                 f"attribute {short(a.name)!r}, which its schema does not declare")
+        if a.ref_attr_name:
             continue
         want = int(declared.type.value)
         if a.type != want:

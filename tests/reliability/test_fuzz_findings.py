@@ -206,3 +206,36 @@ def test_gemm_with_mixed_element_types_is_refused(tmp_path, index, data_type):
     path = _mutated(tmp_path, mutate)
     with pytest.raises(ModelLoadError, match="type parameter T is bound to different types"):
         RuntimeSession(path)
+
+
+def _ort_refuses(path) -> bool:
+    import onnxruntime as rt
+
+    try:
+        rt.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception:
+        return True
+    return False
+
+
+def test_attribute_the_schema_does_not_declare_is_refused(tmp_path):
+    # the long campaign (seed 1) flipped transB into jransB: ignoring it ran Gemm untransposed (wrong result)
+    def mutate(m):
+        m.graph.node[0].attribute.add(name="jransB", i=1, type=onnx.AttributeProto.INT)
+
+    path = _mutated(tmp_path, mutate)
+    assert _ort_refuses(path)
+    with pytest.raises(ModelLoadError, match="attribute 'jransB', which its schema does not declare"):
+        RuntimeSession(path)
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_graph_value_of_an_undefined_element_type_is_refused(tmp_path, where):
+    # elem_type 66 on the graph input reached the feed check as a foreign KeyError (long campaign, seed 1)
+    def mutate(m):
+        getattr(m.graph, where)[0].type.tensor_type.elem_type = 66
+
+    path = _mutated(tmp_path, mutate)
+    assert _ort_refuses(path)
+    with pytest.raises(ModelLoadError, match=f"graph {where} .* has element type 66"):
+        RuntimeSession(path)
