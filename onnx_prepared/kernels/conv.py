@@ -53,6 +53,10 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     p = sp.prod(out)
     m = g * mg
     cg = c // g
+    if cg == 1 and nd == 2 and wd == np.float32 and native.available() and (
+            b is None or (b.shape == (m,) and b.dtype == np.float32)):
+        y = native.depthwise2d(xw, wm, b, out, begins, strides, dilations, kshape)
+        return y if y.dtype == dtype else y.astype(dtype)
     # NOTE: a batch of small planes joins the GEMM's columns ([g, K, N*P], one pass over the weights
     # instead of N): late ResNet layers have P = 4..16 columns per image and weights of megabytes.
     merge = n > 1 and p < 256 and cg > 1

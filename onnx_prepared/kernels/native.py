@@ -205,6 +205,20 @@ def conv_gemm(a: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     return y
 
 
+def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[int, int], begins, strides,
+                dilations, kshape) -> np.ndarray | None:
+    """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias), or None without the
+    extension (``depthwise.c``; pads are given by their begins, the output size fixes the ends)."""
+    if _ext is None:
+        return None
+    n, c, h, w = x.shape
+    mult = wm.shape[1]
+    y = np.empty((n, c * mult) + tuple(out), np.float32)
+    dims = np.array([n, c, h, w, mult, *kshape, *out, *begins, *strides, *dilations], np.int64)
+    _ext.depthwise2d(np.ascontiguousarray(x), wm, b, y, dims)
+    return y
+
+
 def _apply_env() -> None:
     level = os.environ.get(ISA_ENV)
     if level and _ext is not None:

@@ -1,5 +1,6 @@
-"""Conv's GEMM: the native blocked sgemm over the pool (same values for every thread count, numpy's
-within rounding) and the batch joined into the GEMM's columns for small planes (against onnxruntime)."""
+"""Conv natively: the blocked sgemm over the pool (same values for every thread count, numpy's
+within rounding), the batch joined into the GEMM's columns for small planes, and 2-D depthwise (depthwise.c)
+against onnxruntime and the numpy path."""
 
 from __future__ import annotations
 
@@ -62,3 +63,26 @@ def test_batched_small_planes_match_onnxruntime(single_threaded_blas, shape, wsh
     w = RNG.standard_normal(wshape).astype(np.float32)
     b = RNG.standard_normal(wshape[0]).astype(np.float32)
     check_ort("Conv", [x, w, b], opset=11, **attrs)
+
+
+DEPTHWISE = [
+    ((1, 24, 9, 9), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 16, 10, 7), 1, (3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 2]}),
+    ((1, 8, 11, 11), 2, (5, 5), {"pads": [2, 2, 2, 2], "dilations": [2, 1]}),  # channel multiplier 2
+    ((1, 40, 4, 4), 1, (5, 5), {"pads": [2, 2, 2, 2]}),  # kernel larger than the plane
+    ((1, 12, 8, 9), 1, (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 3]}),
+    ((1, 33, 15, 15), 1, (7, 7), {"auto_pad": "VALID"}),
+]
+
+
+@pytest.mark.parametrize(("shape", "mult", "k", "attrs"), DEPTHWISE)
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_matches_onnxruntime_and_the_numpy_path(shape, mult, k, attrs, bias, monkeypatch):
+    c = shape[1]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    w = RNG.standard_normal((c * mult, 1, *k)).astype(np.float32)
+    inputs = [x, w] + ([RNG.standard_normal(c * mult).astype(np.float32)] if bias else [])
+    (fast,) = check_ort("Conv", inputs, opset=11, group=c, **attrs)
+    monkeypatch.setattr(native, "available", lambda: False)
+    (slow,) = check_ort("Conv", inputs, opset=11, group=c, **attrs)
+    np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)

@@ -11,6 +11,7 @@
 #include "pool.h"
 #include "rnn_module.h"
 #include "conv_gemm.h"
+#include "depthwise.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -354,6 +355,7 @@ static PyMethodDef methods[] = {
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     CONV_GEMM_METHODS
+    DEPTHWISE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
