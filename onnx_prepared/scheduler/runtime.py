@@ -447,9 +447,32 @@ class RuntimeScheduler:
             q.dirty = True  # type: ignore[union-attr]
             fx.dirty.append(q)  # type: ignore[arg-type]
 
+    def _succeed(self, t: Task, value: Any, fx: _Effects) -> None:
+        """The one success path: SUCCEEDED with ``value``; dependents whose last dependency it was become
+        ready; its submissions and callbacks hear of it. No cascade: success suppresses nothing."""
+        t._value = value
+        t._transition(_SUCCEEDED)
+        t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
+        dependents = t._dependents
+        if dependents:
+            t._dependents = _NONE
+            for d in dependents:
+                if d.state is _PENDING:
+                    d._waiting -= 1
+                    if d._waiting == 0:
+                        self._make_ready(d, fx)
+        subs = t._subs
+        t._subs = _NONE
+        for sub in subs:
+            self._notify(sub, t, fx)
+        if t._callbacks is not None:
+            fx.callbacks.append((t._callbacks, t))
+            t._callbacks = None
+
     def _terminate(self, task: Task, state: TaskState, fx: _Effects, *, error: BaseException | None = None,
                    cause: Task | None = None) -> None:
-        """Move ``task`` to a terminal state and cascade: release dependents or suppress/cancel them."""
+        """Move ``task`` to FAILED, SUPPRESSED or CANCELLED and cascade: suppress or cancel its pending
+        dependents (success goes through :meth:`_succeed`)."""
         work = [(task, state, error, cause)]
         done: list[Task] = []  # submissions hear about the whole cascade only after it (F1 before F2)
         while work:
@@ -466,13 +489,7 @@ class RuntimeScheduler:
                 t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
             dependents = t._dependents
             t._dependents = _NONE  # terminal tasks get no edges (revival gives it a list again)
-            if state is _SUCCEEDED:
-                for d in dependents:
-                    if d.state is _PENDING:
-                        d._waiting -= 1
-                        if d._waiting == 0:
-                            self._make_ready(d, fx)
-            elif dependents:
+            if dependents:
                 dstate = _CANCELLED if state is _CANCELLED else _SUPPRESSED
                 root = _root(t)
                 for d in dependents:
@@ -686,27 +703,8 @@ class RuntimeScheduler:
             q.noncritical -= 1
         if t._held:
             self._admission.release(t)
-        if outcome == _OK:  # the hot path: _terminate's SUCCEEDED branch without the cascade machinery
-            t._value = payload
-            t._transition(_SUCCEEDED)
-            t.fn = None
-            dependents = t._dependents
-            if dependents:
-                t._dependents = _NONE
-                for d in dependents:
-                    if d.state is _PENDING:
-                        d._waiting -= 1
-                        if d._waiting == 0:
-                            self._make_ready(d, fx)
-            subs = t._subs
-            t._subs = _NONE
-            for sub in subs:
-                sub.pending -= 1
-                if sub.pending == 0 and not sub.attaching and sub.state not in _DONE:
-                    self._complete_sub(sub, fx)
-            if t._callbacks is not None:
-                fx.callbacks.append((t._callbacks, t))
-                t._callbacks = None
+        if outcome == _OK:
+            self._succeed(t, payload, fx)
         elif outcome == _FAIL:
             self._terminate(t, _FAILED, fx, error=payload)
         elif outcome == _CANCEL:
