@@ -109,7 +109,7 @@ def child(a: argparse.Namespace) -> None:
     t_s0 = time.perf_counter()
     sess = rs.RuntimeSession(a.model, opts)
     t_s1 = time.perf_counter()
-    st, ps = sess.state, sess.prepared_store
+    st, ps = sess.state, sess.companion
     _timed(st, "read_packed", "read_packed", spans)
     _timed(st, "prepack", "prepack", spans)
     _timed(st.reader, "read", "source_read", spans)

@@ -216,7 +216,7 @@ def child_ours(a: argparse.Namespace) -> dict:
         if not marks:  # after the prefill: the decode phase starts here
             marks.update(t=time.perf_counter(), ev=res.evictions, counters=dict(s.state.counters),
                          src=s.state.reader.reader.bytes_read, rss=_peak_rss_mb(),
-                         packed=getattr(s.prepared_store, "bytes_read", 0), rchar=_rchar())
+                         packed=getattr(s.companion, "bytes_read", 0), rchar=_rchar())
         return out
 
     tokens, logits, t1, t2 = _generate(run, names, feeds, a.steps)
@@ -233,10 +233,10 @@ def child_ours(a: argparse.Namespace) -> dict:
         "restores": _restores(s.state.counters, {}), "decode_restores_per_token":
             {k: v / steps for k, v in dec_restores.items()},
         "source_read_mb": s.state.reader.reader.bytes_read / C.MB,
-        "packed_read_mb": getattr(s.prepared_store, "bytes_read", 0) / C.MB,
+        "packed_read_mb": getattr(s.companion, "bytes_read", 0) / C.MB,
         "decode_read_mb_per_token": (s.state.reader.reader.bytes_read - marks["src"]
-                                     + getattr(s.prepared_store, "bytes_read", 0) - marks["packed"]) / C.MB / steps,
-        "decode_packed_mb_per_token": (getattr(s.prepared_store, "bytes_read", 0) - marks["packed"]) / C.MB / steps,
+                                     + getattr(s.companion, "bytes_read", 0) - marks["packed"]) / C.MB / steps,
+        "decode_packed_mb_per_token": (getattr(s.companion, "bytes_read", 0) - marks["packed"]) / C.MB / steps,
         "rchar_mb": (_rchar() - rchar0) / C.MB,
         "arena_peak_mb": {d: v["peak_live"] / C.MB for d, v in snap.items()},
         "arena_retained_mb": {d: v["retained"] / C.MB for d, v in snap.items()},

@@ -35,8 +35,8 @@ __all__ = [
 # so every CLI command's start, `--help` included) stays light, and a session's modules load with it.
 _API = "onnx_prepared.compat.api"
 _LAZY = {
-    "InferenceSession": "onnx_prepared.session",
-    "NodeArg": "onnx_prepared.session",
+    "InferenceSession": "onnx_prepared.inference_session",
+    "NodeArg": "onnx_prepared.inference_session",
     "RuntimeSession": "onnx_prepared.runtime",
     **dict.fromkeys(
         ("GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "OrtAllocatorType", "OrtMemType", "RunOptions",
@@ -46,7 +46,7 @@ _LAZY = {
     "OrtValue": "onnx_prepared.compat.ortvalue",
     "IOBinding": "onnx_prepared.compat.iobinding",
     "SessionIOBinding": "onnx_prepared.compat.iobinding",
-    "ModelMetadata": "onnx_prepared.session",
+    "ModelMetadata": "onnx_prepared.inference_session",
 }
 
 

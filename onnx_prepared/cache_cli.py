@@ -23,7 +23,7 @@ def cmd_cache_build(args: argparse.Namespace) -> int:
     sess = RuntimeSession(args.model, {"prepared_model_policy": "build_if_missing", "prepared_model_path": out})
     try:
         sess.prepare(progress=not args.quiet)  # waits for the persists too, and flushes
-        degraded = sess.prepared_store.degraded if sess.prepared_store is not None else None
+        degraded = sess.companion.degraded if sess.companion is not None else None
     finally:
         sess.close()
     if degraded is not None:

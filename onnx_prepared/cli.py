@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(times) > 1:
         line += f", steady run {sorted(times[1:])[len(times[1:]) // 2] * 1e3:.2f} ms (median of {len(times) - 1})"
     policy = so.prepared_model_policy
-    store = sess.runtime.prepared_store
+    store = sess.runtime.companion
     print(line + (f"; prepared cache {policy}: {store.path}" if store is not None else ""), file=sys.stderr)
     if args.out:
         print(f"outputs written to {args.out}", file=sys.stderr)

@@ -2,4 +2,4 @@
 
 from onnx_prepared.compat.iobinding import IOBinding  # noqa: F401
 from onnx_prepared.compat.ortvalue import OrtValue  # noqa: F401
-from onnx_prepared.session import InferenceSession, ModelMetadata, NodeArg  # noqa: F401
+from onnx_prepared.inference_session import InferenceSession, ModelMetadata, NodeArg  # noqa: F401

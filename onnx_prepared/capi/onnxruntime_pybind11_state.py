@@ -36,8 +36,8 @@ from onnx_prepared.errors import (
     OnnxPreparedError,
     UnsupportedOpError,
 )
+from onnx_prepared.inference_session import InferenceSession, ModelMetadata, NodeArg  # noqa: F401
 from onnx_prepared.options import SessionOptions
-from onnx_prepared.session import InferenceSession, ModelMetadata, NodeArg  # noqa: F401
 
 Fail = OnnxPreparedError
 InvalidArgument = InvalidFeedError

@@ -15,7 +15,7 @@ from onnx_prepared.compat.ortvalue import OrtValue, _cpu_only
 from onnx_prepared.errors import InvalidFeedError
 
 if TYPE_CHECKING:
-    from onnx_prepared.session import InferenceSession
+    from onnx_prepared.inference_session import InferenceSession
 
 
 class IOBinding:

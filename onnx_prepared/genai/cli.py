@@ -94,7 +94,7 @@ def cmd_generate_text(args: argparse.Namespace) -> int:
     finally:
         model.close()
     rate = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else float("nan")
-    store = getattr(getattr(model.session, "runtime", None), "prepared_store", None)
+    store = getattr(getattr(model.session, "runtime", None), "companion", None)
     print(f"prompt {prompt.size} tokens, generated {n}; time to first output {(t_first - t0) * 1e3:.0f} ms "
           f"(model load, prefill, first token); decode {rate:.1f} tokens/s"
           + (f"; prepared cache: {store.path}" if store is not None else ""), file=sys.stderr)

@@ -47,7 +47,7 @@ class Model:
         self.folder = self.config.folder
         self.type = "decoder"
         if session is None:
-            from onnx_prepared.session import InferenceSession
+            from onnx_prepared.inference_session import InferenceSession
 
             session = InferenceSession(self.config.model_path, options)
         self.session = session

@@ -1,13 +1,15 @@
 """PreparedExecutionPlan: one immutable, scope-aware graph of session and invocation tasks.
 
 Session tasks read sources and prepack them into prepared objects (``publishes`` a
-:class:`PreparedKey`); invocation tasks are ranges of the one compact action list (the runtime
-core's ExecutionPlan, migrated here rather than kept as a second plan). An invocation step depends
-on the previous step and on the session tasks that publish the prepared objects it consumes.
+:class:`PreparedKey`); invocation tasks are ranges of the one compact action list (the frozen
+``ExecutionPlan`` of :mod:`onnx_prepared.bind`, the only action list there is). An invocation step
+depends on the step before it and on the session tasks that publish the prepared objects it consumes.
+This is what runs: the runtime instantiates a generation's session tasks from these descriptors
+(:meth:`PreparedExecutionPlan.generation_tasks`), and the cold path executes the invocation ranges.
 
 The plan also precomputes what the cold path needs: one bit per prepared requirement, the bits each
-action needs, the first action that needs each requirement (prefetch distance) and direct action
-ranges for the hot path.
+action needs, the first and last action that needs each requirement (prefetch distance, unpin), and
+the order inference first needs them in (the session tasks' order).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class Producers:
         self.state = state
         self.store = state.store
         self.scheduler = scheduler
-        self.prepared_store = state.prepared_store
+        self.companion = state.companion
         self._lock = threading.RLock()  # when_done may call back on this thread
         self._internal: set[ExecutionHandle] = set()  # session-owned submissions not yet terminal
         self._persist_tasks: list[Task] = []
@@ -89,7 +89,7 @@ class Producers:
 
     @property
     def persisting(self) -> bool:
-        ps = self.prepared_store
+        ps = self.companion
         return ps is not None and ps.writable  # policy build_if_missing (and not degraded to read_only)
 
     # ---- producers ----
@@ -208,7 +208,7 @@ class Producers:
 
     def flush(self) -> int:
         """Wait for scheduled persists and write the queued entries now; returns entries written."""
-        if self.prepared_store is None:
+        if self.companion is None:
             return 0
         with self._lock:
             pending = list(self._persist_tasks)
@@ -219,11 +219,11 @@ class Producers:
 
     def _flush_store(self) -> int:
         """Flush the companion and make every object it now holds restorable by a packed read."""
-        n = self.prepared_store.flush()
+        n = self.companion.flush()
         with self._lock:
             queued, self._queued = self._queued, {}
         for key, dkey in queued.items():
-            entry = self.prepared_store.lookup(dkey)
+            entry = self.companion.lookup(dkey)
             if entry is not None:
                 self.state.reader.add_session_entry(key.slot_name, entry)
                 self.session_entries[key] = entry
@@ -249,7 +249,7 @@ class Producers:
         if dkey is None:
             return False
         self._flush_store()
-        entry = self.prepared_store.lookup(dkey)
+        entry = self.companion.lookup(dkey)
         if entry is None:
             return False
         self.state.reader.add_session_entry(key.slot_name, entry)

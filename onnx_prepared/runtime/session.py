@@ -67,7 +67,7 @@ class RuntimeSession:
         self.arenas = parts.arenas
         self.state = parts.state
         self.store = parts.state.store  # the in-memory prepared-object store (generation records)
-        self.prepared_store = parts.companion  # the companion-model cache on disk, or None
+        self.companion = parts.companion  # the companion-model cache on disk (PreparedModelStore), or None
         self.scheduler = parts.scheduler
         self.producers = parts.producers
         self._feeds = parts.feeds
@@ -188,8 +188,8 @@ class RuntimeSession:
         if self.parts.owns_scheduler:
             self.scheduler.close(cancel=True)
         self.state.reader.close()
-        if self.prepared_store is not None:  # the companion store this session opened (its data fds)
-            self.prepared_store.close()
+        if self.companion is not None:  # the companion store this session opened (its data fds)
+            self.companion.close()
 
     def __enter__(self) -> RuntimeSession:
         return self

@@ -18,25 +18,25 @@ import numpy as np
 
 from onnx_prepared.memory import Arenas
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
-from onnx_prepared.prepared import PreparedObjectStore, ReadEntry
+from onnx_prepared.prepared import EntryState, PreparedObjectStore, ReadEntry
 from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
 from onnx_prepared.resolve.resolver import source_checksum
 
 
 class PreparedExecutionState:
-    """Session-scoped mutable state. Thread-safe through the store's lock and ``_lock`` here."""
+    """Session-scoped mutable state. Thread-safe through the store's lock (counters only grow)."""
 
     def __init__(self, plan: PreparedExecutionPlan, arenas: Arenas, reader: ManifestReader,
-                 prepared_store: Any = None) -> None:
+                 companion: Any = None) -> None:
         # Two stores, two jobs: ``store`` is this session's in-memory PreparedObjectStore (generation
-        # records); ``prepared_store`` the companion-model cache on disk (a PreparedModelStore, or None).
-        self.prepared_store = prepared_store
+        # records); ``companion`` the companion-model cache on disk (a PreparedModelStore, or None).
+        self.companion = companion
         self.plan = plan
         self.arenas = arenas
         self.reader = reader
         self.store = PreparedObjectStore(r.key for r in plan.requirements)
-        self._record_digests = prepared_store is not None and prepared_store.writable  # build_if_missing
+        self._record_digests = companion is not None and companion.writable  # build_if_missing
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
         # largest activation peak a completed cold run measured: what a hot run charges ExecutionArena
         self.execution_peak = 0
@@ -92,13 +92,13 @@ class PreparedExecutionState:
         if desc is not None and desc.is_external:
             pair = self.reader.reader.source_digest(desc)
             if pair is not None:
-                self.prepared_store.record_source_digest(name, pair[0], stamp=pair[1])
+                self.companion.record_source_digest(name, pair[0], stamp=pair[1])
             return
         import hashlib
 
         buf = np.ascontiguousarray(value).view(np.uint8) if value.dtype != object else None
         if buf is not None:
-            self.prepared_store.record_source_digest(name, hashlib.sha256(buf.data).hexdigest())
+            self.companion.record_source_digest(name, hashlib.sha256(buf.data).hexdigest())
 
     def read_packed(self, key: PreparedKey, generation: int) -> None:
         """Companion hit: read the packed payload and publish it (falls back to the source if corrupt)."""
@@ -106,7 +106,7 @@ class PreparedExecutionState:
 
         req = self.plan.resolved.requirement(key)
         try:
-            raw = self.reader.read_packed(key.slot_name, self.prepared_store)
+            raw = self.reader.read_packed(key.slot_name, self.companion)
         except CacheError:
             # NOTE: a corrupt entry is ignored, never trusted: rebuild from the dormant source recipe.
             self.counters[f"cache_corrupt:{key}"] += 1
@@ -131,35 +131,35 @@ class PreparedExecutionState:
     def _republish(self, key: PreparedKey) -> None:
         """A corrupt companion entry was rebuilt: replace it on disk in this session (a later
         require_complete session must not find the hole). Best effort: a failed write is a miss next time."""
-        store = self.prepared_store
-        if store is None or not store.writable:
+        companion = self.companion
+        if companion is None or not companion.writable:
             return
         from onnx_prepared.errors import CacheError
 
         try:
             if self.persist(key) is not None:
-                store.flush()
+                companion.flush()
                 self.counters[f"cache_republished:{key}"] += 1
         except CacheError:
             pass
 
     def persist(self, key: PreparedKey) -> PreparedKey | None:
         """Queue the resident packed object's bytes for the companion model; the key with its digest."""
-        store = self.prepared_store
+        companion = self.companion
         req = self.plan.resolved.requirement(key)
-        if self.store.state(key).value != "resident":
+        if self.store.state(key) is not EntryState.RESIDENT:
             return None
         digest = key.lineage_digest
         if digest is None:  # computed from sidecar digests recorded by this session's reads
             manifest = self.reader.manifest
             ds = [manifest.active[s].descriptor for s in req.sources]
-            digest = lineage_digest([source_checksum(d, store.source_digest_of) for d in ds], req.sources,
+            digest = lineage_digest([source_checksum(d, companion.source_digest_of) for d in ds], req.sources,
                                     [f"{d.elem_type}:{list(d.dims)}" for d in ds])
             if digest is None:
                 return None
         packed = self.store.get(key)
         dkey = PreparedKey(key.lineage, key.layout, key.device, digest)
-        store.put(dkey, req.spec.to_bytes(packed))
+        companion.put(dkey, req.spec.to_bytes(packed))
         self.counters[f"persist:{key}"] += 1
         return dkey
 

@@ -1,4 +1,4 @@
-"""ExecutionHandle: the one handle type returned by submissions (and later by prepare_async / run_async).
+"""ExecutionHandle: the one handle type every submission returns (RuntimeSession.prepare_async / run_async too).
 
 The handle owns a :class:`_Submission`, the scheduler's per-submission state. The scheduler references the
 submission, never the handle, so dropping the last reference to a live handle runs ``__del__``, which

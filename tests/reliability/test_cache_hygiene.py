@@ -142,7 +142,7 @@ def test_read_only_cache_folder_degrades_with_one_warning(tmp_path, monkeypatch)
             (y,) = s.run({"x": X})
             s.prepare()  # must not raise PermissionError
             s.prepare()
-            assert s.prepared_store.degraded and s.prepared_store.policy.value == "read_only"
+            assert s.companion.degraded and s.companion.policy.value == "read_only"
     caught = [x for x in w if issubclass(x.category, CacheWarning)]
     assert len(caught) == 1 and "read-only" in str(caught[0].message)
     np.testing.assert_allclose(y, reference_mlp(path, X), rtol=1e-5, atol=1e-6)

@@ -136,7 +136,7 @@ def test_close_releases_the_companion_store_it_opened(tmp_path):
     _build(path, companion)
     s = RuntimeSession(path, _opts("read_only", companion))
     s.prepare()  # reads packed payloads: the store holds the data file open
-    store = s.prepared_store
+    store = s.companion
     assert store._fds
     s.close()
     assert store._closed and not store._fds
