@@ -110,7 +110,7 @@ def child(a: argparse.Namespace) -> None:
         t_sess = time.perf_counter()
         out = sess.run(feeds)
         t_out = time.perf_counter()
-        st, ps = sess.state, sess.prepared_store
+        st, ps = sess.state, sess.companion
         read_mb = (st.reader.reader.bytes_read + (ps.bytes_read if ps is not None else 0)) / C.MB
         extra = {**_ours_breakdown(sess, t_sess, t_out, a.spawn), "read_mb_before_output": read_mb,
                  **{k: v * 1e3 for k, v in phases.items()}}
