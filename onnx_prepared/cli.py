@@ -150,6 +150,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"{len(plan.execution.actions)} actions; {len(plan.requirements)} prepared requirements;\n"
               f"manifest: {len(resolved.manifest.active)} active payloads, {resolved.manifest.active_bytes:,d} bytes; "
               f"{len(resolved.dead_initializers)} dead initializers, {resolved.removed_nodes} dead nodes removed")
+        for e in resolved.manifest.active.values():
+            if e.rows:
+                print(f"  {e.name}: {e.rows}")
         return EXIT_OK
     g = m.graph
     inits = set(m.weights)

@@ -21,6 +21,8 @@ class ManifestEntry:
     descriptor: WeightDescriptor | None  # None for a packed payload of the companion model
     reason: str
     cache_entry: Any = None  # the companion store's CacheEntry, for packed payloads
+    #: a reason of its own: rows of this payload are read on demand (resolve/rows.py), "" otherwise
+    rows: str = ""
 
 
 @dataclass(frozen=True, slots=True)

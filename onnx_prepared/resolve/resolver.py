@@ -24,6 +24,7 @@ from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.resolve.fusions import fuse_dequantize_matmul
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
+from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,8 @@ class ResolvedModel:
     policy: PreparedModelPolicy = PreparedModelPolicy.DISABLED  # the prepared-model policy resolution ran under
     node_count: int = 0  # nodes of the transformed graph (so `complete` needs no parse)
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
+    #: source name -> its row table (read by rows until resident; resolve/rows.py)
+    row_tables: Mapping[str, RowTable] = field(default_factory=lambda: MappingProxyType({}))
     #: per node, the bound kernel's name ("ai.onnx::Gemm-13", "prepacked:...", "fallback:..."): derived
     kernel_choices: tuple[str, ...] = field(init=False)
 
@@ -157,6 +160,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     node_prepacks: dict[int, NodePrepack] = {}
     raw_inputs: dict[int, list[tuple[int, PreparedKey]]] = {}
     kernels: list[BoundKernel] = []
+    node_attrs: list[dict | None] = []
     env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
@@ -173,6 +177,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
                   if _has_numpy_dtype(weights[node.input[i]])}
         spec = None
         attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
+        node_attrs.append(attrs)
         implicit = implicit_inputs_of(node)
         if attrs is not None and const_pos:
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
@@ -212,6 +217,12 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         requirements.append(PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
                                                 sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
     requirements = tuple(requirements)
+    row_tables, row_nodes = find_row_tables(graph.node, node_attrs, weights, requirements)
+    for idx, positions in row_nodes.items():
+        k = kernels[idx]
+        if idx not in node_prepacks and not k.is_fallback:
+            kernels[idx] = BoundKernel(row_capable(k.call, positions, strict=graph.node[idx].op_type == "Gather"),
+                                       k.name, k.is_fallback, k.implicit_inputs)
     active: dict[str, ManifestEntry] = {}
     dormant: dict[str, ManifestEntry] = {}
     for r in requirements:
@@ -224,7 +235,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             first = graph.node[r.consumers[0]] if r.consumers[0] < len(graph.node) else None
             who = f" of node {first.name or first.op_type!r}" if first is not None else " (graph output)"
             if s not in active:
-                active[s] = ManifestEntry(s, weights[s], why + who)
+                rows = row_tables.get(s)
+                active[s] = ManifestEntry(s, weights[s], why + who, rows=rows.describe() if rows else "")
     for r in requirements:
         if r.cached:
             for s in r.sources:
@@ -244,6 +256,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         removed_nodes=removed,
         node_count=len(graph.node),
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
+        row_tables=MappingProxyType(row_tables),
         dead_initializers=dead,
         policy=PreparedModelPolicy(getattr(policy, "value", policy)),
     )

@@ -28,6 +28,7 @@ from onnx_prepared.kernels import threads
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.resolve import PreparedKey
+from onnx_prepared.resolve.rows import RowView
 from onnx_prepared.runtime.context import RuntimeContext
 from onnx_prepared.runtime.frame import ExecutionFrame
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error
@@ -64,6 +65,18 @@ class Inference:
         self._segments = tuple((*t.actions, tuple(bit[k] for k in t.prepared_requirements))
                                for t in plan.invocation_tasks) + ((n, n, plan.output_requirements),)
         producers.on_evict = self._evicted
+        # Row tables (resolve/rows.py): bit -> the view a cold run gathers rows through while the table is
+        # not resident, and whether its whole read may wait behind everything else (no other consumer).
+        self._row_views: dict[int, RowView] = {}
+        self._row_background: set[int] = set()
+        tables = plan.resolved.row_tables
+        for b, r in enumerate(plan.requirements):
+            table = tables.get(r.sources[0]) if r.key.is_raw else None
+            entry = state.reader.manifest.active.get(r.sources[0]) if table is not None else None
+            if entry is not None and entry.descriptor is not None:
+                self._row_views[b] = RowView(entry.descriptor, state.reader.reader)
+                if not table.whole_for:
+                    self._row_background.add(b)
 
     @contextlib.contextmanager
     def trace_actions(self, after: Callable[[int], None]) -> Iterator[None]:
@@ -136,7 +149,7 @@ class Inference:
         else:
             chains: list = []  # created first, started together: shared source reads stay shared
             for b, r in enumerate(self.plan.requirements):
-                if b not in frame.held:
+                if b not in frame.held and b not in self._row_background:  # those: after the run (_release)
                     p = self.producers.ensure(r.key, Priority.PREFETCH, defer=chains)
                     if p is not None:
                         frame.bound[b] = p
@@ -189,7 +202,11 @@ class Inference:
             key = reqs[b].key
             value = self.store.try_pin(key, position)  # None: not resident (never was, or evicted just now)
             if value is None:
-                return b
+                view = self._row_views.get(b)
+                if view is None:
+                    return b
+                frame.values[slots[b]] = view  # a row table: its consumers read the rows they need
+                continue
             frame.values[slots[b]] = value
             frame.held.add(b)
             frame.pinned[b] = key
@@ -225,6 +242,8 @@ class Inference:
         n = len(order)
         start = self.plan.need_index(position)
         for i in range(min(self.window.size, n)):
+            if order[(start + i) % n] in self._row_views:
+                continue  # under a budget a row table is never read whole by the cold path
             key = reqs[order[(start + i) % n]].key
             if self.store.state(key) is EntryState.RESIDENT:
                 continue
@@ -238,6 +257,12 @@ class Inference:
             self.store.unpin(key)
         frame.pinned.clear()
         frame.release_allocations()
+        if self._row_background and not self.producers.closed and not self.producers.residency.limited:
+            # Row tables read by rows in this run: now read them whole, behind everything else.
+            for b in self._row_background:
+                key = self.plan.requirements[b].key
+                if self.store.state(key) is not EntryState.RESIDENT:
+                    self.producers.ensure(key, Priority.BACKGROUND)
 
     # ---- values ----
     def _evicted(self, key: PreparedKey) -> None:

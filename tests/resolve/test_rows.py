@@ -1,0 +1,169 @@
+"""Rows on demand (resolve/rows.py): a large constant Gather table is read by rows until resident."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared.cli import main
+from onnx_prepared.generate import generate_tiny_llm
+from onnx_prepared.generate.config import TinyLlmConfig
+from onnx_prepared.generate.feeds import prefill_feeds
+from onnx_prepared.kernels.gather_block_quantized import gather_block_quantized
+from onnx_prepared.kernels.shape_ops import gather
+from onnx_prepared.model import ExternalDataReader
+from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
+from onnx_prepared.resolve import resolve_model
+from onnx_prepared.resolve.rows import MIN_TABLE_BYTES, RowView, row_capable
+from onnx_prepared.runtime import RuntimeSession
+
+EMBED = "model.embed_tokens.weight"
+# vocab x hidden x 4 B = 1 MiB: the smallest table read by rows
+SMALL = dict(layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=4096, block_size=16,
+             context_length=64, embedding="fp32")
+
+
+class CountingReader(ExternalDataReader):
+    """Records every (tensor, offset, length) read; a whole read of ``gated`` waits for ``gate``."""
+
+    def __init__(self, gated: str) -> None:
+        super().__init__()
+        self.gated = gated
+        self.gate = threading.Event()
+        self.done: list[tuple[str, int, int]] = []
+
+    def read_bytes(self, desc, out=None):
+        if desc.name == self.gated and out is None:  # a row read lands in a caller's buffer
+            assert self.gate.wait(60)
+        r = super().read_bytes(desc, out)
+        self.done.append((desc.name, desc.payload.offset, desc.payload.length))
+        return r
+
+
+@pytest.fixture(scope="module")
+def genai_model(tmp_path_factory) -> str:
+    return generate_tiny_llm(tmp_path_factory.mktemp("rows") / "m", **SMALL)
+
+
+def test_sixteen_token_prompt_reads_sixteen_rows_before_its_output(genai_model):
+    reader = CountingReader(EMBED)
+    tokens = [3 + 7 * k for k in range(15)] + [3]  # 15 distinct rows, one repeated, gaps between them
+    feeds = prefill_feeds(TinyLlmConfig.from_preset(None, **SMALL), tokens)
+    with RuntimeSession(genai_model, reader=reader) as sess:
+        table = sess.resolved.row_tables[EMBED]
+        desc = sess.resolved.manifest.active[EMBED].descriptor
+        assert table.rows == 4096 and table.row_bytes == 256 and desc.nbytes >= MIN_TABLE_BYTES
+        first = sess.run(feeds)[0]
+        rows = sorted((off - desc.payload.offset) // table.row_bytes for n, off, ln in reader.done if n == EMBED)
+        lengths = {ln for n, _, ln in reader.done if n == EMBED}
+        assert rows == sorted(set(tokens)) and lengths == {table.row_bytes}  # one read per row, none whole
+        reader.gate.set()
+        sess.prepare()  # the whole table, read once, behind the run
+        assert [ln for n, _, ln in reader.done if n == EMBED].count(desc.nbytes) == 1
+        again = sess.run(feeds)[0]
+        assert sess.counters["hot_runs"] == 1
+    np.testing.assert_array_equal(first, again)  # rows gathered = gathered from the whole table
+
+
+def test_rows_are_read_in_contiguous_runs(genai_model):
+    reader = CountingReader(EMBED)
+    feeds = prefill_feeds(TinyLlmConfig.from_preset(None, **SMALL), [10, 11, 12, 40, 41, 9])
+    with RuntimeSession(genai_model, reader=reader) as sess:
+        sess.run(feeds)
+        reads = [ln // 256 for n, _, ln in reader.done if n == EMBED]
+        reader.gate.set()
+    assert sorted(reads) == [2, 4]  # rows 9-12 and 40-41
+
+
+def test_inspect_plan_names_row_granular_reads(genai_model, capsys):
+    with pytest.raises(SystemExit) as e:
+        sys.exit(main(["inspect", genai_model, "--plan"]))
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert f"{EMBED}: row-granular reads (4096 rows x 256 B) for node(s) '/model/embed_tokens/Gather'" in out
+
+
+def _table_file(tmp_path, arrays: dict[str, np.ndarray]) -> dict[str, WeightDescriptor]:
+    path = tmp_path / "t.bin"
+    descs, off = {}, 0
+    with open(path, "wb") as f:
+        for name, a in arrays.items():
+            f.write(a.tobytes())
+            elem = helper.np_dtype_to_tensor_dtype(a.dtype)
+            descs[name] = WeightDescriptor(name, elem, a.shape, ExternalPayload(str(path), off, a.nbytes))
+            off += a.nbytes
+    return descs
+
+
+def test_row_capable_gather_matches_the_kernel(tmp_path):
+    x = np.random.default_rng(0).standard_normal((50, 3, 2)).astype(np.float32)
+    view = RowView(_table_file(tmp_path, {"x": x})["x"], ExternalDataReader())
+    call = row_capable(gather, (0,))
+    for idx in (np.array([[4, -1, 4], [0, 49, 7]]), np.array(5), np.array([], np.int64)):
+        np.testing.assert_array_equal(call(view, idx)[0], gather(x, idx)[0])
+    np.testing.assert_array_equal(call(x, np.array([1, 2]))[0], x[[1, 2]])  # a resident table passes through
+    with pytest.raises(IndexError, match="index 50 is out of bounds for axis 0 with size 50"):
+        call(view, np.array([1, 50]))
+
+
+def test_row_capable_gather_block_quantized_matches_the_kernel(tmp_path):
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (40, 32), dtype=np.uint8)  # K = 64, 4 bits
+    scales = rng.random((40, 4), dtype=np.float32)
+    zp = rng.integers(0, 256, (40, 2), dtype=np.uint8)
+    d = _table_file(tmp_path, {"d": data, "s": scales, "z": zp})
+    r = ExternalDataReader()
+    views = [RowView(d[k], r) for k in "dsz"]
+    call = row_capable(functools.partial(gather_block_quantized, bits=4, block_size=16), (0, 2, 3), strict=False)
+    idx = np.array([[3, 39, -2, 3], [0, 41, 5, 6]])  # 41: out of range, zeroed by the kernel
+    want = gather_block_quantized(data, idx, scales, zp, bits=4, block_size=16)[0]
+    got = call(views[0], idx, views[1], views[2])[0]
+    np.testing.assert_array_equal(got, want)
+    got = call(views[0], idx, scales, views[2])[0]  # scales already resident
+    np.testing.assert_array_equal(got, want)
+
+
+def test_table_shared_with_a_packed_consumer_is_read_whole_for_it(tmp_path):
+    """A float table that is both an embedding (Gather) and a Gemm's B: rows for the Gather, the whole
+    tensor for the Gemm's prepacked weight, and the plan says which consumer needs what."""
+    w = np.random.default_rng(2).standard_normal((2048, 128)).astype(np.float32)  # 1 MiB
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2048])
+    g = helper.make_graph([helper.make_node("Gather", ["W", "ids"], ["e"], name="embed"),
+                           helper.make_node("Gemm", ["e", "W"], ["y"], name="head", transB=1)],
+                          "tied", [ids], [y], [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "tied.onnx")
+    onnx.save_model(m, path, save_as_external_data=True, location="tied.data", size_threshold=0)
+    feeds = {"ids": np.array([5, 0, 2047, 5])}
+    with RuntimeSession(path) as sess:
+        table = sess.resolved.row_tables["W"]
+        assert table.row_nodes == ("embed",) and len(table.whole_for) == 1 and "Gemm" not in table.whole_for[0]
+        assert "whole tensor for" in sess.resolved.manifest.active["W"].rows
+        out = sess.run(feeds)[0]
+    np.testing.assert_allclose(out, w[feeds["ids"]] @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_small_and_inline_tables_are_read_whole(tmp_path):
+    w = np.ones((16, 4), np.float32)
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    g = helper.make_graph([helper.make_node("Gather", ["W", "ids"], ["y"])], "g", [ids], [y],
+                          [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    resolved = resolve_model_from(m, tmp_path)
+    assert dict(resolved.row_tables) == {} and resolved.manifest.active["W"].rows == ""
+
+
+def resolve_model_from(m: onnx.ModelProto, tmp_path) -> object:
+    from onnx_prepared.model import load_model
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    return resolve_model(load_model(str(path)))
