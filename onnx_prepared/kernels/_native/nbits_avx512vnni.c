@@ -33,6 +33,12 @@ NB_INLINE void store_row(const nb_call *c, int m, int p, __m512 v)
     _mm512_mask_storeu_ps(c->y + (size_t)m * c->w.N + n0, k, v);
 }
 
+/* M = 1 streams the weights once from memory: software prefetch PF_BYTES ahead of the weight stream (and
+ * PF_BLOCKS blocks ahead of the scales), since the hardware prefetchers stop at every 4 KiB page. A
+ * prefetch past the end of the buffer is harmless (prefetches do not fault). */
+#define PF_BYTES 4096
+#define PF_BLOCKS 8
+
 /* fp32: R rows x 16 columns; A independent accumulators per row hide the FMA latency at small R */
 NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A)
 {
@@ -51,7 +57,9 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
     for (int b = 0; b < w->kb; b++) {
         __m512 acc[4][4];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < A; a++) acc[r][a] = _mm512_setzero_ps();
+        if (R == 1) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
         for (int ci = 0; ci < cpb; ci++, qp += 64) {
+            if (R == 1) _mm_prefetch((const char *)qp + PF_BYTES, _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             const int k = b * w->bs + 8 * ci;
             __m512 q[8];
@@ -98,8 +106,10 @@ NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
         __m512i acc[4][4];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < 2 * A; a++) acc[r][a] = _mm512_setzero_si512();
         int ci = 0;
+        if (R == 1) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
         for (; ci < cpb; ci += A, qp += 64 * A) {
             UNROLL for (int a = 0; a < A; a++) {
+                if (R == 1) _mm_prefetch((const char *)(qp + 64 * a) + PF_BYTES, _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * a));
                 const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
                 const int k = b * w->bs + 8 * (ci + a);
