@@ -65,9 +65,20 @@ def hard_sigmoid(x: np.ndarray, *, alpha: float = 0.2, beta: float = 0.5) -> tup
     return (_back(y, x.dtype),)
 
 
+#: elements from which Sigmoid goes native (below, the call costs more than numpy's passes)
+_NATIVE_MIN = 4096
+
+
 @kernel("Sigmoid", since=6)
 def sigmoid(x: np.ndarray) -> tuple[np.ndarray]:
-    """``1 / (1 + exp(-x))``: exp overflow gives 0 correctly, so only the warning is silenced."""
+    """``1 / (1 + exp(-x))``: exp overflow gives 0 correctly, so only the warning is silenced. Large
+    float32 inputs (the SiLU of an LLM MLP) take one native pass (kernels/_native/act.c)."""
+    if x.dtype == np.float32 and x.size >= _NATIVE_MIN:
+        from onnx_prepared.kernels import native
+
+        y = native.sigmoid_f32(x)
+        if y is not None:
+            return (y,)
     y = _work(x)
     np.negative(y, out=y)
     with np.errstate(over="ignore"):

@@ -138,6 +138,16 @@ def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool) -> np.
     return y
 
 
+def sigmoid_f32(x: np.ndarray) -> np.ndarray | None:
+    """``1 / (1 + exp(-x))`` of a float32 array in one native pass; None without the extension or below
+    dispatch level avx512vnni (numpy's passes are faster than a scalar loop)."""
+    if _ext is None:
+        return None
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    return y if _ext.sigmoid(x, y) else None
+
+
 def read_sum(buf: np.ndarray) -> int:
     """Sum of a buffer's uint64 words, read by the pool's threads (the benchmarks' bandwidth probe)."""
     if _ext is None:

@@ -12,6 +12,7 @@
 #include "rnn_module.h"
 #include "conv_gemm.h"
 #include "depthwise.h"
+#include "act.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -356,6 +357,8 @@ static PyMethodDef methods[] = {
     RNN_METHODS
     CONV_GEMM_METHODS
     DEPTHWISE_METHODS
+    /* nbits-perf: elementwise activations of the LLM path (act.c) */
+    ACT_METHODS
     {NULL, NULL, 0, NULL},
 };
 
