@@ -120,6 +120,21 @@ def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str
             have = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in _ATTR_TYPES else str(a.type)
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} has type "
                                  f"{have}; its schema declares {declared.type.name}")
+        other = [f for f in _VALUE_FIELDS.values() if f != _VALUE_FIELDS.get(want) and _is_set(a, f)]
+        if other:  # an INT attribute carrying ints would be read as i = 0: a result, not the model's
+            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} of type "
+                                 f"{declared.type.name} sets field {other[0]!r}, which that type does not use")
 
 
 _ATTR_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())
+_A = onnx.AttributeProto
+#: attribute type -> the one value field it may set (onnx's checker refuses any other)
+_VALUE_FIELDS = {_A.FLOAT: "f", _A.INT: "i", _A.STRING: "s", _A.TENSOR: "t", _A.GRAPH: "g",
+                 _A.SPARSE_TENSOR: "sparse_tensor", _A.TYPE_PROTO: "tp", _A.FLOATS: "floats", _A.INTS: "ints",
+                 _A.STRINGS: "strings", _A.TENSORS: "tensors", _A.GRAPHS: "graphs",
+                 _A.SPARSE_TENSORS: "sparse_tensors", _A.TYPE_PROTOS: "type_protos"}
+_SCALAR_FIELDS = frozenset({"f", "i", "s", "t", "g", "sparse_tensor", "tp"})
+
+
+def _is_set(a: onnx.AttributeProto, field: str) -> bool:
+    return a.HasField(field) if field in _SCALAR_FIELDS else len(getattr(a, field)) > 0

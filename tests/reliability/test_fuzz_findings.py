@@ -239,3 +239,16 @@ def test_graph_value_of_an_undefined_element_type_is_refused(tmp_path, where):
     assert _ort_refuses(path)
     with pytest.raises(ModelLoadError, match=f"graph {where} .* has element type 66"):
         RuntimeSession(path)
+
+
+def test_attribute_setting_a_field_its_type_does_not_use_is_refused(tmp_path):
+    # long campaign (seed 1): a flip turned Gemm's transB {i: 1, type: INT} into {ints: [1], type: INT};
+    # read as i = 0 it ran untransposed (a wrong result); onnxruntime refuses it
+    def mutate(m):
+        a = m.graph.node[0].attribute.add(name="transB", type=onnx.AttributeProto.INT)
+        a.ints.append(1)
+
+    path = _mutated(tmp_path, mutate)
+    assert _ort_refuses(path)
+    with pytest.raises(ModelLoadError, match="attribute 'transB' of type INT sets field 'ints'"):
+        RuntimeSession(path)
