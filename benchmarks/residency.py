@@ -360,7 +360,7 @@ def child_table(a: argparse.Namespace) -> dict:
         for r in reqs:
             g = s.store.entry(r.key).generation
             how = "src" if r.spec is None else (
-                "packed" if r.cached or r.key in s.producers.session_entries else "src+prepack")
+                "packed" if r.cached or s.store.persisted(r.key) is not None else "src+prepack")
             started += [(r.key, n, how) for n in range(mark["gens"].get(r.key, 0) + 1, g + 1)]
         persists = sum(v - mark["counters"].get(k, 0) for k, v in s.state.counters.items()
                        if k.startswith("persist:"))

@@ -6,15 +6,16 @@
                  |           |
                  +-------> failed -> loading (a new generation retries)
 
-Each key has one entry, the record of its current *generation* (each production attempt is a new
-one): its state, the task producing it (whose completion is the generation's: consumers wait on that
-task, there is no second completion event), the bytes residency admitted for it while in flight, and
-the published value with its PreparedArena allocation (the object's lease on that memory, released by
-the store on eviction). The shared source reads a generation consumes are registered here too
-(:class:`ReadEntry`, one per source name, shared by the layouts of one tensor). The store is the only
-writer of all of it. Consumers of one key share the in-flight generation (one read, one prepack), wait
-on its producing task, and pin the resident object while they use it (:meth:`try_pin`: the value, or
-None in the normal race with eviction or production). Eviction removes residency, not identity.
+Each key has one entry, the record of its current *generation* (each production attempt is a new one):
+its state, the task producing it (whose completion is the generation's: consumers wait on that task,
+there is no second completion event), the bytes residency admitted for it while in flight, the published
+value with its PreparedArena allocation (the object's lease on that memory, released by the store on
+eviction), and the companion entry this session persisted it to (where a restore reads). The shared
+source reads a generation consumes are registered here too (:class:`ReadEntry`, one per source name,
+shared by the layouts of one tensor). The store is the only writer of all of it. Consumers of one key
+share the in-flight generation (one read, one prepack), wait on its producing task, and pin the resident
+object while they use it (:meth:`try_pin`: the value, or None in the normal race with eviction or
+production). Eviction removes residency, not identity.
 
 Every state change goes through ``_transition`` under the one lock, against ``_ALLOWED`` (an Enum plus
 one transition function: keep it that way; callers decide under the lock and act outside it).
@@ -85,7 +86,8 @@ class PreparedEntry:
     producer: Any = None
     reserved: int | None = None  # bytes residency admitted for the in-flight generation (None: none)
     last_use: int = 0
-    persisted: bool = False
+    # the companion entry this session persisted the object to (its restore is one packed read), or None
+    persisted: Any = None
 
     def __repr__(self) -> str:
         return f"<PreparedEntry {self.key} {self.state.value} gen={self.generation} pins={self.pins}>"
@@ -186,6 +188,15 @@ class PreparedObjectStore:
         """The task producing the in-flight generation, or None when none is in flight."""
         e = self._entries[key]
         return e.producer if e.state in (EntryState.LOADING, EntryState.PREPARING) else None
+
+    def set_persisted(self, key: Any, entry: Any) -> None:
+        """This session wrote ``key`` to the companion model as ``entry``: later generations restore it."""
+        with self._lock:
+            self._entries[key].persisted = entry
+
+    def persisted(self, key: Any) -> Any:
+        """The companion entry this session persisted ``key`` to, or None."""
+        return self._entries[key].persisted
 
     # ---- in-flight residency (what the residency policy admitted for a production) ----
     def reserve(self, key: Any, nbytes: int) -> bool:

@@ -58,7 +58,6 @@ class Producers:
         self._lock = threading.RLock()  # when_done may call back on this thread
         self._internal: set[ExecutionHandle] = set()  # session-owned submissions not yet terminal
         self._persist_tasks: list[Task] = []
-        self.session_entries: dict[PreparedKey, Any] = {}  # persisted by this session (restore tier)
         self._queued: dict[PreparedKey, PreparedKey] = {}  # put() by a background persist, key -> digest key
         self.closed = False
         self.on_evict: Callable[[PreparedKey], None] | None = None
@@ -135,7 +134,7 @@ class Producers:
         persist under build_if_missing. Returns (the publishing task, the persist task or None).
         """
         st = self.state
-        restore = key in self.session_entries and not self.plan.resolved.requirement(key).cached
+        restore = self.store.persisted(key) is not None and not self.plan.resolved.requirement(key).cached
         inst = SessionTaskInstances(key, gen)
         made: dict[str, Task] = {}
         for d in self.plan.generation_tasks(key, restore=restore):
@@ -151,7 +150,7 @@ class Producers:
             self.scheduler.when_done(t, lambda task: st.detach_reads(entries))
         pid = self.plan.persister.get(key)
         persist = None
-        if pid is not None and self.persisting and key not in self.session_entries:
+        if pid is not None and self.persisting and self.store.persisted(key) is None:
             persist = self._task(self.plan.by_id[pid], inst, Priority.BACKGROUND, deps=[t])
             self._persist_tasks.append(persist)  # under self._lock (ensure holds it)
             self.scheduler.when_done(persist, self._persist_done)
@@ -194,7 +193,7 @@ class Producers:
     # ---- persistence (companion cache) ----
     def persisted(self, key: PreparedKey) -> bool:
         """True when a restore is one read: a companion entry exists, or the object is a raw source."""
-        return key.is_raw or key in self.session_entries or self.plan.resolved.requirement(key).cached
+        return key.is_raw or self.store.persisted(key) is not None or self.plan.resolved.requirement(key).cached
 
     def _persist_done(self, task: Task) -> None:
         with self._lock:
@@ -226,7 +225,7 @@ class Producers:
             entry = self.companion.lookup(dkey)
             if entry is not None:
                 self.state.reader.add_session_entry(key.slot_name, entry)
-                self.session_entries[key] = entry
+                self.store.set_persisted(key, entry)
         return n
 
     def _queue(self, key: PreparedKey, dkey: PreparedKey | None) -> None:
@@ -253,7 +252,7 @@ class Producers:
         if entry is None:
             return False
         self.state.reader.add_session_entry(key.slot_name, entry)
-        self.session_entries[key] = entry
+        self.store.set_persisted(key, entry)
         return True
 
     def _evicted(self, key: PreparedKey) -> None:

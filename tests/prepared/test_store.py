@@ -92,3 +92,14 @@ def test_generation_record_holds_producer_reservation_and_shared_reads():
     assert s.producer("a@packed") is None and s.reserved_bytes() == 0
     with pytest.raises(InternalError, match="stale"):
         s.set_producer("a@packed", g - 1, task)
+
+
+def test_the_record_holds_where_this_session_persisted_the_object():
+    s = PreparedObjectStore(["a"])
+    assert s.persisted("a") is None
+    entry = object()
+    s.set_persisted("a", entry)
+    g, _ = s.claim("a")
+    s.publish("a", g, "A", 1)
+    s.evict("a")
+    assert s.persisted("a") is entry  # eviction removes residency, not where a restore reads
