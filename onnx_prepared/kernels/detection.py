@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
 
@@ -56,6 +57,27 @@ def topk_10(X: np.ndarray, K: np.ndarray, *, axis: int = -1, largest: int = 1,
     return _topk(X, int(np.asarray(K).reshape(-1)[0]), axis, largest, sorted)
 
 
+def _greedy_native(coords: np.ndarray, s: np.ndarray, cand: np.ndarray, max_out: int, iou_t: float) -> np.ndarray:
+    """The kept boxes of one (batch, class), in C; only a prefix of the score order is sorted first.
+
+    The greedy pass usually keeps ``max_out`` boxes long before the last candidate, so the best
+    ``4 * max_out`` candidates (and every tie of the last one) are sorted stably, and the full order is
+    sorted only when that prefix did not yield ``max_out`` boxes. The prefix is exactly the head of the
+    full order (ties included), so the selection is the same.
+    """
+    key = -s[cand]
+    head = 4 * max_out
+    if head < cand.shape[0] // 2:
+        kth = np.partition(key, head - 1)[head - 1]
+        part = np.flatnonzero(key <= kth)
+        order = cand[part[np.argsort(key[part], kind="stable")]].astype(np.int64)
+        kept = native.nms_greedy(coords, order, max_out, iou_t)
+        if kept.shape[0] >= max_out:
+            return kept
+    order = cand[np.argsort(key, kind="stable")].astype(np.int64)
+    return native.nms_greedy(coords, order, max_out, iou_t)
+
+
 @kernel("NonMaxSuppression", since=10)
 def non_max_suppression(
     boxes: np.ndarray, scores: np.ndarray, max_output_boxes_per_class: np.ndarray | None = None,
@@ -83,12 +105,23 @@ def non_max_suppression(
         y1, y2 = np.minimum(b[..., 0], b[..., 2]), np.maximum(b[..., 0], b[..., 2])
         x1, x2 = np.minimum(b[..., 1], b[..., 3]), np.maximum(b[..., 1], b[..., 3])
     area = (y2 - y1) * (x2 - x1)
+    # the greedy pass runs in C (native.nms_greedy) on [B, 5, N] corners + areas; the loop below is its
+    # numpy twin (no extension) and its oracle in the tests
+    coords = np.ascontiguousarray(np.stack([y1, x1, y2, x2, area], axis=1), np.float32) if native.available() \
+        else None
     out = []
     for bi in range(boxes.shape[0]):
         for ci in range(scores.shape[1]):
             s = scores[bi, ci].astype(np.float32, copy=False)
             cand = np.arange(s.shape[0]) if score_t is None else np.nonzero(s > score_t)[0]
-            order = cand[np.argsort(-s[cand], kind="stable")]
+            if coords is None:
+                order = cand[np.argsort(-s[cand], kind="stable")]
+            else:
+                kept = _greedy_native(coords[bi], s, cand, max_out, iou_t)
+                sel = np.empty((kept.shape[0], 3), np.int64)
+                sel[:, 0], sel[:, 1], sel[:, 2] = bi, ci, kept
+                out.append(sel)
+                continue
             kept = []
             while order.size and len(kept) < max_out:
                 i = order[0]
@@ -102,5 +135,5 @@ def non_max_suppression(
                 with np.errstate(divide="ignore", invalid="ignore"):
                     iou = np.where(valid, inter / np.where(union > 0, union, 1), 0)
                 order = rest[~(iou > iou_t)]
-            out.extend((bi, ci, int(i)) for i in kept)
-    return (np.array(out, dtype=np.int64).reshape(-1, 3),)
+            out.append(np.array([(bi, ci, int(i)) for i in kept], np.int64).reshape(-1, 3))
+    return (np.concatenate(out) if out else np.zeros((0, 3), np.int64),)

@@ -229,6 +229,19 @@ def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[
     return y
 
 
+def nms_greedy(coords: np.ndarray, order: np.ndarray, max_out: int, iou_threshold: float) -> np.ndarray | None:
+    """Box indices NonMaxSuppression keeps for one (batch, class) (``nms.c``), or None without the extension.
+
+    ``coords`` float32 ``[5, N]`` (y1, x1, y2, x2, area of every box), ``order`` int64 candidates in score order.
+    """
+    if _ext is None:
+        return None
+    n = order.shape[0]
+    kept = np.empty(n, np.int64)
+    nk = _ext.nms_greedy(coords, order, max_out, iou_threshold, kept)
+    return kept[:nk]
+
+
 def _apply_env() -> None:
     level = os.environ.get(ISA_ENV)
     if level and _ext is not None:

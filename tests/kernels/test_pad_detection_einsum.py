@@ -93,3 +93,41 @@ def test_non_max_suppression_defaults_select_nothing():
 )
 def test_einsum(eq, shapes):
     check_ort("Einsum", [RNG.standard_normal(s).astype(np.float32) for s in shapes], opset=12, equation=eq)
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_non_max_suppression_native_equals_the_numpy_path(trial, monkeypatch):
+    """Many overlapping boxes, ties, zero-area boxes and thresholds on exact IoU values: same selection."""
+    from onnx_prepared.kernels import native
+    from tests.kernels.onnx_node_check import run_ours
+
+    b, c, n = 2, 2, 300
+    xy = np.round(RNG.uniform(0, 20, (b, n, 2)), 0)
+    wh = np.round(RNG.uniform(0, 6, (b, n, 2)), 0)  # integers: IoUs hit thresholds exactly; some zero area
+    boxes = np.concatenate([xy, xy + wh], -1).astype(np.float32)
+    scores = np.round(RNG.uniform(0, 1, (b, c, n)), 1).astype(np.float32)
+    inputs = [boxes, scores, np.array([50 + trial * 40], np.int64), np.array([0.25 + 0.05 * trial], np.float32),
+              np.array([0.2], np.float32)]
+    (fast,) = run_ours("NonMaxSuppression", inputs, opset=11)
+    check_ort("NonMaxSuppression", inputs, opset=11, out_elem=TensorProto.INT64)
+    monkeypatch.setattr(native, "available", lambda: False)
+    (slow,) = run_ours("NonMaxSuppression", inputs, opset=11)
+    np.testing.assert_array_equal(fast, slow)
+    assert len(fast) > 20
+
+
+@pytest.mark.parametrize("max_out", [1, 7, 30])
+def test_non_max_suppression_sorted_prefix_path(max_out, monkeypatch):
+    """Few boxes wanted from many candidates: only the head of the score order (with its ties) is sorted."""
+    from onnx_prepared.kernels import native
+    from tests.kernels.onnx_node_check import run_ours
+
+    n = 1500
+    xy = np.round(RNG.uniform(0, 60, (1, n, 2)), 0)
+    boxes = np.concatenate([xy, xy + np.round(RNG.uniform(1, 8, (1, n, 2)), 0)], -1).astype(np.float32)
+    scores = np.round(RNG.uniform(0, 1, (1, 3, n)), 2).astype(np.float32)  # many ties at the cut
+    inputs = [boxes, scores, np.array([max_out], np.int64), np.array([0.3], np.float32)]
+    (fast,) = check_ort("NonMaxSuppression", inputs, opset=11, out_elem=TensorProto.INT64)
+    monkeypatch.setattr(native, "available", lambda: False)
+    (slow,) = run_ours("NonMaxSuppression", inputs, opset=11)
+    np.testing.assert_array_equal(fast, slow)

@@ -13,6 +13,7 @@
 #include "conv_gemm.h"
 #include "depthwise.h"
 #include "act.h"
+#include "nms.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -359,6 +360,7 @@ static PyMethodDef methods[] = {
     DEPTHWISE_METHODS
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
+    NMS_METHODS
     {NULL, NULL, 0, NULL},
 };
 
