@@ -160,6 +160,8 @@ def run(repeat: int, shapes, rows) -> dict:
             res["cold"].append({"K": K, "N": N, "level": level, "us": us, "weight_gbps": gbps,
                                 "of_read_bandwidth": gbps / res["read_gbps"]})
     res["loadavg_end"] = _loadavg()
+    stalls = getattr(getattr(native, "_ext", None), "pool_stalls", None)
+    res["pool_stalls"] = stalls() if stalls is not None else None
     return res
 
 
@@ -184,6 +186,9 @@ def print_table(res: dict) -> None:
               f"{c['of_read_bandwidth']:.0%} of the read bandwidth")
     pre = {(r["K"], r["N"]): r["prepack_source_gbps"] for r in res["rows"]}
     print("prepack: " + ", ".join(f"{k}x{n} {g:.2f} GB/s" for (k, n), g in pre.items()))
+    if res.get("pool_stalls") is not None:
+        print(f"pool stalls: {res['pool_stalls']} calls found a worker on the caller's CPU or waited for one "
+              f"(each makes the next 16 calls run on one thread)")
 
 
 def main(argv: list[str] | None = None) -> int:
