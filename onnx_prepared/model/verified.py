@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 
 from onnx_prepared.model.safe_open import fingerprint, read_regular
 
@@ -64,7 +63,7 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
         body = json.dumps({"file": os.path.realpath(file), "fingerprint": fp,
                            "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}})
         path = _path(folder, file)
-        tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+        tmp = f"{path}.{os.urandom(6).hex()}.tmp"
         try:
             with open(tmp, "w") as f:
                 f.write(body)
