@@ -69,7 +69,8 @@ class ExternalDataReader:
         self.hash_reads = hash_reads
         self.verify_checksums = verify_checksums
         self.defer_verify = defer_verify
-        self.verifier = ChecksumVerifier()
+        # Buffers queued for verification stay alive: under a memory limit the backlog is at most a quarter.
+        self.verifier = ChecksumVerifier(min(256 << 20, (max_tensor_bytes or 1 << 62) // 4))
         self._queued: set[tuple[str, int, int, str]] = set()  # (file, offset, length, fp) being verified
         self.verified_dir = verified_dir
         self._records_read: set[tuple[str, str]] = set()  # (file, fp) whose verification record was loaded

@@ -9,8 +9,9 @@ later ``check()`` raises it again, because objects prepared from those bytes are
 a run that consumed bad bytes never returns a result. Bytes that are persisted (a writable
 companion) are verified before they are published, never here (the reader hashes them inline).
 
-The backlog is bounded (``max_pending_bytes``): past it ``submit`` refuses and the reading thread
-verifies inline, which slows reads down to the hash's pace instead of keeping released buffers alive.
+The backlog is bounded (``max_pending_bytes``; the reader passes 256 MiB, or a quarter of its memory
+limit): past it ``submit`` refuses and the reading thread verifies inline, which slows reads down to
+the hash's pace instead of keeping released buffers alive.
 """
 
 from __future__ import annotations
