@@ -24,7 +24,7 @@ from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.resolve.fusions import fuse_dequantize_matmul
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
-from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable
+from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,12 +217,15 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         requirements.append(PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
                                                 sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
     requirements = tuple(requirements)
-    row_tables, row_nodes = find_row_tables(graph.node, node_attrs, weights, requirements)
+    row_tables, row_nodes = find_row_tables(graph.node, node_attrs, weights, requirements,
+                                            frozenset(o.name for o in graph.output))
     for idx, positions in row_nodes.items():
-        k = kernels[idx]
-        if idx not in node_prepacks and not k.is_fallback:
-            kernels[idx] = BoundKernel(row_capable(k.call, positions, strict=graph.node[idx].op_type == "Gather"),
-                                       k.name, k.is_fallback, k.implicit_inputs)
+        k, node = kernels[idx], graph.node[idx]
+        if idx in node_prepacks:  # Gather, GatherBlockQuantized and Reshape have no prepack rule
+            raise InternalError(f"row table consumer {node.name!r} is prepacked")
+        call = (row_reshape(k.call, allowzero=int((node_attrs[idx] or {}).get("allowzero", 0))) if not positions
+                else row_capable(k.call, positions, strict=node.op_type == "Gather"))
+        kernels[idx] = BoundKernel(call, k.name, k.is_fallback, k.implicit_inputs)
     active: dict[str, ManifestEntry] = {}
     dormant: dict[str, ManifestEntry] = {}
     for r in requirements:

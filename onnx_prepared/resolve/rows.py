@@ -4,7 +4,9 @@ A prompt of 16 tokens needs 16 rows of a 131 MB float32 embedding. Resolution ma
 as a *row table* when every node reading it gathers rows along axis 0 with runtime indices (``Gather``
 with ``axis=0`` over the table; ``GatherBlockQuantized`` with ``gather_axis=0`` over its data, scales and
 zero points, whose rows line up) and its payload is external and at least :data:`MIN_TABLE_BYTES`.
-Those nodes' bound calls are wrapped by :func:`row_capable`.
+Those nodes' bound calls are wrapped by :func:`row_capable`. A ``Reshape`` between the table and such
+nodes is looked through when it keeps axis 0 (genai's tied embedding: GatherBlockQuantized over a
+Reshape of the LM head's INT4 weight); its call is wrapped by :func:`row_reshape`.
 
 While the table is not resident, the cold path (``runtime/inference.py``) puts a :class:`RowView` in
 its slot instead of waiting: the wrapped call reads the rows its indices touch, one positioned read per
@@ -65,27 +67,44 @@ def _row_op(node: Any, attrs: Mapping[str, Any] | None, weights: Mapping[str, We
             return None
     else:
         data = weights.get(node.input[0])
-        if data is None or len(data.dims) != 2 or data.dtype != np.uint8:
+        if data is not None and (len(data.dims) != 2 or data.dtype != np.uint8):
             return None  # packed uint8 rows [N, K*bits/8]; int4-typed data has half-byte rows
         if int(attrs.get("gather_axis", 0)) != 0 or int(attrs.get("quantize_axis", 1)) not in (1, -1):
             return None
     if len(node.input) <= idx or not node.input[idx] or node.input[idx] in weights:
         return None  # constant indices: nothing to gain
     present = tuple(p for p in tables if p < len(node.input) and node.input[p])
-    if not all(node.input[p] in weights for p in present):
-        return None
     return present, idx
 
 
 def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any] | None],
-                    weights: Mapping[str, WeightDescriptor], requirements: Sequence[Any]
-                    ) -> tuple[dict[str, RowTable], dict[int, tuple[int, ...]]]:
+                    weights: Mapping[str, WeightDescriptor], requirements: Sequence[Any],
+                    outputs: frozenset[str] = frozenset()) -> tuple[dict[str, RowTable], dict[int, tuple[int, ...]]]:
     """({source: RowTable}, {node index: table positions}) for the row tables of a resolved graph.
 
     ``requirements`` are the PreparedRequirements (raw ones have ``spec`` None); a source qualifies when
-    its raw requirement's consumers all gather rows of it and its payload is external and large enough.
+    its raw requirement's consumers all gather rows of it (directly, or through a Reshape whose output
+    only they read, ``outputs`` being the graph outputs) and its payload is external and large enough.
+    A Reshape to wrap is returned with the table positions ``()``.
     """
     row_ops = {i: _row_op(n, a, weights) for i, (n, a) in enumerate(zip(nodes, node_attrs))}
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for name in n.input:
+            if name:
+                readers.setdefault(name, []).append(i)
+
+    def rows_only(name: str, i: int) -> bool:
+        """Node ``i`` reads ``name`` only at positions where rows are gathered."""
+        spec = row_ops[i]
+        return spec is not None and all(x != name or p in spec[0] for p, x in enumerate(nodes[i].input))
+
+    reshapes: dict[int, str] = {}  # Reshape node -> the table it reshapes
+    for i, n in enumerate(nodes):
+        if (n.op_type == "Reshape" and n.domain in ("", "ai.onnx") and len(n.input) == 2 and n.input[0] in weights
+                and n.input[1] and n.output[0] not in outputs and readers.get(n.output[0])
+                and all(rows_only(n.output[0], c) for c in readers[n.output[0]])):
+            reshapes[i] = n.input[0]
     tables: dict[str, RowTable] = {}
     for r in requirements:
         if r.spec is not None or len(r.sources) != 1:
@@ -96,17 +115,19 @@ def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any]
             continue
         if d.dtype.kind not in "biuf" or d.dtype.name in ("int4", "uint4"):
             continue
-        ok = all(c < len(nodes) and row_ops[c] is not None
-                 and all(nodes[c].input[p] != name or p in row_ops[c][0] for p in range(len(nodes[c].input)))
-                 for c in r.consumers)
-        if not ok:
+        if not all(c < len(nodes) and (rows_only(name, c) or (reshapes.get(c) == name
+                                       and list(nodes[c].input).count(name) == 1)) for c in r.consumers):
             continue
+        row_nodes = []
+        for c in r.consumers:
+            via = [nodes[u] for u in readers[nodes[c].output[0]]] if c in reshapes else [nodes[c]]
+            row_nodes += [n.name or n.op_type for n in via if (n.name or n.op_type) not in row_nodes]
         whole = tuple(str(o.key) for o in requirements if o is not r and name in o.sources)
-        tables[name] = RowTable(name, d.dims[0], d.nbytes // d.dims[0],
-                                tuple(nodes[c].name or nodes[c].op_type for c in r.consumers), whole)
-    wrapped: dict[int, tuple[int, ...]] = {}
+        tables[name] = RowTable(name, d.dims[0], d.nbytes // d.dims[0], tuple(row_nodes), whole)
+    viewable = set(tables) | {nodes[i].output[0] for i, t in reshapes.items() if t in tables}
+    wrapped: dict[int, tuple[int, ...]] = {i: () for i, t in reshapes.items() if t in tables}
     for i, spec in row_ops.items():
-        if spec is not None and all(nodes[i].input[p] in tables for p in spec[0]):
+        if spec is not None and any(nodes[i].input[p] in viewable for p in spec[0]):
             wrapped[i] = spec[0]
     return tables, wrapped
 
@@ -120,17 +141,28 @@ class RowView:
     Thread-safe (positioned reads; no state besides the counters, which only grow).
     """
 
-    __slots__ = ("desc", "reader", "reads", "rows_read")
+    __slots__ = ("_stats", "desc", "reader")
 
-    def __init__(self, desc: WeightDescriptor, reader: ExternalDataReader) -> None:
+    def __init__(self, desc: WeightDescriptor, reader: ExternalDataReader, _stats: list | None = None) -> None:
         self.desc = desc
         self.reader = reader
-        self.rows_read = 0
-        self.reads = 0
+        self._stats = _stats if _stats is not None else [0, 0]  # rows read, reads (shared by reshaped views)
+
+    @property
+    def rows_read(self) -> int:
+        return self._stats[0]
+
+    @property
+    def reads(self) -> int:
+        return self._stats[1]
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.desc.dims)
+
+    def reshaped(self, row_shape: tuple[int, ...]) -> RowView:
+        """The same rows seen with another row shape (a Reshape that keeps axis 0)."""
+        return RowView(dataclasses.replace(self.desc, dims=(self.desc.dims[0], *row_shape)), self.reader, self._stats)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, unique, in range) as one array; one read per contiguous run of rows."""
@@ -149,8 +181,8 @@ class RowView:
                                           checksum=None)
                 part = WeightDescriptor(d.name, d.elem_type, (b - a, *row_shape), sub)
                 self.reader.read_bytes(part, out[a * row_bytes: b * row_bytes])
-                self.reads += 1
-        self.rows_read += len(rows)
+                self._stats[1] += 1
+        self._stats[0] += len(rows)
         return out.view(d.dtype).reshape((len(rows), *row_shape))
 
 
@@ -164,7 +196,7 @@ def row_capable(call: Callable[..., tuple], tables: tuple[int, ...], indices: in
     """
 
     def rows_call(*args):
-        if not any(type(args[p]) is RowView for p in tables if p < len(args)):
+        if not any(type(args[p]) is RowView for p in tables if p < len(args) and args[p] is not None):
             return call(*args)
         args = list(args)
         n = next(args[p] for p in tables if type(args[p]) is RowView).shape[0]
@@ -184,3 +216,27 @@ def row_capable(call: Callable[..., tuple], tables: tuple[int, ...], indices: in
         return call(*args)
 
     return rows_call
+
+
+def row_reshape(call: Callable[..., tuple], *, allowzero: int = 0) -> Callable[..., tuple]:
+    """A Reshape ``call`` that passes a RowView through as a RowView when the new shape keeps axis 0;
+    otherwise (or for an array) it reshapes as written, reading the whole table first."""
+
+    def reshape_call(x, shape):
+        if type(x) is not RowView:
+            return call(x, shape)
+        n, row = x.shape[0], x.shape[1:]
+        dims = [int(v) for v in np.asarray(shape).reshape(-1)]
+        if not allowzero:
+            dims = [x.shape[i] if d == 0 and i < len(x.shape) else d for i, d in enumerate(dims)]
+        rest = int(np.prod(row, dtype=np.int64))
+        tail = dims[1:]
+        if tail.count(-1) == 1:
+            known = int(np.prod([d for d in tail if d != -1], dtype=np.int64))
+            if known > 0 and rest % known == 0:
+                tail = [rest // known if d == -1 else d for d in tail]
+        if dims and dims[0] == n and min(tail, default=0) >= 0 and int(np.prod(tail, dtype=np.int64)) == rest:
+            return (x.reshaped(tuple(tail)),)
+        return call(x.take(np.arange(n)), shape)
+
+    return reshape_call

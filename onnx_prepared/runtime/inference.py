@@ -148,9 +148,12 @@ class Inference:
             self._prefetch(0)
         else:
             chains: list = []  # created first, started together: shared source reads stay shared
-            for b, r in enumerate(self.plan.requirements):
-                if b not in frame.held and b not in self._row_background:  # those: after the run (_release)
-                    p = self.producers.ensure(r.key, Priority.PREFETCH, defer=chains)
+            # Row tables go last: whole for another consumer (after every other read), or after the run
+            # (_release) when rows are all their consumers read.
+            late = [b for b in self._row_views if b not in self._row_background]
+            for b in [b for b in range(len(self.plan.requirements)) if b not in self._row_views] + late:
+                if b not in frame.held:
+                    p = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH, defer=chains)
                     if p is not None:
                         frame.bound[b] = p
             self.producers.start(chains)

@@ -20,7 +20,7 @@ from onnx_prepared.kernels.shape_ops import gather
 from onnx_prepared.model import ExternalDataReader
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.resolve import resolve_model
-from onnx_prepared.resolve.rows import MIN_TABLE_BYTES, RowView, row_capable
+from onnx_prepared.resolve.rows import MIN_TABLE_BYTES, RowView, row_capable, row_reshape
 from onnx_prepared.runtime import RuntimeSession
 
 EMBED = "model.embed_tokens.weight"
@@ -30,11 +30,13 @@ SMALL = dict(layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=4
 
 
 class CountingReader(ExternalDataReader):
-    """Records every (tensor, offset, length) read; a whole read of ``gated`` waits for ``gate``."""
+    """Records every (tensor, offset, length) read; a whole read of ``gated`` waits for ``gate``
+    (``open_after_rows``: the gate opens once a row read of it completed)."""
 
-    def __init__(self, gated: str) -> None:
+    def __init__(self, gated: str, *, open_after_rows: bool = False) -> None:
         super().__init__()
         self.gated = gated
+        self.open_after_rows = open_after_rows
         self.gate = threading.Event()
         self.done: list[tuple[str, int, int]] = []
 
@@ -43,6 +45,8 @@ class CountingReader(ExternalDataReader):
             assert self.gate.wait(60)
         r = super().read_bytes(desc, out)
         self.done.append((desc.name, desc.payload.offset, desc.payload.length))
+        if self.open_after_rows and desc.name == self.gated and out is not None:
+            self.gate.set()
         return r
 
 
@@ -79,6 +83,25 @@ def test_rows_are_read_in_contiguous_runs(genai_model):
         reads = [ln // 256 for n, _, ln in reader.done if n == EMBED]
         reader.gate.set()
     assert sorted(reads) == [2, 4]  # rows 9-12 and 40-41
+
+
+def test_tied_embedding_reads_rows_through_the_reshape_and_whole_for_the_lm_head(tmp_path):
+    """genai's tied form: GatherBlockQuantized(Reshape(LM head INT4 weight)); the head needs it all."""
+    cfg = dict(SMALL, vocab=32768, embedding="tied")  # INT4 [32768, 64/2]: 1 MiB
+    path = generate_tiny_llm(tmp_path / "tied", **cfg)
+    weight = "lm_head.MatMul.weight_Q4G16"  # block_size 16
+    reader = CountingReader(weight, open_after_rows=True)  # the whole read waits for the first row read
+    feeds = prefill_feeds(TinyLlmConfig.from_preset(None, **cfg), [5, 6, 7, 30000])
+    with RuntimeSession(path, reader=reader) as sess:
+        table = sess.resolved.row_tables[weight]
+        assert table.row_nodes == ("/model/embed_tokens/GatherBlockQuantized",) and table.row_bytes == 32
+        assert len(table.whole_for) == 1 and table.whole_for[0].startswith(weight + "+")
+        first = sess.run(feeds)[0]
+        rows = [ln // 32 for n, _, ln in reader.done if n == weight and ln < table.rows * 32]
+        assert sorted(rows) == [1, 3]  # rows 5-7 and 30000, then the whole tensor for the LM head
+        sess.prepare()
+        again = sess.run(feeds)[0]
+    np.testing.assert_array_equal(first, again)
 
 
 def test_inspect_plan_names_row_granular_reads(genai_model, capsys):
@@ -167,3 +190,17 @@ def resolve_model_from(m: onnx.ModelProto, tmp_path) -> object:
     path = tmp_path / "m.onnx"
     path.write_bytes(m.SerializeToString())
     return resolve_model(load_model(str(path)))
+
+
+def test_row_reshape_keeps_rows_or_reads_the_whole_table(tmp_path):
+    x = np.arange(40 * 8, dtype=np.uint8).reshape(40, 2, 4)
+    view = RowView(_table_file(tmp_path, {"x": x})["x"], ExternalDataReader())
+    call = row_reshape(lambda a, s: (a.reshape(s),))
+    (kept,) = call(view, np.array([40, 8]))
+    assert type(kept) is RowView and kept.shape == (40, 8)
+    np.testing.assert_array_equal(kept.take(np.array([0, 39])), x.reshape(40, 8)[[0, 39]])
+    (kept0,) = call(view, np.array([0, -1]))  # 0 copies the input dim: still rows
+    assert type(kept0) is RowView and kept0.shape == (40, 8)
+    (whole,) = call(view, np.array([80, 4]))  # axis 0 changes: read whole, reshape as written
+    np.testing.assert_array_equal(whole, x.reshape(80, 4))
+    assert view.rows_read == 2 + 40
