@@ -65,3 +65,21 @@ def test_frame_steps_charge_each_activation_and_replay_charges_the_peak_once(tmp
         assert arena.allocations == before + 1 and arena.live == 0
         out = ex.output_slots[0]
         np.testing.assert_array_equal(stepped.values[out], replayed.values[out])
+
+
+def test_openblas_is_set_once_not_per_run(tmp_path, monkeypatch):
+    """BLAS's thread count is process-wide and fixed (kernels.threads): runs never flip it; it is set
+    when a run first needs a different count and then left alone."""
+    from onnx_prepared.kernels import _blas
+
+    calls: list[int] = []
+    monkeypatch.setattr(_blas, "_api", (lambda: 1, calls.append))
+    monkeypatch.setattr(_blas, "_current", None)
+    with RuntimeSession(gemm_mlp(tmp_path, layers=2), {"blas_threads": 1}) as s:
+        s.run({"x": X})  # cold
+        s.prepare()
+        for _ in range(5):
+            s.run({"x": X})  # hot, on this thread
+            s.run_async({"x": X}).result()  # hot, on a CPU worker
+        assert s.counters["hot_runs"] == 10
+    assert calls == [1]
