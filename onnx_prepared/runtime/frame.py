@@ -43,8 +43,10 @@ class ExecutionFrame:
     allocations: dict[int, Allocation] = field(default_factory=dict)  # slot -> ExecutionArena allocation
     live_bytes: int = 0  # invariant: sum of allocations' bytes
     peak_bytes: int = 0  # the largest live_bytes of this run
-    hot: bool = False
-    yields: int = 0
+
+    def __repr__(self) -> str:
+        return (f"<ExecutionFrame run-{self.invocation_id} pc={self.pc} segment={self.segment} "
+                f"pinned={len(self.pinned)} live={self.live_bytes}B peak={self.peak_bytes}B>")
 
     def replay(self, execution: ExecutionPlan, activation_bytes: int) -> None:
         """Every action, charging ``activation_bytes`` (the measured peak) once for the run."""

@@ -109,7 +109,6 @@ class Inference:
         epoch = store.epoch
         if store.hot_epoch != epoch or not store.acquire_lease(epoch):
             return None
-        frame.hot = True
         values = frame.values
         for s, v in enumerate(self._hot_template()):
             if v is not None and values[s] is None:
@@ -229,7 +228,6 @@ class Inference:
             if producer is None:
                 return None
         self.scheduler.promote(producer, Priority.CRITICAL)
-        frame.yields += 1
         self.counters["yields"] += 1
         self.window.grow()  # I/O is slower than compute: look further
         return task.resume_after(producer)
