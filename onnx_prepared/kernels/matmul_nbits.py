@@ -19,11 +19,12 @@ multiple of 16, no offset array for symmetric weights.
 int32 (VNNI where present) and scales per block, so outputs match onnxruntime's to float rounding.
 fp16 inputs are widened to fp32 and the output narrowed back.
 
-**2- and 8-bit weights** stay on numpy: layout ``matmul-nbits-q{bits}-kmajor-u32-block{block_size}``,
-``words`` uint32 ``[k_blocks, block_size * bits // 32, N]``, ``scales`` and ``offsets = -zero_point *
-scale`` float32 ``[k_blocks, N]``; B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES``) and
-multiplied with BLAS, always in fp32 (at level 4 onnxruntime uses int8 for 8 bits: outputs differ by its
-quantization error, ~1%).
+**8-bit weights** run on the same kernel as two 4-bit halves (high and low nibbles,
+:mod:`onnx_prepared.kernels._q8_split`), at every accuracy level as for 4 bits (level 4: int8 activations).
+**2-bit weights** stay on numpy: layout ``matmul-nbits-q2-kmajor-u32-block{block_size}``, ``words`` uint32
+``[k_blocks, block_size * bits // 32, N]``, ``scales`` and ``offsets = -zero_point * scale`` float32
+``[k_blocks, N]``; B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES``) and multiplied with
+BLAS, always in fp32.
 
 The registered kernel (unprepacked B) prepacks on every call: no hidden cache. A session's first run and
 later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/kernels_nbits.py``.
@@ -38,9 +39,11 @@ import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _q4_panels as q4
+from onnx_prepared.kernels import _q8_split as q8
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
 from onnx_prepared.kernels._q4_panels import PackedQ4
+from onnx_prepared.kernels._q8_split import PackedQ8Split, pack_q8_split
 from onnx_prepared.kernels.prepack import PrepackSpec, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
@@ -109,8 +112,9 @@ def prepack_matmul_nbits(
     N: int,
     bits: int = 4,
     block_size: int,
-) -> PackedQ4 | PackedNBits:
-    """Repack MatMulNBits weights into the layout :func:`matmul_nbits_packed` reads (panel16 for 4 bits).
+) -> PackedQ4 | PackedQ8Split | PackedNBits:
+    """Repack MatMulNBits weights into the layout :func:`matmul_nbits_packed` reads (panel16 for 4 bits,
+    two panel16 nibble halves for 8 bits, the numpy k-major words for 2 bits).
 
     >>> packed = prepack_matmul_nbits(B, scales, None, K=1024, N=1024, bits=4, block_size=32)
     >>> (y,) = matmul_nbits_packed(a, packed)
@@ -129,6 +133,11 @@ def prepack_matmul_nbits(
             zero_points = np.asarray(zero_points)
             _as_blocks(zero_points, N, -(-kb // 2) if zero_points.dtype == np.uint8 else kb, "zero_points")
         return q4.pack_q4(B, scales, zero_points, K=K, N=N, block_size=block_size)
+    if bits == 8:
+        _as_blocks(scales, N, kb, "scales")
+        if zero_points is not None:
+            zero_points = _as_blocks(np.asarray(zero_points), N, kb, "zero_points")
+        return pack_q8_split(B, scales, zero_points, K=K, N=N, block_size=block_size)
     # Little-endian bytes b0..b3 of a block read as one uint32 are exactly the word layout (values low bits
     # first), so repacking is one transpose [N, kb, words] -> [kb, words, N].
     q = np.ascontiguousarray(B).reshape(N, kb, blob).view("<u4")
@@ -168,7 +177,8 @@ def _check_attrs(K: int, N: int, bits: int, block_size: int) -> None:
 
 
 def matmul_nbits_packed(
-    A: np.ndarray, packed: PackedQ4 | PackedNBits, bias: np.ndarray | None = None, *, accuracy_level: int = 0
+    A: np.ndarray, packed: PackedQ4 | PackedQ8Split | PackedNBits, bias: np.ndarray | None = None, *,
+    accuracy_level: int = 0
 ) -> tuple[np.ndarray]:
     """MatMulNBits on prepacked weights: ``A [..., K] -> Y [..., N]`` in A's float dtype."""
     if A.shape[-1] != packed.K:
@@ -181,6 +191,10 @@ def matmul_nbits_packed(
     if isinstance(packed, PackedQ4):
         int8 = accuracy_level == 4 and packed.zp_kind != q4.ZP_F32
         y = native.matmul_q4(a2, packed, b32, int8)
+    elif isinstance(packed, PackedQ8Split):
+        int8 = accuracy_level == 4 and packed.int8_capable
+        y = native.matmul_q4(a2, packed.hi, b32, int8)
+        y += native.matmul_q4(a2, packed.lo, None, int8)
     else:
         y = _matmul_2d(a2, packed)
         if b32 is not None:
@@ -220,10 +234,12 @@ def _dequantize_numpy(p: PackedNBits, b0: int, b1: int, out: np.ndarray) -> None
         v += o
 
 
-def dequantize_matmul_nbits(packed: PackedQ4 | PackedNBits) -> np.ndarray:
+def dequantize_matmul_nbits(packed: PackedQ4 | PackedQ8Split | PackedNBits) -> np.ndarray:
     """The fp32 weight matrix ``W [K, N]`` (for tests and debugging)."""
     if isinstance(packed, PackedQ4):
         return q4.dequantize_q4(packed)
+    if isinstance(packed, PackedQ8Split):
+        return q4.dequantize_q4(packed.hi) + q4.dequantize_q4(packed.lo)
     out = np.empty((packed.k_blocks * packed.block_size, packed.N), np.float32)
     _dequantize_numpy(packed, 0, packed.k_blocks, out)
     return out[: packed.K]
@@ -286,7 +302,7 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
     def pack(B, scales, zero_points=None):
         return prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=bs)
 
-    def run(packed: PackedQ4 | PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
+    def run(packed: PackedQ4 | PackedQ8Split | PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
         extra = dict(zip((_NODE_INPUTS[i] for i in rest), others))
         g_idx = extra.get("g_idx")
         if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // bs):
@@ -298,6 +314,10 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
         zk = q4.ZP_NONE if not has_zp else (q4.ZP_U4 if const_shapes[3][1] == "uint8" else q4.ZP_F32)
         return PrepackSpec(sources, q4.layout_key(bs, zk, K, N), pack, run, PackedQ4.to_bytes, PackedQ4.from_bytes,
                            sum(q4.section_sizes(K, N, bs, zk)))
+    if bits == 8:
+        zn = "sym" if not has_zp else ("zpu8" if const_shapes[3][1] == "uint8" else "zpf32")
+        return PrepackSpec(sources, q8.layout_key(bs, zn, K, N), pack, run, PackedQ8Split.to_bytes,
+                           PackedQ8Split.from_bytes, q8.packed_size(K, N, bs, zn))
     packed_bytes = kb * (bs * bits // 32) * N * 4 + 2 * kb * N * 4  # words + float32 scales and offsets
     return PrepackSpec(
         sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _q4_panels as q4
+from onnx_prepared.kernels import _q8_split as q8
 from onnx_prepared.kernels import matmul_nbits as mm
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import pack_bits, unpack_bits
@@ -87,8 +88,8 @@ def _close_to_max(got, want, frac=1e-5):
 def test_matches_onnxruntime(path, K, N, M, bits, block_size, zp_kind, flat, with_bias, level, seed):
     if bits == 8 and zp_kind == "float":
         zp_kind = "packed"  # onnxruntime's CPU provider rejects 8-bit weights with float zero points
-    if bits != 4:
-        level = 0  # 2/8 bits stay fp32 (onnxruntime's level 4 uses int8 for 8 bits; documented)
+    if bits == 2:
+        level = 0  # 2 bits stay fp32 (numpy path)
     rng = np.random.default_rng(seed)
     B, scales, zp = _weights(rng, K, N, bits, block_size, zp_kind, flat)
     bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
@@ -98,8 +99,40 @@ def test_matches_onnxruntime(path, K, N, M, bits, block_size, zp_kind, flat, wit
     (got,) = mm.matmul_nbits(A, B, scales, zp, None, bias, **attrs)
     if bits == 4:
         _close_to_max(got, want)
+    elif bits == 8:
+        # Two nibble halves are summed in float: their rounding scales with the terms, not with the (possibly
+        # cancelling) result, so the bound is relative to max(|A| @ |W|), a dot product's rounding scale.
+        W = mm.dequantize_matmul_nbits(mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=8,
+                                                               block_size=block_size))
+        bound = 1e-5 * float((np.abs(A) @ np.abs(W)).max())
+        assert float(np.abs(got - want).max()) <= bound, (float(np.abs(got - want).max()), bound)
     else:
         np.testing.assert_allclose(got, want, **_tol(want))
+
+
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize(("M", "K", "N", "bs", "zp_kind"), [
+    (1, 1024, 80, 32, "none"), (16, 1000, 100, 32, "packed"), (130, 256, 48, 64, "none"),
+])
+def test_8bit_on_the_native_path_threaded(path, level, M, K, N, bs, zp_kind):
+    """8-bit weights as two 4-bit halves: large enough that both phases split over the pool."""
+    rng = np.random.default_rng(M + K + N + 8)
+    B, scales, zp = _weights(rng, K, N, 8, bs, zp_kind, False)
+    bias = rng.standard_normal(N).astype(np.float32)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=8, block_size=bs)
+    zn = "sym" if zp is None else "zpu8"
+    assert packed.nbytes == q8.packed_size(K, N, bs, zn)
+    if N % 16 == 0:  # the source's bytes plus one more scale array (and 4-bit zero points of the low half)
+        kb = -(-K // bs)
+        assert packed.nbytes == B.nbytes + 2 * scales.nbytes + N * kb // (2 if zp is None else 1)
+    want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=8, block_size=bs, accuracy_level=level)
+    (got,) = mm.matmul_nbits_packed(A, packed, bias, accuracy_level=level)
+    _close_to_max(got, want)
+    back = q8.PackedQ8Split.from_bytes(packed.to_bytes())  # the companion cache's round trip
+    np.testing.assert_array_equal(mm.matmul_nbits_packed(A, back, bias, accuracy_level=level)[0], got)
+    with pytest.raises(KernelError):
+        q8.PackedQ8Split.from_bytes(packed.to_bytes()[:10])
 
 
 @pytest.mark.parametrize("level", [0, 4])
@@ -176,7 +209,7 @@ def test_prepacked_entry_point_batched_input_and_panels(path, monkeypatch, bits)
     if bits == 4:
         assert packed.layout == f"matmul-nbits-q4-panel16-v{q4.LAYOUT_VERSION}-block32-zpu4-k{K}-n{N}"
     else:
-        assert packed.layout == "matmul-nbits-q8-kmajor-u32-block32"
+        assert isinstance(packed, q8.PackedQ8Split)
     for shape in [(1, 1, K), (2, 3, K), (9, K)]:
         A = rng.standard_normal(shape).astype(np.float32)
         want = _ort(A, B, scales, zp, None, K=K, N=N, bits=bits, block_size=bs)
