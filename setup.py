@@ -12,7 +12,7 @@ from setuptools.command.build_ext import build_ext
 SRC = "onnx_prepared/kernels/_native"
 SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c",
            "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "conv_gemm.c",
-           "depthwise.c", "nms.c",
+           "depthwise.c", "depthwise_isa.c", "nms.c",
            "act.c"]
 
 
@@ -45,7 +45,7 @@ def _extensions() -> list[Extension]:
         sources=[f"{SRC}/{s}" for s in SOURCES],
         depends=[f"{SRC}/{h}" for h in ("nbits.h", "nbits_prep.h", "nbits_avx2.inc", "pool.h",
                                         "rnn.h", "rnn_module.h", "rnn_step.inc", "conv_gemm.h",
-                                        "depthwise.h", "nms.h",
+                                        "depthwise.h", "depthwise.inc", "nms.h",
                                         "act.h")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],

@@ -53,7 +53,7 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     p = sp.prod(out)
     m = g * mg
     cg = c // g
-    if cg == 1 and nd == 2 and wd == np.float32 and native.available() and (
+    if cg == 1 and nd == 2 and kshape[1] <= 64 and wd == np.float32 and native.available() and (
             b is None or (b.shape == (m,) and b.dtype == np.float32)):
         y = native.depthwise2d(xw, wm, b, out, begins, strides, dilations, kshape)
         return y if y.dtype == dtype else y.astype(dtype)

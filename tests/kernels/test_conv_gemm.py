@@ -86,3 +86,14 @@ def test_depthwise_matches_onnxruntime_and_the_numpy_path(shape, mult, k, attrs,
     monkeypatch.setattr(native, "available", lambda: False)
     (slow,) = check_ort("Conv", inputs, opset=11, group=c, **attrs)
     np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+@pytest.mark.parametrize("level", native.supported_levels())
+@pytest.mark.parametrize(("shape", "mult", "k", "attrs"), [DEPTHWISE[1], DEPTHWISE[2]])
+def test_depthwise_at_every_dispatch_level(level, shape, mult, k, attrs):
+    c = shape[1]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    w = RNG.standard_normal((c * mult, 1, *k)).astype(np.float32)
+    with native.forced_level(level):
+        check_ort("Conv", [x, w, RNG.standard_normal(c * mult).astype(np.float32)], opset=11, group=c, **attrs)

@@ -1,8 +1,8 @@
 /* 2-D depthwise Conv (one input channel per group, any channel multiplier), NCHW float32, over the pool.
  * Output channel c*mult + j reads input channel c with weight row w[c][j][KH*KW]; pads are bounds on
  * each tap's valid output columns (no padded copy). Tasks are fixed blocks of output planes, so the
- * result does not depend on the thread count; the portable C loop vectorizes over output columns at
- * stride 1. */
+ * result does not depend on the thread count. The planes are computed by depthwise.inc, built for
+ * portable, AVX2 and AVX-512 (depthwise_isa.c) and chosen by the dispatch level. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -10,54 +10,12 @@
 
 #include "depthwise.h"
 #include "pool.h"
+#include "rnn_module.h"
 
-typedef struct {
-    const float *x, *w, *b;
-    float *y;
-    long N, C, H, W, mult, KH, KW, OH, OW, pt, pl, sh, sw, dh, dw, planes_per_task;
-} dw_job;
+static void (*g_planes)(const dw_job *, int) = dw_planes_portable; /* set per call under the GIL */
 
-static long ceil_div(long a, long b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+static void dw_task(void *ctx, int t) { g_planes((const dw_job *)ctx, t); }
 
-static void plane(const dw_job *j, long n, long oc)
-{
-    const long c = oc / j->mult, K = j->KH * j->KW;
-    const float *x = j->x + ((size_t)n * j->C + c) * j->H * j->W;
-    const float *w = j->w + (size_t)oc * K;
-    float *y = j->y + ((size_t)n * j->C * j->mult + oc) * j->OH * j->OW;
-    const float bias = j->b ? j->b[oc] : 0.0f;
-    for (long oh = 0; oh < j->OH; oh++) {
-        float *yr = y + (size_t)oh * j->OW;
-        for (long ow = 0; ow < j->OW; ow++) yr[ow] = bias;
-        for (long ki = 0; ki < j->KH; ki++) {
-            const long ih = oh * j->sh - j->pt + ki * j->dh;
-            if (ih < 0 || ih >= j->H) continue;
-            const float *xr = x + (size_t)ih * j->W;
-            for (long kj = 0; kj < j->KW; kj++) {
-                const long off = kj * j->dw - j->pl; /* iw = ow * sw + off */
-                long lo = ceil_div(-off, j->sw), hi = ceil_div(j->W - off, j->sw);
-                if (lo < 0) lo = 0;
-                if (hi > j->OW) hi = j->OW;
-                const float wv = w[ki * j->KW + kj];
-                if (j->sw == 1) {
-                    const float *xs = xr + off;
-                    for (long ow = lo; ow < hi; ow++) yr[ow] += wv * xs[ow];
-                } else {
-                    for (long ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow * j->sw + off];
-                }
-            }
-        }
-    }
-}
-
-static void dw_task(void *ctx, int t)
-{
-    const dw_job *j = (const dw_job *)ctx;
-    const long M = j->C * j->mult, total = j->N * M;
-    const long p0 = (long)t * j->planes_per_task;
-    const long p1 = p0 + j->planes_per_task < total ? p0 + j->planes_per_task : total;
-    for (long p = p0; p < p1; p++) plane(j, p / M, p % M);
-}
 
 /* depthwise2d(x, w, b|None, y, dims int64[15]): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw */
 PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -82,6 +40,7 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                 (long)d[13], (long)d[14], 1};
     int bad = 0;
     for (int i = 0; i < 15; i++) bad |= d[i] < (i == 9 || i == 10 ? 0 : 1) || d[i] > (1LL << 30);
+    bad |= d[6] > DW_MAX_KW;
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "depthwise2d: bad dims");
         goto done;
@@ -107,6 +66,8 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     /* about 2^15 multiply-adds per task, fixed by the shape */
     j.planes_per_task = per_plane >= (1 << 15) ? 1 : (1 << 15) / (per_plane ? per_plane : 1);
     const int ntasks = (int)((total + j.planes_per_task - 1) / j.planes_per_task);
+    const int level = ext_isa_level();
+    g_planes = level >= 3 ? dw_planes_avx512 : level >= 1 ? dw_planes_avx2 : dw_planes_portable;
     Py_BEGIN_ALLOW_THREADS
     if (ntasks > 1 && nb_pool_get_threads() > 1)
         nb_pool_run(dw_task, &j, ntasks);

@@ -1,0 +1,34 @@
+/* depthwise.inc built three times: portable, AVX2+FMA and AVX-512 (x86-64; elsewhere all portable). */
+#include "depthwise.h"
+
+#define DW_ENTRY dw_planes_portable
+#define plane plane_portable
+#define ceil_div ceil_div_portable
+#include "depthwise.inc"
+#undef DW_ENTRY
+#undef plane
+#undef ceil_div
+
+#if defined(__x86_64__) || defined(_M_X64)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define DW_ENTRY dw_planes_avx2
+#define plane plane_avx2
+#define ceil_div ceil_div_avx2
+#include "depthwise.inc"
+#undef DW_ENTRY
+#undef plane
+#undef ceil_div
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
+#define DW_ENTRY dw_planes_avx512
+#define plane plane_avx512
+#define ceil_div ceil_div_avx512
+#include "depthwise.inc"
+#pragma GCC pop_options
+#else
+void dw_planes_avx2(const dw_job *j, int t) { dw_planes_portable(j, t); }
+void dw_planes_avx512(const dw_job *j, int t) { dw_planes_portable(j, t); }
+#endif
