@@ -39,9 +39,11 @@ class CountingReader(ExternalDataReader):
         self.open_after_rows = open_after_rows
         self.gate = threading.Event()
         self.done: list[tuple[str, int, int]] = []
+        self.whole_started = 0
 
     def read_bytes(self, desc, out=None):
         if desc.name == self.gated and out is None:  # a row read lands in a caller's buffer
+            self.whole_started += 1
             assert self.gate.wait(60)
         r = super().read_bytes(desc, out)
         self.done.append((desc.name, desc.payload.offset, desc.payload.length))
@@ -73,6 +75,17 @@ def test_sixteen_token_prompt_reads_sixteen_rows_before_its_output(genai_model):
         again = sess.run(feeds)[0]
         assert sess.counters["hot_runs"] == 1
     np.testing.assert_array_equal(first, again)  # rows gathered = gathered from the whole table
+
+
+def test_under_a_residency_budget_the_table_is_never_read_whole(genai_model):
+    reader = CountingReader(EMBED)
+    feeds = prefill_feeds(TinyLlmConfig.from_preset(None, **SMALL), [1, 2, 3])
+    with RuntimeSession(genai_model, {"prepared_memory_limit": 4 << 20}, reader=reader) as sess:
+        first = sess.run(feeds)[0]
+        second = sess.run(feeds)[0]
+        assert reader.whole_started == 0
+        assert sorted(ln for n, _, ln in reader.done if n == EMBED) == [3 * 256, 3 * 256]  # rows 1-3, twice
+    np.testing.assert_array_equal(first, second)
 
 
 def test_rows_are_read_in_contiguous_runs(genai_model):
