@@ -105,7 +105,7 @@ def describe() -> str:
     """One line for ``inspect``/``demo``: which kernels and which dispatch level are active."""
     if _ext is None:
         return f"native kernels: numpy fallback ({unavailable_reason})"
-    return (f"native kernels: MatMulNBits q4 (fp32 + int8), LSTM/GRU/RNN recurrence, Conv GEMM blocks, "
+    return (f"native kernels: MatMulNBits 4/8-bit (fp32 + int8), Sigmoid, LSTM/GRU/RNN recurrence, Conv GEMM blocks, "
             f"dispatch {dispatch_level()} (CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
 
 
