@@ -11,7 +11,7 @@ from setuptools.command.build_ext import build_ext
 
 SRC = "onnx_prepared/kernels/_native"
 SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c",
-           "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "conv_gemm.c",
+           "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "rnn_avx512.c", "conv_gemm.c",
            "depthwise.c", "depthwise_isa.c", "nms.c",
            "act.c"]
 

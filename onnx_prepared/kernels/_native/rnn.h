@@ -42,5 +42,6 @@ static inline size_t rnn_scratch_bytes(int batch, int hidden, int gates)
 
 void rnn_run_portable(const rnn_args *a);
 void rnn_run_avx2(const rnn_args *a);
+void rnn_run_avx512(const rnn_args *a);
 
 #endif

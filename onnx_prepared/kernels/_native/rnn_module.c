@@ -112,7 +112,8 @@ PyObject *py_rnn_seq(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     A.rbh = A.kind == RNN_KIND_GRU ? (const float *)bv[9].buf : NULL;
     A.scratch = (float *)bv[10].buf;
     if (sb) {
-        void (*run)(const rnn_args *) = ext_isa_level() >= 1 ? rnn_run_avx2 : rnn_run_portable;
+        const int level = ext_isa_level();
+        void (*run)(const rnn_args *) = level >= 3 ? rnn_run_avx512 : level >= 1 ? rnn_run_avx2 : rnn_run_portable;
         Py_BEGIN_ALLOW_THREADS
         run(&A);
         Py_END_ALLOW_THREADS
