@@ -4,8 +4,8 @@ After ``prepare()`` every prepared object is resident, so ``RuntimeSession.run(f
 path: feed binding, one scheduler task, a readiness-epoch check, one run-level lease and a direct
 replay of the compact action list. The spec caps that overhead against executing the plain
 ``ExecutionPlan`` after eager preparation; the baseline here is exactly that: ``plan.execution.replay``
-on a slot list prefilled with the same resident prepared objects (built as ``Inference._hot_template`` does) and
-the feeds, called on the benchmark's own thread.
+on a slot list prefilled with the same resident prepared objects (the (slot, object) pairs
+``Inference._hot_values`` fills in) and the feeds, called on the benchmark's own thread.
 
 Variants, interleaved in rotating order, each timed over a batch of runs sized to ~``--batch-ms``:
 

@@ -22,6 +22,7 @@ import contextlib
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from onnx_prepared.bind import ExecutionPlan
 from onnx_prepared.kernels import threads
@@ -56,7 +57,7 @@ class Inference:
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = PrefetchWindow(8, len(plan.requirements))
-        self._hot: tuple[int, list] | None = None  # (epoch, value template with every object resident)
+        self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
         bit = {r.key: b for b, r in enumerate(plan.requirements)}
         n = len(plan.execution.actions)
         # The cold path's segments: each invocation task's action range and the requirement bits it
@@ -110,8 +111,8 @@ class Inference:
         if store.hot_epoch != epoch or not store.acquire_lease(epoch):
             return None
         values = frame.values
-        for s, v in enumerate(self._hot_template()):
-            if v is not None and values[s] is None:
+        for s, v in self._hot_values():  # the resident objects, where the caller fed nothing
+            if values[s] is None:
                 values[s] = v
         execution = self.execution
 
@@ -269,15 +270,14 @@ class Inference:
     def _evicted(self, key: PreparedKey) -> None:
         self._hot = None  # the template must not keep an evicted object alive
 
-    def _hot_template(self) -> list:
+    def _hot_values(self) -> list[tuple[int, Any]]:
+        """(slot, resident object) of every requirement a run reads, cached per readiness epoch."""
         hot = self._hot
         store = self.store
         if hot is None or hot[0] != store.epoch:
-            template = [None] * self.plan.execution.n_slots
-            for r, slot in zip(self.plan.requirements, self.plan.requirement_slots):
-                if slot >= 0:
-                    template[slot] = store.get(r.key)
-            hot = self._hot = (store.epoch, template)
+            pairs = [(slot, store.get(r.key)) for r, slot in zip(self.plan.requirements, self.plan.requirement_slots)
+                     if slot >= 0]
+            hot = self._hot = (store.epoch, pairs)
         return hot[1]
 
     def _outputs(self, frame: ExecutionFrame) -> list:
