@@ -658,3 +658,23 @@ def test_info_summarises(tmp_path):
     assert i["kernel_abis"] == {KERNEL_ABI: 3} and i["source_model_digest"] == SRC and i["generation"] == 1
     (f, size), = i["data_files"].items()
     assert size == os.path.getsize(tmp_path / f) == 12288 + 1 + ID_SIZE  # put order: A@0, B@4096, C@12288 + its id
+
+
+@pytest.mark.parametrize("at", [0, 4095, 4096, 9999])
+def test_payload_is_hashed_piece_by_piece_as_it_is_read(tmp_path, monkeypatch, at):
+    """XXH3-128 over 4 KiB pieces (CHUNK shrunk): a flip in any piece, first or last, is caught; intact
+    bytes read whole, with the identity record after the last piece."""
+    from onnx_prepared.prepared import payload_hash
+
+    monkeypatch.setattr(payload_hash, "CHUNK", 4096)
+    path = tmp_path / "m.prepared.onnx"
+    a = key("A")
+    build(path, {a: payload(1, 10_000)}).close()
+    r = PreparedModelStore(path, source_digest=SRC, policy=RO)
+    np.testing.assert_array_equal(r.read_payload(r.lookup(a)), payload(1, 10_000))
+    e = r.lookup(a)
+    flip(e.file, e.offset + at)
+    r2 = PreparedModelStore(path, source_digest=SRC, policy=RO)
+    with pytest.raises(CacheError, match="checksum mismatch"):
+        r2.read_payload(r2.lookup(a), out=np.empty(12_000, np.uint8))
+    assert verify(path) and "checksum mismatch" in verify(path)[0]
