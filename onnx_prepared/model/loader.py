@@ -152,6 +152,8 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     bad = invalid_string_field(model)
     if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; no later code must see them
         raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
+    if not model.graph.output:  # onnxruntime's run() refuses it ("at least one output"): nothing to compute
+        raise ModelLoadError(f"{what}: the graph declares no output")
     check_versions(model, what)
     check_types(model, what)
     return model

@@ -252,3 +252,18 @@ def test_attribute_setting_a_field_its_type_does_not_use_is_refused(tmp_path):
     assert _ort_refuses(path)
     with pytest.raises(ModelLoadError, match="attribute 'transB' of type INT sets field 'ints'"):
         RuntimeSession(path)
+
+
+
+
+def test_graph_without_outputs_is_refused(tmp_path):
+    # long campaign (seed 3): a flip in the graph name swallowed the only output; onnxruntime's run()
+    # refuses such a model ("At least one output should be requested"), ours returned an empty list
+    def mutate(m):
+        del m.graph.output[:]
+
+    path = _mutated(tmp_path, mutate)
+    with pytest.raises(Exception, match="At least one output"):
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    with pytest.raises(ModelLoadError, match="the graph declares no output"):
+        RuntimeSession(path)
