@@ -187,8 +187,8 @@ def print_table(res: dict) -> None:
     pre = {(r["K"], r["N"]): r["prepack_source_gbps"] for r in res["rows"]}
     print("prepack: " + ", ".join(f"{k}x{n} {g:.2f} GB/s" for (k, n), g in pre.items()))
     if res.get("pool_stalls") is not None:
-        print(f"pool stalls: {res['pool_stalls']} calls found a worker on the caller's CPU or waited for one "
-              f"(each makes the next 16 calls run on one thread)")
+        print(f"pool: {res['pool_stalls']} jobs declined by a worker woken on the caller's CPU (no idle CPU at the "
+              f"time: those calls ran on one thread)")
 
 
 def main(argv: list[str] | None = None) -> int:

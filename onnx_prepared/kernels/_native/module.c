@@ -353,7 +353,7 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "threads per call (caller included)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
-    {"pool_stalls", py_pool_stalls, METH_NOARGS, "calls whose workers stalled the caller (then run inline)"},
+    {"pool_stalls", py_pool_stalls, METH_NOARGS, "jobs a worker declined (woken on the caller's CPU)"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     CONV_GEMM_METHODS

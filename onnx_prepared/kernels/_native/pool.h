@@ -14,7 +14,7 @@ int nb_pool_get_threads(void);
 /* How long an idle worker spins before sleeping on its condition variable. */
 void nb_pool_set_spin_us(int us);
 int nb_pool_default_threads(void);
-/* Calls so far whose workers stalled the caller (each makes the next few calls run inline). */
+/* Jobs a worker declined so far because the scheduler woke it on the caller's CPU. */
 long long nb_pool_stalls(void);
 
 #endif
