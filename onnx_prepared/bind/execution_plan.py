@@ -50,9 +50,13 @@ class ExecutionPlan:
     node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
     # per action, what replay unpacks and nothing else (derived from actions): see _step()
     steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
+    # the same steps without their releases, for step(): the caller sizes the outputs first
+    held_steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "steps", tuple(_step(a) for a in self.actions))
+        steps = tuple(_step(a) for a in self.actions)
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "held_steps", tuple((*st[:5], (), st[6]) for st in steps))
 
     @property
     def n_slots(self) -> int:
@@ -86,6 +90,16 @@ class ExecutionPlan:
         _run(steps, values, self)
         flush()
         return None
+
+    def step(self, values: list, pc: int) -> ExecuteAction:
+        """Execute action ``pc`` over ``values`` *without* its releases; returns the action.
+
+        The same loop as :meth:`replay`; the caller (``ExecutionFrame.step``) sizes the outputs, then
+        clears ``action.release`` itself, so an output the action itself releases (an unused output,
+        an omitted optional one in :data:`NONE_SLOT`) is still seen and counted.
+        """
+        _run(self.held_steps[pc:pc + 1], values, self)
+        return self.actions[pc]
 
     def traced(self, after: Callable[[int], None]) -> ExecutionPlan:
         """A copy whose every action calls ``after(action_index)`` once its kernel returned: tracing

@@ -119,7 +119,7 @@ class Inference:
         def run(task: Task) -> None:
             self._bind_threads()
             try:
-                frame.replay(execution, self.state.execution_peak)
+                self.state.note_execution_peak(frame.replay(execution, self.state.execution_peak))
             finally:
                 store.release_lease()
             self.state.reader.reader.check_verified()  # a no-op once every read was verified

@@ -38,7 +38,8 @@ class PreparedExecutionState:
         self.store = PreparedObjectStore(r.key for r in plan.requirements)
         self._record_digests = companion is not None and companion.writable  # build_if_missing
         self.counters: Counter[str] = Counter()  # "read:<name>", "prepack:<key>"
-        # largest activation peak a completed cold run measured: what a hot run charges ExecutionArena
+        # largest activation peak a completed run measured (ExecutionFrame.step): what a hot run
+        # reserves in the ExecutionArena (0: none yet, the hot run steps and measures it)
         self.execution_peak = 0
         self._invocation_ids = itertools.count(1)
 
@@ -46,7 +47,7 @@ class PreparedExecutionState:
         return next(self._invocation_ids)
 
     def note_execution_peak(self, nbytes: int) -> None:
-        """A cold run finished with this activation peak (a benign race: the max only grows)."""
+        """A run finished with this activation peak (a benign race: the max only grows)."""
         if nbytes > self.execution_peak:
             self.execution_peak = nbytes
 

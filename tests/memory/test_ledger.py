@@ -50,3 +50,50 @@ def test_hot_and_cold_runs_both_charge_the_execution_arena(tmp_path):
         assert s.counters["hot_runs"] == 1
         assert ex.allocations == before + 1 and ex.live == 0
     np.testing.assert_array_equal(cold, hot)
+
+
+def _split_with_unused_output(folder) -> str:
+    """x[2, 1024] -> Split -> (a[2, 4] -> Relu -> y, b[2, 1020] unused): b's own action releases it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers.models import save_external
+
+    split = numpy_helper.from_array(np.array([4, 1020], np.int64), "split")
+    g = helper.make_graph(
+        [helper.make_node("Split", ["x", "split"], ["a", "b"], name="split", axis=1),
+         helper.make_node("Relu", ["a"], ["y"], name="relu")],
+        "split_unused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [split])
+    return save_external(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), folder)
+
+
+def _figures(s, x) -> tuple[dict, np.ndarray]:
+    """Run once on a fresh ExecutionArena peak; the arena's figures after the run, and the output."""
+    ex = s.arenas.execution
+    ex.peak_live = 0
+    (y,) = s.run({"x": x})
+    return {"live": ex.live, "peak_live": ex.peak_live}, y
+
+
+@pytest.mark.parametrize("model", ["mlp", "split"])
+def test_hot_and_cold_runs_of_one_model_leave_the_same_execution_arena_figures(tmp_path, model):
+    """One mechanism (ExecutionFrame's reservation): a cold run, a hot run before any peak was measured
+    and a hot run reserving the measured peak report the same live and peak ExecutionArena bytes."""
+    if model == "mlp":
+        path, x = gemm_mlp(tmp_path, layers=3, width=32), np.ones((2, 32), np.float32)
+    else:
+        path, x = _split_with_unused_output(tmp_path), np.arange(2048, dtype=np.float32).reshape(2, 1024)
+    with RuntimeSession(path) as s:
+        cold, y_cold = _figures(s, x)
+        assert s.counters["cold_runs"] == 1
+        hot, y_hot = _figures(s, x)
+        assert s.counters["hot_runs"] == 1
+    with RuntimeSession(path) as s:
+        s.prepare()
+        assert s.state.execution_peak == 0
+        first_hot, _ = _figures(s, x)  # hot, no peak measured yet: it steps and measures
+        assert s.counters["hot_runs"] == 1 and s.counters["cold_runs"] == 0
+    assert cold == hot == first_hot and cold["live"] == 0 and cold["peak_live"] > 0
+    if model == "split":  # the unused output b counts while its own action holds it: a + b = all of x
+        assert cold["peak_live"] == x.nbytes
+    np.testing.assert_array_equal(y_cold, y_hot)

@@ -44,7 +44,7 @@ def test_trace_actions_reports_every_action_of_cold_and_hot_runs_without_changin
     np.testing.assert_array_equal(hot, untraced)
 
 
-def test_frame_steps_charge_each_activation_and_replay_charges_the_peak_once(tmp_path):
+def test_frame_steps_measure_live_activations_and_both_paths_reserve_the_peak(tmp_path):
     with RuntimeSession(gemm_mlp(tmp_path, layers=2)) as s:
         s.prepare()
         ex = s.plan.execution
@@ -52,10 +52,15 @@ def test_frame_steps_charge_each_activation_and_replay_charges_the_peak_once(tmp
         values, _ = s._feeds.bind({"x": X})
         for r, slot in zip(s.plan.requirements, s.plan.requirement_slots):
             values[slot] = s.store.get(r.key)
+        produced = {s for a in ex.actions for s in a.outputs}
         stepped = ExecutionFrame(1, list(values), arena)
         while stepped.pc < len(ex.actions):
             stepped.step(ex)
-            assert arena.live == stepped.live_bytes == sum(a.nbytes for a in stepped.allocations.values())
+            truth = sum(v.nbytes for s, v in enumerate(stepped.values) if s in produced and v is not None)
+            assert stepped.live_bytes == sum(stepped.sizes.values()) == truth
+            # the arena holds the run's high-water mark, one reservation grown as the peak is measured
+            assert arena.live == stepped.reserved_bytes == stepped.peak_bytes >= stepped.live_bytes
+            assert sum(a.nbytes for a in stepped.reservation) == arena.live
         assert stepped.peak_bytes > 0 and stepped.pc == len(ex.actions)
         stepped.release_allocations()
         assert arena.live == 0
