@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.compat.ortvalue import OrtValue, unwrap
 from onnx_prepared.errors import InvalidFeedError
 from onnx_prepared.model import LoadedModel, load_model

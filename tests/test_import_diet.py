@@ -1,7 +1,9 @@
 """``import onnx_prepared`` loads only what building a session needs (structure, not timing).
 
 Kernel modules load when a model uses their ops (kernels/catalog.py), ``onnx.reference`` when a node
-needs the fallback, and the CLI's ``--help`` builds no runtime.
+needs the fallback, the ``onnx`` package itself (helper, compose, ...) not at all on a plain model
+(onnx_prepared/onnx_proto.py loads onnx's protobuf classes and schemas directly), and the CLI's
+``--help`` builds no runtime.
 """
 
 from __future__ import annotations
@@ -40,13 +42,18 @@ def test_bare_import_builds_no_runtime():
                                                                   "onnx_prepared.options"}
 
 
-def test_session_loads_only_its_kernels(tmp_path):
+def _relu_add(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "x"], ["y"])],
                           "g", [x], [y])
     path = tmp_path / "m.onnx"
     path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+def test_session_loads_only_its_kernels(tmp_path):
+    path = _relu_add(tmp_path)
     mods = _modules_after(
         "import numpy as np, onnx_prepared as op\n"
         f"s = op.InferenceSession({str(path)!r})\n"
@@ -72,3 +79,35 @@ def test_cli_help_builds_no_runtime():
                           "try:\n    cli.main()\nexcept SystemExit:\n    pass")
     assert not {m for m in mods if m == "onnx" or m.startswith(("onnx.", "onnx_prepared.runtime",
                                                                  "onnx_prepared.scheduler", "onnx_prepared.kernels"))}
+
+
+def test_plain_session_does_not_import_the_onnx_package(tmp_path):
+    """Parsing, planning and running a plain model need onnx's protobuf classes and schemas only."""
+    path = _relu_add(tmp_path)
+    mods = _modules_after(
+        "import numpy as np, onnx_prepared as op\n"
+        f"s = op.InferenceSession({str(path)!r})\n"
+        "assert s.run(None, {'x': np.ones((2, 3), np.float32)})[0].sum() == 12")
+    assert "onnx.onnx_ml_pb2" in mods
+    assert not {m for m in mods if m in ("onnx", "onnx.helper", "onnx.compose", "onnx.numpy_helper")
+                or m.startswith("onnx.reference")}
+
+
+def test_onnx_imported_later_shares_the_classes():
+    """A model built with the real onnx after our import is the same ModelProto class, and onnx works."""
+    code = """
+import numpy as np
+from onnx_prepared import InferenceSession, onnx_proto
+import onnx
+from onnx import TensorProto, helper
+assert onnx.ModelProto is onnx_proto.ModelProto and onnx.TensorProto is onnx_proto.TensorProto
+assert onnx.defs.get_schema("Relu", 17).since_version == 14
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                      opset_imports=[helper.make_opsetid("", 17)])
+onnx.checker.check_model(m)
+print(InferenceSession(m).run(None, {"x": np.array([-1.0, 0.0, 2.0], np.float32)})[0].tolist())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[0.0, 0.0, 2.0]"

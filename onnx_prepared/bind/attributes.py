@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import onnx
-from onnx import helper, numpy_helper
+from onnx_prepared import onnx_proto as onnx
 
 
 def parse_attributes(node: onnx.NodeProto) -> dict | None:
@@ -16,9 +15,9 @@ def parse_attributes(node: onnx.NodeProto) -> dict | None:
     for a in node.attribute:
         if a.ref_attr_name:
             return None
-        v = helper.get_attribute_value(a)
+        v = onnx.get_attribute_value(a)
         if a.type == onnx.AttributeProto.TENSOR:
-            v = numpy_helper.to_array(v)
+            v = onnx.to_array(v)
         elif a.type == onnx.AttributeProto.STRING:
             v = v.decode("utf-8")
         elif a.type == onnx.AttributeProto.STRINGS:

@@ -11,7 +11,7 @@ import collections
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import onnx
+from onnx_prepared import onnx_proto as onnx
 
 #: op name -> number of fallback invocations in this process (diagnostics, `inspect`).
 FALLBACK_CALLS: collections.Counter[str] = collections.Counter()

@@ -12,9 +12,8 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.execution_plan import NONE_SLOT, ExecuteAction, ExecutionPlan
 from onnx_prepared.bind.fallback_env import FallbackEnv
 from onnx_prepared.bind.kernel import BoundKernel, bind_kernel
@@ -187,10 +186,10 @@ class SubgraphEvaluator:
         self._feed_slots = tuple((n, plan.slot_names.index(n)) for n in dict.fromkeys([*self.input_names, *outer]))
         self._constants = plan.new_values()
         for t in graph.initializer:
-            self._constants[plan.constant_slots[t.name]] = numpy_helper.to_array(t)
+            self._constants[plan.constant_slots[t.name]] = onnx.to_array(t)
         for sp in graph.sparse_initializer:
-            dense = numpy_helper.to_array(sp.values)
-            indices = numpy_helper.to_array(sp.indices)
+            dense = onnx.to_array(sp.values)
+            indices = onnx.to_array(sp.indices)
             full = np.zeros(int(np.prod(sp.dims)), dtype=dense.dtype)
             full[np.ravel_multi_index(indices.T, tuple(sp.dims)) if indices.ndim == 2 else indices] = dense
             self._constants[plan.constant_slots[sp.values.name]] = full.reshape(tuple(sp.dims))

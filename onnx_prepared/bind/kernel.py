@@ -13,8 +13,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.attributes import parse_attributes
 from onnx_prepared.bind.fallback_env import FallbackEnv, bind_fallback
 from onnx_prepared.bind.scopes import implicit_inputs_of

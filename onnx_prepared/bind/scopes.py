@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import onnx
+from onnx_prepared import onnx_proto as onnx
 
 
 def subgraph_outer_names(graph: onnx.GraphProto) -> set[str]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.runtime.feeds import shape_of
 
 #: initializers larger than this enter inference as typed graph inputs (their values only matter to
@@ -75,7 +74,7 @@ def _inferred(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     g.value_info.extend(src.value_info)
     declared_inputs = {i.name for i in src.input}
     for t in src.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize \
+        if t.data_location != onnx.TensorProto.EXTERNAL and onnx.tensor_dtype_to_np_dtype(t.data_type).itemsize \
                 * max(1, _numel(t)) <= _SMALL_INITIALIZER:
             g.initializer.append(t)
         elif t.name not in declared_inputs:

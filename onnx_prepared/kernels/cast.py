@@ -10,9 +10,8 @@ input unchanged (no copy).
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels.registry import kernel
 
 _FLOAT8 = frozenset({
@@ -29,14 +28,14 @@ def _cast(x: np.ndarray, to: int, saturate: int, round_mode: str) -> np.ndarray:
         if x.dtype == object:
             return x
         return x.astype(np.str_).astype(object)
-    dtype = helper.tensor_dtype_to_np_dtype(to)
+    dtype = onnx.tensor_dtype_to_np_dtype(to)
     if x.dtype == dtype:
         return x
     if to in _FLOAT8 and saturate:
-        return np.asarray(numpy_helper.saturate_cast(x, dtype))  # 0-d inputs come back as scalars
+        return np.asarray(onnx.numpy_helper.saturate_cast(x, dtype))  # 0-d inputs come back as scalars
     if to == _E8M0:
         # NOTE: onnx's converter indexes into its masks, which fails for 0-d inputs: convert flat.
-        flat = numpy_helper.to_float8e8m0(x.reshape(-1), bool(saturate), round_mode)
+        flat = onnx.numpy_helper.to_float8e8m0(x.reshape(-1), bool(saturate), round_mode)
         return flat.astype(dtype).reshape(x.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         return np.asarray(x.astype(dtype))
@@ -50,5 +49,5 @@ def cast(x: np.ndarray, *, to: int, saturate: int = 1, round_mode: str = "up") -
 
 @kernel("CastLike", since=15)
 def cast_like(x: np.ndarray, like: np.ndarray, *, saturate: int = 1, round_mode: str = "up") -> tuple[np.ndarray]:
-    to = onnx.TensorProto.STRING if like.dtype == object else helper.np_dtype_to_tensor_dtype(like.dtype)
+    to = onnx.TensorProto.STRING if like.dtype == object else onnx.np_dtype_to_tensor_dtype(like.dtype)
     return (_cast(x, to, saturate, round_mode),)

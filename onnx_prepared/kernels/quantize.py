@@ -11,9 +11,8 @@ scale, when the block size divides the axis.
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels.registry import kernel
 
 _FLOAT8 = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"})
@@ -86,7 +85,7 @@ def dequantize_linear(
     if x_zero_point is not None and x.dtype.name not in _NO_ZERO_POINT:
         _apply(y, x_zero_point.astype(np.float32), axis, block_size, np.subtract)
     _apply(y, x_scale.astype(np.float32, copy=False), axis, block_size, np.multiply)
-    dtype = helper.tensor_dtype_to_np_dtype(output_dtype) if output_dtype else x_scale.dtype
+    dtype = onnx.tensor_dtype_to_np_dtype(output_dtype) if output_dtype else x_scale.dtype
     y = y.reshape(x.shape)
     return (y if y.dtype == dtype else y.astype(dtype),)
 
@@ -105,17 +104,17 @@ def quantize_linear(
 ) -> tuple[np.ndarray]:
     """``saturate(round_half_even(x / y_scale) + y_zero_point)`` in the zero point's type (default uint8)."""
     if y_zero_point is not None:
-        to = helper.np_dtype_to_tensor_dtype(y_zero_point.dtype)
+        to = onnx.np_dtype_to_tensor_dtype(y_zero_point.dtype)
         if output_dtype and output_dtype != to:
             raise ValueError(f"QuantizeLinear output_dtype {output_dtype} differs from the zero point's type {to}")
     else:
         to = output_dtype or onnx.TensorProto.UINT8
-    work = helper.tensor_dtype_to_np_dtype(precision) if precision else np.result_type(x.dtype, y_scale.dtype)
+    work = onnx.tensor_dtype_to_np_dtype(precision) if precision else np.result_type(x.dtype, y_scale.dtype)
     y = np.array(x, dtype=work, copy=True)
     if y.ndim == 0:
         y = y.reshape(1)
     _apply(y, y_scale.astype(work, copy=False), axis, block_size, np.divide)
-    dtype = helper.tensor_dtype_to_np_dtype(to)
+    dtype = onnx.tensor_dtype_to_np_dtype(to)
     if to in _INT_RANGES:
         np.rint(y, out=y)
         q = y.astype(np.int32)
@@ -125,7 +124,7 @@ def quantize_linear(
         np.clip(q, lo, hi, out=q)
         return (q.astype(dtype).reshape(x.shape),)
     if to in _FLOAT8_TYPES:
-        q = numpy_helper.saturate_cast(y, dtype) if saturate else y.astype(dtype)
+        q = onnx.numpy_helper.saturate_cast(y, dtype) if saturate else y.astype(dtype)
         return (q.reshape(x.shape),)
     if dtype.name == "float4_e2m1fn":
         if y_zero_point is not None:

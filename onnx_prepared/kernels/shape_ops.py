@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels.registry import kernel
 
 
@@ -248,8 +247,8 @@ def range_27(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, *, stash_t
 
 
 def _dense(sp: onnx.SparseTensorProto) -> np.ndarray:
-    values = numpy_helper.to_array(sp.values)
-    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
+    values = onnx.to_array(sp.values)
+    indices = onnx.to_array(sp.indices).astype(np.int64)
     dims = tuple(sp.dims)
     out = np.zeros(math.prod(dims), dtype=values.dtype)
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)

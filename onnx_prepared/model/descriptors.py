@@ -11,8 +11,8 @@ import functools
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import helper
+
+from onnx_prepared import onnx_proto as onnx
 
 _T = onnx.TensorProto
 
@@ -41,7 +41,7 @@ def np_dtype(elem_type: int) -> np.dtype:
     if elem_type == _T.UNDEFINED:
         raise ValueError("element type is UNDEFINED")
     try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        return np.dtype(onnx.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, ValueError, TypeError):
         raise ValueError(f"unknown element type {elem_type}") from None
 

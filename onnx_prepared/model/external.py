@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ExternalDataError, short
 from onnx_prepared.model.descriptors import ExternalPayload, elem_type_name, expected_nbytes
 from onnx_prepared.model.safe_open import fingerprint

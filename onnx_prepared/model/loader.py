@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import onnx
 from google.protobuf.message import Error as ProtobufError
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
 from onnx_prepared.model.descriptors import (
     ExternalPayload,

@@ -16,9 +16,8 @@ import sys
 import threading
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ExternalDataError, ModelLoadError, ResourceLimitError, short
 from onnx_prepared.model import verified
 from onnx_prepared.model.checksum import recorded_sha256
@@ -267,7 +266,7 @@ def decode(desc: WeightDescriptor, raw: np.ndarray) -> np.ndarray:
     if is_packed(desc.elem_type):
         # Sub-byte types: onnx owns the unpacking convention; give it an in-memory tensor.
         t = onnx.TensorProto(name=desc.name, data_type=desc.elem_type, dims=desc.dims, raw_data=raw.tobytes())
-        return numpy_helper.to_array(t)
+        return onnx.to_array(t)
     arr = raw.view(desc.dtype).reshape(desc.dims)
     if sys.byteorder == "big" and desc.dtype.itemsize > 1:  # NOTE: untested here; ONNX bytes are little-endian
         arr = arr.byteswap()
@@ -311,7 +310,7 @@ def _copy_into(data: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 def _inline_array(desc: WeightDescriptor) -> np.ndarray:
     try:
-        return numpy_helper.to_array(desc.payload.tensor)
+        return onnx.to_array(desc.payload.tensor)
     except Exception as e:  # numpy/onnx raise assorted types for malformed typed fields
         raise ModelLoadError(f"cannot decode inline tensor {desc.name!r} ({desc.dims}): {e}") from None
 
@@ -323,5 +322,5 @@ def _inline_bytes(desc: WeightDescriptor) -> np.ndarray:
         raise ValueError(f"tensor {desc.name!r} is STRING: it has no fixed-size stored bytes")
     if t.HasField("raw_data"):
         return np.frombuffer(t.raw_data, dtype=np.uint8)
-    raw = numpy_helper.from_array(_inline_array(desc)).raw_data
+    raw = onnx.numpy_helper.from_array(_inline_array(desc)).raw_data
     return np.frombuffer(raw, dtype=np.uint8)

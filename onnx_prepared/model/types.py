@@ -15,9 +15,7 @@ whose formal type is a concrete tensor type or a type parameter bound by an inpu
 
 from __future__ import annotations
 
-import onnx
-import onnx.defs
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
 
 _NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items() if v}

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import functools
 
-import onnx
-import onnx.defs
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
 
 #: Domains whose operator sets the installed onnx defines; custom domains (com.microsoft, ...) are the

@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.options import PreparedModelPolicy

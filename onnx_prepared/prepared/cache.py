@@ -41,8 +41,8 @@ import warnings
 from collections.abc import Mapping
 
 import numpy as np
-import onnx
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import CacheError, CacheWarning
 from onnx_prepared.kernels.prepack import KERNEL_ABI
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor

@@ -21,9 +21,9 @@ import re
 import string
 from dataclasses import dataclass, field
 
-import onnx
 from google.protobuf.message import Error as ProtobufError
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import short
 from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.prepared.payload_hash import ALGORITHM, is_checksum

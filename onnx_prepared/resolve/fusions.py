@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import onnx
-from onnx import helper
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels import catalog
 
 _INT4 = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
@@ -42,8 +40,10 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
         dq = _dq_matmul()
         for u in users:
             mm = graph.node[u]
-            replace[u] = helper.make_node(dq.FUSED_OP, [mm.input[0], *operands[0]], list(mm.output), name=mm.name,
-                                          domain=dq.FUSED_DOMAIN, block_size=operands[1])
+            fused = onnx.NodeProto(op_type=dq.FUSED_OP, input=[mm.input[0], *operands[0]], output=list(mm.output),
+                                   name=mm.name, domain=dq.FUSED_DOMAIN)
+            fused.attribute.add(name="block_size", type=onnx.AttributeProto.INT, i=int(operands[1]))
+            replace[u] = fused
         drop.add(idx)
     if not replace:
         return 0
@@ -65,7 +65,7 @@ def _dq_matmul():
 def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], int] | None:
     """(operand names, block size) when ``node`` dequantizes 2-D int4/uint4 initializers along axis 0
     in blocks the native kernel takes, to float32; else None."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {a.name: onnx.get_attribute_value(a) for a in node.attribute}
     if set(attrs) - {"axis", "block_size", "output_dtype"}:
         return None
     bs = int(attrs.get("block_size", 0))

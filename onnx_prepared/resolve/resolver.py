@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import onnx
-
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inputs_of, parse_attributes
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod

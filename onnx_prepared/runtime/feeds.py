@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
+from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import InvalidFeedError
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ class FeedBinder:
 
 def type_string(tp: onnx.TypeProto) -> str:
     if tp.HasField("tensor_type"):
-        np_t = helper.tensor_dtype_to_np_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
+        np_t = onnx.tensor_dtype_to_np_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
         return f"tensor({_ORT_TYPE.get(np.dtype(np_t).name, np.dtype(np_t).name) if np_t is not None else 'undefined'})"
     if tp.HasField("sequence_type"):
         return f"seq({type_string(tp.sequence_type.elem_type)})"
@@ -161,14 +160,12 @@ def _convert(name: str, v: Any, want: np.dtype | None) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _np_dtype(elem_type: int) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    return np.dtype(onnx.tensor_dtype_to_np_dtype(elem_type))
 
 
 def sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
-    from onnx import numpy_helper
-
-    values = numpy_helper.to_array(sp.values)
-    indices = numpy_helper.to_array(sp.indices)
+    values = onnx.to_array(sp.values)
+    indices = onnx.to_array(sp.indices)
     dense = np.zeros(int(np.prod(sp.dims)), dtype=values.dtype)
     if indices.ndim == 2:
         indices = np.ravel_multi_index(indices.T, tuple(sp.dims))

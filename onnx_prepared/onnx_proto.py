@@ -1,0 +1,177 @@
+"""onnx's protobuf classes and operator schemas without running ``onnx/__init__`` (start-up cost).
+
+``import onnx`` spends most of its time in ``onnx.helper``, ``onnx.compose``, protobuf's json_format
+and importlib.metadata, none of which parsing a model and building a session needs. This module loads
+onnx's generated ``onnx_ml_pb2`` module and its ``onnx_cpp2py_export`` extension directly, registered
+under their own names in ``sys.modules``, so a later ``import onnx`` reuses them: a ``ModelProto`` made
+with the real package is the same class as ours. If anything about that fails, or ``onnx`` is already
+imported, the real package is used. Any other name (``numpy_helper``, ``checker``, ...) is looked up
+in the real ``onnx`` package, imported on first such access.
+
+It also holds the few helper functions the start-up path needs (dtype maps, attribute values) so that
+``onnx.helper`` loads only for types and cases they do not cover.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+
+def _load_file(name: str, path: str, loader_cls=None) -> ModuleType:
+    if loader_cls is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+    else:
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader_cls(name, path))
+    if spec is None or spec.loader is None:
+        raise ImportError(name)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+def _load_parts() -> tuple[ModuleType, ModuleType]:
+    """(onnx_ml_pb2, onnx_cpp2py_export) loaded from onnx's package directory without its __init__."""
+    pb2 = sys.modules.get("onnx.onnx_ml_pb2")
+    ext = sys.modules.get("onnx.onnx_cpp2py_export")
+    spec = importlib.util.find_spec("onnx")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("onnx")
+    root = next(iter(spec.submodule_search_locations))
+    if pb2 is None:
+        pb2 = _load_file("onnx.onnx_ml_pb2", os.path.join(root, "onnx_ml_pb2.py"))
+    if ext is None:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(root, "onnx_cpp2py_export" + suffix)
+            if os.path.exists(path):
+                ext = _load_file("onnx.onnx_cpp2py_export", path, importlib.machinery.ExtensionFileLoader)
+                break
+        else:
+            raise ImportError("onnx.onnx_cpp2py_export")
+    return pb2, ext
+
+
+def _real_onnx() -> ModuleType:
+    import onnx
+
+    return onnx
+
+
+_onnx = sys.modules.get("onnx")
+if _onnx is not None and hasattr(_onnx, "ModelProto"):
+    _pb2, _C = _onnx, None
+else:
+    try:
+        _pb2, _ext = _load_parts()
+        _C = _ext.defs
+        if not hasattr(_pb2, "ModelProto") or not hasattr(_C, "get_schema"):
+            raise ImportError("unexpected onnx layout")
+    except Exception:  # any surprise in onnx's layout: the real package, at its usual cost
+        _pb2, _C = _real_onnx(), None
+
+ModelProto = _pb2.ModelProto
+GraphProto = _pb2.GraphProto
+NodeProto = _pb2.NodeProto
+TensorProto = _pb2.TensorProto
+SparseTensorProto = _pb2.SparseTensorProto
+AttributeProto = _pb2.AttributeProto
+ValueInfoProto = _pb2.ValueInfoProto
+TypeProto = _pb2.TypeProto
+TensorShapeProto = _pb2.TensorShapeProto
+FunctionProto = _pb2.FunctionProto
+OperatorSetIdProto = _pb2.OperatorSetIdProto
+StringStringEntryProto = _pb2.StringStringEntryProto
+IR_VERSION = _pb2.IR_VERSION
+
+if _C is not None:
+
+    def _opset_version(domain: str) -> int:
+        return _C.schema_version_map()[domain][1]
+
+    #: The subset of ``onnx.defs`` the loader uses, straight from the extension.
+    defs = SimpleNamespace(
+        has=_C.has_schema, get_schema=_C.get_schema, get_all_schemas_with_history=_C.get_all_schemas_with_history,
+        OpSchema=_C.OpSchema, SchemaError=_C.SchemaError,
+        onnx_opset_version=lambda: _opset_version(""), onnx_ml_opset_version=lambda: _opset_version("ai.onnx.ml"))
+else:
+    pass
+
+
+def __getattr__(name: str) -> Any:
+    """Everything else (numpy_helper, checker, shape_inference, __version__, ...) from the real onnx."""
+    if name.startswith("__") and name != "__version__":
+        raise AttributeError(name)
+    return getattr(_real_onnx(), name)
+
+
+_T = TensorProto
+#: TensorProto data types numpy represents natively (the rest -- bfloat16, float8, int4, ... -- go
+#: through onnx.helper, which maps them to ml_dtypes).
+_NP = {_T.FLOAT: np.float32, _T.UINT8: np.uint8, _T.INT8: np.int8, _T.UINT16: np.uint16, _T.INT16: np.int16,
+       _T.INT32: np.int32, _T.INT64: np.int64, _T.BOOL: np.bool_, _T.FLOAT16: np.float16, _T.DOUBLE: np.float64,
+       _T.UINT32: np.uint32, _T.UINT64: np.uint64, _T.COMPLEX64: np.complex64, _T.COMPLEX128: np.complex128,
+       _T.STRING: np.object_}
+_NP = {k: np.dtype(v) for k, v in _NP.items()}
+_TO_TENSOR = {v: k for k, v in _NP.items()}
+
+
+def tensor_dtype_to_np_dtype(elem_type: int) -> np.dtype:
+    """As ``onnx.helper.tensor_dtype_to_np_dtype``."""
+    dt = _NP.get(elem_type)
+    if dt is not None:
+        return dt
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def np_dtype_to_tensor_dtype(dtype: np.dtype) -> int:
+    """As ``onnx.helper.np_dtype_to_tensor_dtype``."""
+    t = _TO_TENSOR.get(np.dtype(dtype))
+    if t is not None:
+        return t
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(dtype)
+
+
+_A = AttributeProto
+_ATTR = {_A.FLOAT: lambda a: a.f, _A.INT: lambda a: a.i, _A.STRING: lambda a: a.s, _A.TENSOR: lambda a: a.t,
+         _A.SPARSE_TENSOR: lambda a: a.sparse_tensor, _A.GRAPH: lambda a: a.g, _A.TYPE_PROTO: lambda a: a.tp,
+         _A.FLOATS: lambda a: list(a.floats), _A.INTS: lambda a: list(a.ints),
+         _A.STRINGS: lambda a: list(a.strings), _A.TENSORS: lambda a: list(a.tensors),
+         _A.SPARSE_TENSORS: lambda a: list(a.sparse_tensors), _A.GRAPHS: lambda a: list(a.graphs),
+         _A.TYPE_PROTOS: lambda a: list(a.type_protos)}
+
+
+def get_attribute_value(attr: AttributeProto) -> Any:
+    """As ``onnx.helper.get_attribute_value`` (which also raises for reference and undefined attributes)."""
+    get = None if attr.ref_attr_name else _ATTR.get(attr.type)
+    if get is None:
+        from onnx import helper
+
+        return helper.get_attribute_value(attr)
+    return get(attr)
+
+
+def to_array(tensor: TensorProto) -> np.ndarray:
+    """As ``onnx.numpy_helper.to_array`` (raw little-endian data of a native dtype read here, the rest there)."""
+    dt = _NP.get(tensor.data_type)
+    if (dt is not None and dt != np.object_ and tensor.HasField("raw_data") and sys.byteorder == "little"
+            and tensor.data_location != _T.EXTERNAL):
+        return np.frombuffer(tensor.raw_data, dtype=dt).reshape(tuple(tensor.dims))
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(tensor)
