@@ -11,6 +11,8 @@ after load into a SIGBUS instead of an :class:`ExternalDataError`, so it is not 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import sys
 import threading
@@ -26,6 +28,9 @@ from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, o
 from onnx_prepared.model.verify import ChecksumVerifier, sha256_chunked
 
 _RAM = physical_memory()
+
+#: Bytes ``verify_whole`` reads and hashes at a time (a quarter of ``memory_limit`` if that is less).
+STREAM_PIECE = 4 << 20
 
 
 class ExternalDataReader:
@@ -70,6 +75,7 @@ class ExternalDataReader:
         self.defer_verify = defer_verify
         # Buffers queued for verification stay alive: under a memory limit the backlog is at most a quarter.
         self.verifier = ChecksumVerifier(min(256 << 20, (max_tensor_bytes or 1 << 62) // 4))
+        self.stream_piece = min(STREAM_PIECE, self.verifier.max_pending_bytes)  # verify_whole's one buffer
         self._queued: set[tuple[str, int, int, str]] = set()  # (file, offset, length, fp) being verified
         self.verified_dir = verified_dir
         self._records_read: set[tuple[str, str]] = set()  # (file, fp) whose verification record was loaded
@@ -225,6 +231,77 @@ class ExternalDataReader:
         with self._lock:
             self._queued.discard((*key, fp))
         return False
+
+    def verify_whole(self, desc: WeightDescriptor) -> None:
+        """Verify ``desc``'s recorded sha256 over its whole stored bytes without keeping them: queued on
+        the verification thread, which reads and hashes ``stream_piece`` bytes at a time (one buffer).
+
+        For tensors read only in parts (row tables, ``resolve/rows.py``): the checksum covers the whole
+        tensor, so the parts are verified only by this. The semantics are those of a deferred read: a
+        run that used the parts waits for it in ``check_verified()`` and raises a mismatch, as does
+        every later one. Nothing happens when the tensor records no sha256, is verified already (this
+        reader, or a verification record under the file's current fingerprint) or is being verified.
+        """
+        p = desc.payload
+        want = recorded_sha256(desc) if self.verify_checksums else None
+        if want is None or not isinstance(p, ExternalPayload):
+            return
+        fd = self._acquire(desc, p.file)
+        try:
+            fp = fingerprint(os.fstat(fd))
+        except OSError as e:
+            raise ExternalDataError(f"cannot read external data: {e.strerror or e}", tensor=desc.name,
+                                    file=p.file) from None
+        finally:
+            self._pool.release(fd)
+        if self.verified_dir is not None:
+            self._load_record(p.file, fp)
+        key = (p.file, p.offset, p.length)
+        with self._lock:
+            have = self._digests.get(key)
+            if have is not None and have[1] == fp:
+                if have[0] != want:
+                    self.verifier.fail(_mismatch(desc, p, have[0], want))
+                return
+            if (*key, fp) in self._queued:
+                return
+            self._queued.add((*key, fp))
+        piece = max(1, min(self.stream_piece, p.length))
+
+        def job() -> ExternalDataError | None:
+            try:
+                sha = self._stream_sha256(desc, piece)
+                if sha is None:
+                    return None  # reader closed: nobody will consume a result
+                with self._lock:
+                    self._digests[key] = (sha, fp)
+                if sha != want:
+                    return _mismatch(desc, p, sha, want)
+                self._remember(p, fp, sha)
+                return None
+            except ExternalDataError as e:  # gone, shrank, unreadable: the parts cannot be trusted
+                return e
+            finally:
+                with self._lock:
+                    self._queued.discard((*key, fp))
+
+        # nbytes 0: queued, it holds no buffer; running, one piece (the backlog bound is for held buffers)
+        if not self.verifier.submit(job, 0):
+            with self._lock:
+                self._queued.discard((*key, fp))
+
+    def _stream_sha256(self, desc: WeightDescriptor, piece: int) -> str | None:
+        """sha256 of ``desc``'s stored bytes read ``piece`` bytes at a time into one reused buffer."""
+        p = desc.payload
+        h, buf = hashlib.sha256(), np.empty(piece, np.uint8)
+        for off in range(0, p.length, piece):
+            if self.verifier.closed:
+                return None
+            n = min(piece, p.length - off)
+            part = dataclasses.replace(p, offset=p.offset + off, length=n, checksum=None)
+            self.read_bytes(dataclasses.replace(desc, payload=part), buf)  # NOTE: only name and payload are read
+            h.update(memoryview(buf)[:n])
+        return h.hexdigest()
 
     def _load_record(self, file: str, fp: str) -> None:
         """Trust what an earlier process verified in ``file`` under fingerprint ``fp`` (model/verified.py)."""

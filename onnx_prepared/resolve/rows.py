@@ -16,8 +16,13 @@ resident, runs gather from it as before. A table whose source also feeds a consu
 (a tied embedding that is also the MatMulNBits LM head's packed source) is still read whole for that
 consumer: :attr:`RowTable.whole_for` names it, ``inspect --plan`` prints both.
 
-NOTE: a row read is not checked against the tensor's recorded sha256 (it covers the whole tensor); the
-full read that follows verifies it, and a run that starts after a failed verification raises.
+A recorded sha256 covers the whole tensor, so a row read cannot be checked by itself, and under a
+residency budget the whole tensor is never read. The first row read of a view therefore asks the
+reader to verify the whole tensor (``ExternalDataReader.verify_whole``: streamed in pieces on the
+verification thread, nothing retained; skipped when a verification record or an earlier read vouches
+for the bytes). The semantics are those of every deferred verification (``model/verify.py``): the run
+that gathered the rows waits for it before it returns and raises ``ExternalDataError`` on a mismatch,
+and so does every later run.
 """
 
 from __future__ import annotations
@@ -146,7 +151,8 @@ class RowView:
     def __init__(self, desc: WeightDescriptor, reader: ExternalDataReader, _stats: list | None = None) -> None:
         self.desc = desc
         self.reader = reader
-        self._stats = _stats if _stats is not None else [0, 0]  # rows read, reads (shared by reshaped views)
+        # rows read, reads, whole-tensor verification requested (shared by reshaped views)
+        self._stats = _stats if _stats is not None else [0, 0, 0]
 
     @property
     def rows_read(self) -> int:
@@ -170,6 +176,9 @@ class RowView:
         p = d.payload
         row_shape = tuple(d.dims[1:])
         row_bytes = p.length // d.dims[0]
+        if not self._stats[2]:  # before the rows are used: the run's check_verified() then waits for it
+            self._stats[2] = 1
+            self.reader.verify_whole(d)
         out = np.empty(len(rows) * row_bytes, np.uint8)
         if len(rows):
             breaks = np.flatnonzero(np.diff(rows) != 1) + 1

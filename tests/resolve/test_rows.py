@@ -27,18 +27,22 @@ EMBED = "model.embed_tokens.weight"
 # vocab x hidden x 4 B = 1 MiB: the smallest table read by rows
 SMALL = dict(layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=4096, block_size=16,
              context_length=64, embedding="fp32")
+STREAM = 64 << 10  # verify_whole's piece in these tests: more than any run of rows read here
 
 
 class CountingReader(ExternalDataReader):
     """Records every (tensor, offset, length) read; a whole read of ``gated`` waits for ``gate``
-    (``open_after_rows``: the gate opens once a row read of it completed)."""
+    (``open_after_rows``: the gate opens once a row read of it completed). The pieces in which the
+    whole table's checksum is verified (``verify_whole``, ``STREAM`` bytes each) go to ``streamed``."""
 
     def __init__(self, gated: str, *, open_after_rows: bool = False) -> None:
         super().__init__()
+        self.stream_piece = STREAM
         self.gated = gated
         self.open_after_rows = open_after_rows
         self.gate = threading.Event()
         self.done: list[tuple[str, int, int]] = []
+        self.streamed: list[tuple[str, int]] = []
         self.whole_started = 0
 
     def read_bytes(self, desc, out=None):
@@ -46,6 +50,9 @@ class CountingReader(ExternalDataReader):
             self.whole_started += 1
             assert self.gate.wait(60)
         r = super().read_bytes(desc, out)
+        if out is not None and desc.payload.length == STREAM:
+            self.streamed.append((desc.name, desc.payload.length))
+            return r
         self.done.append((desc.name, desc.payload.offset, desc.payload.length))
         if self.open_after_rows and desc.name == self.gated and out is not None:
             self.gate.set()
@@ -85,6 +92,8 @@ def test_under_a_residency_budget_the_table_is_never_read_whole(genai_model):
         second = sess.run(feeds)[0]
         assert reader.whole_started == 0
         assert sorted(ln for n, _, ln in reader.done if n == EMBED) == [3 * 256, 3 * 256]  # rows 1-3, twice
+        # the model records checksums: the whole table was hashed once, streamed, never held whole
+        assert sum(ln for n, ln in reader.streamed if n == EMBED) == 4096 * 256
     np.testing.assert_array_equal(first, second)
 
 
