@@ -1,7 +1,7 @@
 """The one way this package opens a file it reads: never blocks, never follows a swapped-in symlink,
 never reads anything but a regular file, never reads more than ``fstat`` says.
 
-A FIFO, ``/dev/zero`` or a socket given as a model, data file, companion manifest or payload would
+A FIFO, ``/dev/zero`` or a socket given as a model, data file, companion index or payload would
 otherwise block ``open()`` forever or read until memory runs out. So every open is
 ``O_NONBLOCK | O_NOFOLLOW`` on the caller's already-resolved real path, then ``fstat``, and anything
 that is not a regular file is refused with :class:`NotRegularFile` (an ``OSError``, so callers map it

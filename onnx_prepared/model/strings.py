@@ -3,7 +3,7 @@
 ONNX is proto2, so the parser accepts invalid UTF-8 in ``string`` fields and hands the value back as
 ``bytes``. Such a value then reaches code that expects ``str`` (names, op types, external-data entries,
 metadata) and fails there with a foreign ``TypeError``/``ValueError``, far from the file. Both parse
-choke points (the model loader and the companion manifest parser) walk the parsed message once with
+choke points (the model loader and the companion index parser) walk the parsed message once with
 :func:`invalid_string_field` and refuse the file naming the field, so no later code sees ``bytes``.
 """
 

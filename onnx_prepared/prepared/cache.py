@@ -3,24 +3,24 @@
 On disk (folder of the companion ``<root>.onnx``; ``default_prepared_path`` picks a per-user folder
 keyed by the source model's identity)::
 
-    <root>.onnx               the manifest: a ModelProto with one UINT8 initializer per entry (cache_format)
+    <root>.onnx               the companion index: a ModelProto with one UINT8 initializer per entry (cache_format)
     <root>.<16 hex>.data      payload files, one per generation written; payloads 4096-byte aligned
     <root>.lock               flock-ed: shared while opening, exclusive while publishing
     .<root>.<16 hex>.*.tmp    files of a write in progress (or of a writer that died)
 
-Opening reads only the manifest (never a payload byte) and opens each referenced data file once, so
+Opening reads only the companion index (never a payload byte) and opens each referenced data file once, so
 a concurrent writer that deletes an old generation cannot take payloads away from this store.
 
 Corruption rules (spec: "Structural corruption is an error; ordinary incompatibility is a miss"):
 
-* **CacheError at open**, naming the file and entry: a manifest that does not parse, lacks the
+* **CacheError at open**, naming the file and entry: a companion index that does not parse, lacks the
   format/source-digest metadata, or has an entry with missing metadata keys, a non-UINT8/1-D tensor,
   a non-hex checksum, a name that disagrees with its metadata, a duplicate name, or a location that
-  escapes the folder. A broken manifest was written by no correct writer: silently rebuilding would
+  escapes the folder. A broken companion index was written by no correct writer: silently rebuilding would
   hide the bug or the attack.
 * **Invalid entry** (``store.invalid[name] = reason``; a miss, and replaced by the next build): its
   payload file is missing, not a regular file, or shorter than offset + length. Files are separate
-  from the manifest, so one lost or truncated file must not take every other entry with it.
+  from the companion index, so one lost or truncated file must not take every other entry with it.
 * **CacheError at read**: ``read_payload`` finds fewer bytes or a different checksum (a bit flip). The
   entry is then marked invalid too, so the caller's rebuild replaces it at the next flush.
 * **Miss** (whole companion ignored, ``store.stale_reason``): another container format version or
@@ -58,7 +58,7 @@ from onnx_prepared.prepared.cache_format import (
     ID_SIZE,
     SOURCE_MODEL_KEY,
     CacheEntry,
-    Manifest,
+    CompanionIndex,
     encode,
     entry_name,
     identity_problem,
@@ -185,9 +185,9 @@ class PreparedModelStore:
     def _load(self) -> None:
         lock_fd = io.open_lock(self._lock_path, create=False)
         try:
-            for _ in range(8):  # without a lock file, retry if a writer replaced the manifest meanwhile
+            for _ in range(8):  # without a lock file, retry if a writer replaced the companion index meanwhile
                 with io.flocked(lock_fd, exclusive=False):
-                    m, ino = io.read_manifest(self.path)
+                    m, ino = io.read_index(self.path)
                     if m is None:
                         return
                     self.stale_reason = _stale_reason(m, self.source_digest)
@@ -212,7 +212,7 @@ class PreparedModelStore:
 
     # ---- lookup ----
     def entries(self) -> dict[str, CacheEntry]:
-        """Every entry of the manifest, compatible or not (name -> entry)."""
+        """Every entry of the companion index, compatible or not (name -> entry)."""
         return dict(self._entries)
 
     def lookup(self, key: PreparedKey) -> CacheEntry | None:
@@ -395,7 +395,7 @@ class PreparedModelStore:
     def flush(self) -> int:
         """Persist queued payloads and digests as one new generation; returns the entries written.
 
-        Merges with the manifest on disk under the inter-process lock, so concurrent builders all
+        Merges with the companion index on disk under the inter-process lock, so concurrent builders all
         contribute. No-op (0) unless build_if_missing. On failure the queue is kept for a retry.
         """
         if not self.writable:
@@ -441,7 +441,7 @@ class PreparedModelStore:
 
         Flush does the same after each publication; this is for folders left by crashed or stopped
         writers. Safe against a concurrent writer: it runs under the exclusive cache lock, and a live
-        writer's temporary data file is flock-ed (skipped). A manifest with structural problems is not
+        writer's temporary data file is flock-ed (skipped). A companion index with structural problems is not
         garbage-collected (CacheError): its references cannot be trusted.
         """
         return collect_garbage(self.path)
@@ -484,8 +484,8 @@ class PreparedModelStore:
             os.close(lock_fd)
 
     def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> None:
-        """Merge ``new`` into the manifest on disk and replace it. Caller holds the exclusive lock."""
-        disk, _ = io.read_manifest(self.path)
+        """Merge ``new`` into the companion index on disk and replace it. Caller holds the exclusive lock."""
+        disk, _ = io.read_index(self.path)
         kept: dict[str, CacheEntry] = {}
         src, stamps, gen = {}, {}, 0
         if disk is not None and _stale_reason(disk, self.source_digest) is None:
@@ -565,7 +565,7 @@ def collect_garbage(path: str | os.PathLike) -> list[str]:
         raise CacheError(f"cannot lock companion prepared model {path!r} for gc: {e.strerror or e}") from None
     try:
         with io.flocked(lock_fd, exclusive=True):
-            m, _ = io.read_manifest(path)
+            m, _ = io.read_index(path)
             if m is not None:
                 _raise_problems(m)
             referenced = set() if m is None else {e.location for e in m.entries.values()}
@@ -575,7 +575,7 @@ def collect_garbage(path: str | os.PathLike) -> list[str]:
 
 
 
-def _stale_reason(m: Manifest, source_digest: str) -> str | None:
+def _stale_reason(m: CompanionIndex, source_digest: str) -> str | None:
     if m.format_version is not None and m.format_version != FORMAT_VERSION:
         return f"companion format version {m.format_version!r} is not {FORMAT_VERSION!r}"
     if m.source_model_digest is not None and m.source_model_digest != source_digest:
@@ -583,7 +583,7 @@ def _stale_reason(m: Manifest, source_digest: str) -> str | None:
     return None
 
 
-def _raise_problems(m: Manifest) -> None:
+def _raise_problems(m: CompanionIndex) -> None:
     if m.problems:
         name, msg = m.problems[0]
         where = f" entry {name!r}:" if name else ""

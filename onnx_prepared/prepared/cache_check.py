@@ -17,7 +17,7 @@ def verify(path: str | os.PathLike, *, source_digest: str | None = None) -> list
     """
     path = os.path.abspath(os.fspath(path))
     try:
-        m, _ = io.read_manifest(path)
+        m, _ = io.read_index(path)
     except CacheError as e:
         return [str(e)]
     if m is None:
@@ -51,7 +51,7 @@ def verify(path: str | os.PathLike, *, source_digest: str | None = None) -> list
 def info(path: str | os.PathLike) -> dict:
     """Summary of a companion (metadata and file sizes only): entries, bytes, layouts, ABI, devices, digests."""
     path = os.path.abspath(os.fspath(path))
-    m, _ = io.read_manifest(path)
+    m, _ = io.read_index(path)
     if m is None:
         raise CacheError(f"no companion prepared model at {path!r}")
     entries = sorted(m.entries.values(), key=lambda e: e.key_name)

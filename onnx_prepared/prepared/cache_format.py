@@ -37,7 +37,7 @@ FORMAT_VERSION = "4"
 ALIGNMENT = 4096
 #: The identity record right after each payload's bytes (after, so payloads stay aligned): magic, the
 #: raw lineage digest, and sha256 of (entry name, layout, device). A payload thus names the prepared key
-#: it was written for, and a manifest entry pointing at another entry's bytes (swapped or mislabelled
+#: it was written for, and a companion index entry pointing at another entry's bytes (swapped or mislabelled
 #: external data, whose checksum matches those bytes) is caught on read and by ``verify``.
 ID_MAGIC = b"OPPAYID\x01"
 ID_SIZE = len(ID_MAGIC) + 32 + 32
@@ -71,7 +71,7 @@ IR_VERSION, OPSET = 10, 21
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One persisted prepared object, as the manifest describes it (no payload byte read).
+    """One persisted prepared object, as the companion index describes it (no payload byte read).
 
     ``file`` is absolute and was validated to lie inside the cache folder.
     """
@@ -91,8 +91,11 @@ class CacheEntry:
 
 
 @dataclass
-class Manifest:
-    """A decoded companion model: top-level metadata, entries, and structural problems found."""
+class CompanionIndex:
+    """A decoded companion model, its index: top-level metadata, the entry table, and structural problems found.
+
+    Not the payload manifest (:class:`~onnx_prepared.resolve.PayloadManifest`: which payloads a plan may read).
+    """
 
     path: str
     meta: dict[str, str]
@@ -198,10 +201,10 @@ def parse(data: bytes, path: str) -> onnx.ModelProto:
     return model
 
 
-def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> Manifest:
+def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> CompanionIndex:
     """Decode ``model`` (the companion at ``path``); ``entries=False`` reads only the top-level metadata."""
     meta = {p.key: p.value for p in model.metadata_props}
-    m = Manifest(os.path.abspath(path), meta, {}, {}, {}, [])
+    m = CompanionIndex(os.path.abspath(path), meta, {}, {}, {}, [])
     for key, target in ((SOURCE_DIGESTS_KEY, m.source_digests), (SOURCE_STAMPS_KEY, m.source_stamps)):
         if key in meta:
             try:
@@ -294,7 +297,7 @@ def resolve_location(location: str, folder: str, real_folder: str) -> str:
     """Absolute path of a payload ``location``; ValueError if it could leave the cache folder.
 
     Relative, no ``..`` component, and (after resolving symlinks) inside the folder. No stat: a missing
-    file is the caller's business (an invalid entry, not a corrupt manifest).
+    file is the caller's business (an invalid entry, not a corrupt companion index).
     """
     if not location or "\0" in location:
         raise ValueError(f"payload location {location!r} is empty or contains NUL")

@@ -6,12 +6,12 @@ the previous complete generation or the new complete generation visible"):
 1. payloads go to a temporary data file (``.<root>.<id>.data.tmp``), flock-ed by its writer so a
    cleaner can tell a live writer from a dead one, and are fsync-ed;
 2. under the exclusive inter-process lock (``<root>.lock``) the data file is renamed to its final
-   name (``<root>.<id>.data``), then a temporary manifest is written, fsync-ed and ``os.replace``-d
+   name (``<root>.<id>.data``), then a temporary index is written, fsync-ed and ``os.replace``-d
    over the companion; the folder is fsync-ed after each rename;
 3. still under the lock, data files no longer referenced are deleted (only names matching this
    cache's patterns), as are temporary files left by writers that died.
 
-A SIGKILL anywhere leaves the old manifest pointing at old, untouched data files, plus at worst an
+A SIGKILL anywhere leaves the old index pointing at old, untouched data files, plus at worst an
 orphan file that step 3 of the next writer removes. ``checkpoint`` marks each step for the crash
 tests (tests/prepared/test_cache_processes.py); it does nothing otherwise.
 """
@@ -34,7 +34,7 @@ from onnx_prepared.prepared.cache_format import (
     ALIGNMENT,
     ID_SIZE,
     CacheEntry,
-    Manifest,
+    CompanionIndex,
     data_file_pattern,
     decode,
     parse,
@@ -48,8 +48,8 @@ except ImportError:  # NOTE: not POSIX (Windows): no inter-process locking, sing
 
 _SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 16 << 20
-#: A manifest holds metadata only (a few hundred bytes per entry): a larger file is not one.
-MANIFEST_LIMIT = 256 << 20
+#: A companion index holds metadata only (a few hundred bytes per entry): a larger file is not one.
+INDEX_LIMIT = 256 << 20
 
 
 def checkpoint(stage: str) -> None:
@@ -242,7 +242,7 @@ def cleanup(folder: str, root: str, referenced: set[str]) -> list[str]:
     """Delete this cache's unreferenced data files and dead writers' temporary files; returns names removed.
 
     Call only under the exclusive cache lock: a live writer's temporary data file is flock-ed (skipped),
-    and temporary manifests exist only inside the lock, so any seen here belongs to a dead writer.
+    and temporary indexes exist only inside the lock, so any seen here belongs to a dead writer.
     """
     own, temp, removed = data_file_pattern(root), temp_file_pattern(root), []
     try:
@@ -275,7 +275,7 @@ def _dead_writer(path: str) -> bool:
         os.close(fd)
 
 
-# ---- manifest and payload files, read side -------------------------------------------------------
+# ---- companion index and payload files, read side -------------------------------------------------------
 
 
 def inode(path: str) -> int | None:
@@ -285,11 +285,11 @@ def inode(path: str) -> int | None:
         return None
 
 
-def read_manifest(path: str) -> tuple[Manifest | None, int | None]:
-    """(decoded manifest, its inode); (None, None) if there is no companion. Raises CacheError if it
+def read_index(path: str) -> tuple[CompanionIndex | None, int | None]:
+    """(decoded companion index, its inode); (None, None) if there is no companion. Raises CacheError if it
     cannot be parsed."""
     try:
-        data, st = read_regular(path, limit=MANIFEST_LIMIT)
+        data, st = read_regular(path, limit=INDEX_LIMIT)
     except FileNotFoundError:
         return None, None
     except OSError as e:

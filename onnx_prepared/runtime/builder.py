@@ -83,7 +83,7 @@ def build_session(
     options = as_session_options(options)
     loaded = load(model)
     companion = open_companion(loaded, options)
-    reader = reader if reader is not None else make_reader(options, companion)
+    reader = reader if reader is not None else make_reader(options)
     if companion is not None and companion.writable:
         reader.hash_reads = True  # every source read yields the (digest, fingerprint) the sidecar persists
     resolved = resolve_model(loaded, prepared=companion, policy=_policy(options))
@@ -124,13 +124,14 @@ def open_companion(loaded: LoadedModel, options: SessionOptions) -> Any:
     return companion
 
 
-def make_reader(options: SessionOptions, companion: Any) -> ExternalDataReader:
+def make_reader(options: SessionOptions) -> ExternalDataReader:
     """The external-data reader of the session tasks.
 
     A tensor larger than memory_limit (or physical memory) is refused naming it, before numpy is asked
     for the buffer; prepared_memory_limit is a residency target one object may exceed. Recorded
     checksums are always verified: in the background (a run checks before it completes, model/verify.py),
-    inline when the bytes are persisted (``hash_reads``, set for a writable companion); what matched is
+    inline when the bytes are persisted (``hash_reads``, which :func:`build` sets for a writable companion
+    after this, on a reader of its own or the caller's); what matched is
     recorded under the data file's fingerprint, so the next process need not hash it (model/verified.py).
     """
     return ExternalDataReader(max_tensor_bytes=options.memory_limit or None, defer_verify=True,

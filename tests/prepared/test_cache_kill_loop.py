@@ -71,7 +71,7 @@ def payload(seed: int, n: int) -> np.ndarray:
 def _writer(path: str, src: str, step: str, offset: int, entries, report: int, gate: int) -> None:
     """Child: add ``entries``, flush, stop at ``step``. Never returns (os._exit or SIGKILL)."""
     real = {n: getattr(os, n) for n in ("pwrite", "fsync", "rename", "write", "replace", "unlink")}
-    real_read_manifest = cache_io.read_manifest
+    real_read_index = cache_io.read_index
 
     def stop() -> None:
         real["write"](report, step.encode() + b"\n")
@@ -109,8 +109,8 @@ def _writer(path: str, src: str, step: str, offset: int, entries, report: int, g
         real["unlink"](p)
         stop()
 
-    def read_manifest(p):
-        out = real_read_manifest(p)
+    def read_index(p):
+        out = real_read_index(p)
         stop()
         return out
 
@@ -129,7 +129,7 @@ def _writer(path: str, src: str, step: str, offset: int, entries, report: int, g
         if hook is not None:
             setattr(os, *hook)
         if step == "manifest_merge":
-            cache_io.read_manifest = read_manifest
+            cache_io.read_index = read_index
         store.flush()
         if step == "flushed":
             stop()
