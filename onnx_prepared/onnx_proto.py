@@ -166,12 +166,24 @@ def get_attribute_value(attr: AttributeProto) -> Any:
     return get(attr)
 
 
+#: data_type -> (typed field, its storage dtype) for the types whose typed-field form is a plain cast.
+_FIELDS = {_T.FLOAT: ("float_data", np.float32), _T.DOUBLE: ("double_data", np.float64),
+           _T.INT32: ("int32_data", np.int32), _T.INT8: ("int32_data", np.int32), _T.UINT8: ("int32_data", np.int32),
+           _T.INT64: ("int64_data", np.int64), _T.UINT32: ("uint64_data", np.uint64),
+           _T.UINT64: ("uint64_data", np.uint64)}
+
+
 def to_array(tensor: TensorProto) -> np.ndarray:
-    """As ``onnx.numpy_helper.to_array`` (raw little-endian data of a native dtype read here, the rest there)."""
+    """As ``onnx.numpy_helper.to_array``: raw little-endian data of a native dtype and the plain typed
+    fields are read here, everything else (strings, 16-bit and sub-byte types, external data) there."""
     dt = _NP.get(tensor.data_type)
-    if (dt is not None and dt != np.object_ and tensor.HasField("raw_data") and sys.byteorder == "little"
-            and tensor.data_location != _T.EXTERNAL):
-        return np.frombuffer(tensor.raw_data, dtype=dt).reshape(tuple(tensor.dims))
+    if (dt is not None and dt != np.object_ and sys.byteorder == "little" and tensor.data_location != _T.EXTERNAL
+            and not tensor.HasField("segment")):
+        if tensor.HasField("raw_data"):
+            return np.frombuffer(tensor.raw_data, dtype=dt).reshape(tuple(tensor.dims))
+        field = _FIELDS.get(tensor.data_type)
+        if field is not None:
+            return np.asarray(getattr(tensor, field[0]), dtype=field[1]).astype(dt).reshape(tuple(tensor.dims))
     from onnx import numpy_helper
 
     return numpy_helper.to_array(tensor)

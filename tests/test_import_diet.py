@@ -111,3 +111,20 @@ print(InferenceSession(m).run(None, {"x": np.array([-1.0, 0.0, 2.0], np.float32)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[0.0, 0.0, 2.0]"
+
+
+def test_int4_llm_session_does_not_import_the_onnx_package(tmp_path):
+    """The tiny INT4 LLM (MatMulNBits, GQA, Constant attributes, int64 initializers) parses, plans and runs
+    a prefill without running onnx/__init__."""
+    from onnx_prepared.generate import TinyLlmConfig, generate_tiny_llm, prefill_feeds
+
+    cfg = dict(layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=128)
+    path = generate_tiny_llm(tmp_path / "llm", **cfg)
+    np.savez(tmp_path / "feeds.npz", **prefill_feeds(TinyLlmConfig(**cfg), list(range(3, 11))))
+    mods = _modules_after(
+        "import numpy as np\nfrom onnx_prepared import RuntimeSession\n"
+        f"feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))\n"
+        f"s = RuntimeSession({str(path)!r}, {{'prepared_model_policy': 'disabled'}})\n"
+        "assert np.isfinite(np.asarray(s.run(feeds)[0])).all()")
+    assert not {m for m in mods if m in ("onnx", "onnx.helper", "onnx.compose", "onnx.numpy_helper")
+                or m.startswith("onnx.reference")}

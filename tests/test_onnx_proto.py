@@ -50,8 +50,16 @@ def test_to_array_raw(dtype):
 
 
 def test_to_array_other_encodings():
-    for t in (helper.make_tensor("f", TensorProto.FLOAT, [2], [1.0, 2.0]),
+    typed = [helper.make_tensor(f"t{e}", e, [2, 2], [1, 0, 3, 2]) for e in (
+        TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT8, TensorProto.UINT8,
+        TensorProto.INT64, TensorProto.UINT32, TensorProto.UINT64, TensorProto.INT16, TensorProto.FLOAT16,
+        TensorProto.BOOL)]
+    typed.append(helper.make_tensor("neg", TensorProto.INT8, [3], [-128, -1, 127]))
+    typed.append(helper.make_tensor("scalar", TensorProto.INT64, [], [7]))
+    for t in (*typed, helper.make_tensor("f", TensorProto.FLOAT, [2], [1.0, 2.0]),
               helper.make_tensor("s", TensorProto.STRING, [2], [b"a", b"b"]),
               helper.make_tensor("i4", TensorProto.INT4, [3], [1, -2, 3]),
               helper.make_tensor("e", TensorProto.FLOAT, [0], [])):
-        np.testing.assert_array_equal(onnx_proto.to_array(t), numpy_helper.to_array(t))
+        got, want = onnx_proto.to_array(t), numpy_helper.to_array(t)
+        assert got.dtype == want.dtype and got.shape == want.shape, t.name
+        np.testing.assert_array_equal(got, want)
