@@ -11,14 +11,14 @@ One uint8 buffer, sections in order (``P = ceil(N / 16)`` panels of 16 output co
   column ``2i`` low and ``2i + 1`` high) for packed uint4 sources, or float32 ``[P][kb][16]``.
 
 Columns past N and k past K hold ``q = 0`` and scale 0. The packed size equals the source's when N is
-a multiple of 16 (the last panel's padding is the only growth). The layout does not depend on the CPU:
+a multiple of 16 (the last panel's padding is the only growth), and so does the persisted payload
+(no header: the layout key names every parameter). The layout does not depend on the CPU:
 every dispatch level of the native extension and the numpy code below read the same bytes. The C side
 of the contract is ``_native/nbits.h``.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +30,6 @@ from onnx_prepared.kernels._int4 import unpack_bits
 LAYOUT_VERSION = 1
 ZP_NONE, ZP_U4, ZP_F32 = 0, 1, 2
 _ZP_NAMES = {ZP_NONE: "sym", ZP_U4: "zpu4", ZP_F32: "zpf32"}
-_HEAD = struct.Struct("<4sIqqii32x")  # 64 bytes (keeps the buffer 64-byte aligned): magic, version, K, N, bs, zp
-_MAGIC = b"MNP1"
 #: rows x blocks x columns of fp32 temporaries per step of the numpy int8 path
 _NUMPY_CHUNK = 1 << 22
 
@@ -69,26 +67,24 @@ class PackedQ4:
         return self.data.nbytes
 
     def to_bytes(self) -> np.ndarray:
-        """Header + buffer as one uint8 array (the persisted cache payload); :meth:`from_bytes` reverses it."""
-        head = _HEAD.pack(_MAGIC, LAYOUT_VERSION, self.K, self.N, self.block_size, self.zp_kind)
-        out = np.empty(len(head) + self.data.nbytes, np.uint8)
-        out[: len(head)] = np.frombuffer(head, np.uint8)
-        out[len(head):] = self.data
-        return out
+        """The persisted cache payload: the buffer itself, no header, so an entry is never larger than its
+        source (N a multiple of 16). K, N, block size, zero-point kind and layout version are named by
+        the layout key, which the companion records per entry and in each payload's identity record;
+        :meth:`from_bytes` takes them from it."""
+        return self.data
 
     @classmethod
-    def from_bytes(cls, buf) -> PackedQ4:
-        """Zero-copy view of a payload written by :meth:`to_bytes`."""
+    def from_bytes(cls, buf, *, K: int, N: int, block_size: int, zp_kind: int) -> PackedQ4:
+        """Zero-copy view of a payload written by :meth:`to_bytes` for layout ``layout_key(block_size,
+        zp_kind, K, N)``; its size must be that layout's."""
         raw = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
-        if raw.nbytes < _HEAD.size:
-            raise KernelError("MatMulNBits packed payload is truncated (no header)")
-        magic, version, K, N, bs, zk = _HEAD.unpack_from(raw[: _HEAD.size].tobytes())
-        if magic != _MAGIC or version != LAYOUT_VERSION or zk not in _ZP_NAMES:
-            raise KernelError(f"MatMulNBits packed payload has a bad header (magic {magic!r}, version {version})")
-        need = sum(section_sizes(K, N, bs, zk))
-        if raw.nbytes - _HEAD.size != need:
-            raise KernelError(f"MatMulNBits packed payload holds {raw.nbytes - _HEAD.size} bytes, expected {need}")
-        return cls(K, N, bs, zk, raw[_HEAD.size:])
+        if zp_kind not in _ZP_NAMES:
+            raise KernelError(f"MatMulNBits packed layout has an unknown zero-point kind {zp_kind}")
+        need = sum(section_sizes(K, N, block_size, zp_kind))
+        if raw.nbytes != need:
+            raise KernelError(f"MatMulNBits packed payload holds {raw.nbytes} bytes, its layout "
+                              f"{layout_key(block_size, zp_kind, K, N)} needs {need}")
+        return cls(K, N, block_size, zp_kind, raw)
 
     def sections(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(qw uint32 [P, kc, 16], scales float32 [P, kb, 16], zero points or None) as views."""

@@ -12,7 +12,6 @@ is zh = 8 (the 4-bit symmetric zero point) and zl = 0.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,9 +20,6 @@ from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _q4_panels as q4
 from onnx_prepared.kernels._int4 import pack_bits
 from onnx_prepared.kernels._q4_panels import PackedQ4
-
-_HEAD = struct.Struct("<4sIq")  # magic, version, byte length of the high half's payload
-_MAGIC = b"MQ8S"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -55,22 +51,24 @@ class PackedQ8Split:
         return self.lo.zp_kind != q4.ZP_F32
 
     def to_bytes(self) -> np.ndarray:
-        h, lo = self.hi.to_bytes(), self.lo.to_bytes()
-        out = np.empty(_HEAD.size + h.nbytes + lo.nbytes, np.uint8)
-        out[: _HEAD.size] = np.frombuffer(_HEAD.pack(_MAGIC, 1, h.nbytes), np.uint8)
-        out[_HEAD.size: _HEAD.size + h.nbytes] = h
-        out[_HEAD.size + h.nbytes:] = lo
+        """The persisted cache payload: the two halves' buffers back to back, no header (the layout key
+        names K, N, block size and zero-point kind, hence both halves' sizes)."""
+        out = np.empty(self.hi.nbytes + self.lo.nbytes, np.uint8)
+        out[: self.hi.nbytes] = self.hi.data
+        out[self.hi.nbytes:] = self.lo.data
         return out
 
     @classmethod
-    def from_bytes(cls, buf) -> PackedQ8Split:
+    def from_bytes(cls, buf, *, K: int, N: int, block_size: int, zp_kind: str) -> PackedQ8Split:
+        """Zero-copy views of a payload written by :meth:`to_bytes` for ``layout_key(block_size, zp_kind, K, N)``."""
         raw = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
-        if raw.nbytes < _HEAD.size:
-            raise KernelError("MatMulNBits 8-bit packed payload is truncated (no header)")
-        magic, version, nh = _HEAD.unpack_from(raw[: _HEAD.size].tobytes())
-        if magic != _MAGIC or version != 1 or not 0 < nh < raw.nbytes - _HEAD.size:
-            raise KernelError(f"MatMulNBits 8-bit packed payload has a bad header (magic {magic!r})")
-        return cls(PackedQ4.from_bytes(raw[_HEAD.size: _HEAD.size + nh]), PackedQ4.from_bytes(raw[_HEAD.size + nh:]))
+        hi, lo = _half_kinds(zp_kind)
+        nh = sum(q4.section_sizes(K, N, block_size, hi))
+        if raw.nbytes != packed_size(K, N, block_size, zp_kind):
+            raise KernelError(f"MatMulNBits 8-bit packed payload holds {raw.nbytes} bytes, its layout "
+                              f"{layout_key(block_size, zp_kind, K, N)} needs {packed_size(K, N, block_size, zp_kind)}")
+        return cls(PackedQ4.from_bytes(raw[:nh], K=K, N=N, block_size=block_size, zp_kind=hi),
+                   PackedQ4.from_bytes(raw[nh:], K=K, N=N, block_size=block_size, zp_kind=lo))
 
 
 def layout_key(block_size: int, zp_kind: str, K: int, N: int) -> str:
@@ -81,9 +79,15 @@ def zp_name(zero_points: np.ndarray | None) -> str:
     return "sym" if zero_points is None else ("zpu8" if np.asarray(zero_points).dtype == np.uint8 else "zpf32")
 
 
+def _half_kinds(zp_kind: str) -> tuple[int, int]:
+    """The 4-bit zero-point kinds of the (high, low) halves for an 8-bit zero-point kind."""
+    if zp_kind not in ("sym", "zpu8", "zpf32"):
+        raise KernelError(f"MatMulNBits 8-bit layout has an unknown zero-point kind {zp_kind!r}")
+    return (q4.ZP_NONE if zp_kind == "sym" else q4.ZP_U4), (q4.ZP_F32 if zp_kind == "zpf32" else q4.ZP_U4)
+
+
 def packed_size(K: int, N: int, block_size: int, zp_kind: str) -> int:
-    hi = q4.ZP_NONE if zp_kind == "sym" else q4.ZP_U4
-    lo = q4.ZP_F32 if zp_kind == "zpf32" else q4.ZP_U4
+    hi, lo = _half_kinds(zp_kind)
     return sum(q4.section_sizes(K, N, block_size, hi)) + sum(q4.section_sizes(K, N, block_size, lo))
 
 

@@ -10,6 +10,8 @@ exact float math, and onnxruntime's fusion with ``session.qdq_matmulnbits_accura
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from onnx_prepared.kernels import _q4_panels as q4
@@ -73,5 +75,6 @@ def dequantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> PrepackSp
 
     # the source element type changes the packed bytes (the int4 offset), so it is part of the layout
     layout = f"dq-{dtype}-{q4.layout_key(bs, zk, K, N)}"
-    return PrepackSpec(sources, layout, pack, run, q4.PackedQ4.to_bytes, q4.PackedQ4.from_bytes,
+    return PrepackSpec(sources, layout, pack, run, q4.PackedQ4.to_bytes,
+                       functools.partial(q4.PackedQ4.from_bytes, K=K, N=N, block_size=bs, zp_kind=zk),
                        sum(q4.section_sizes(K, N, bs, zk)))

@@ -32,6 +32,7 @@ later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -312,12 +313,14 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
     kb = -(-K // bs)
     if bits == 4:
         zk = q4.ZP_NONE if not has_zp else (q4.ZP_U4 if const_shapes[3][1] == "uint8" else q4.ZP_F32)
-        return PrepackSpec(sources, q4.layout_key(bs, zk, K, N), pack, run, PackedQ4.to_bytes, PackedQ4.from_bytes,
+        return PrepackSpec(sources, q4.layout_key(bs, zk, K, N), pack, run, PackedQ4.to_bytes,
+                           functools.partial(PackedQ4.from_bytes, K=K, N=N, block_size=bs, zp_kind=zk),
                            sum(q4.section_sizes(K, N, bs, zk)))
     if bits == 8:
         zn = "sym" if not has_zp else ("zpu8" if const_shapes[3][1] == "uint8" else "zpf32")
         return PrepackSpec(sources, q8.layout_key(bs, zn, K, N), pack, run, PackedQ8Split.to_bytes,
-                           PackedQ8Split.from_bytes, q8.packed_size(K, N, bs, zn))
+                           functools.partial(PackedQ8Split.from_bytes, K=K, N=N, block_size=bs, zp_kind=zn),
+                           q8.packed_size(K, N, bs, zn))
     packed_bytes = kb * (bs * bits // 32) * N * 4 + 2 * kb * N * 4  # words + float32 scales and offsets
     return PrepackSpec(
         sources, f"{layout_key(bits, bs)}-k{K}-n{N}", pack, run,

@@ -32,7 +32,9 @@ from onnx_prepared.prepared.payload_hash import ALGORITHM, is_checksum
 #: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
 #: 3: 4-bit MatMulNBits weights in the panel16 layout (kernels/_q4_panels.py).
 #: 4: payload checksums are XXH3-128 (``PAYLOAD_CHECKSUM_KEY``), not sha256.
-FORMAT_VERSION = "4"
+#: 5: MatMulNBits panel16 payloads carry no header (K, N, block size and zero points come from the
+#:    entry's layout key), so a packed entry is never larger than its source when N is a multiple of 16.
+FORMAT_VERSION = "5"
 #: Every payload starts at a multiple of this many bytes in its data file (page/direct-I/O friendly).
 ALIGNMENT = 4096
 #: The identity record right after each payload's bytes (after, so payloads stay aligned): magic, the

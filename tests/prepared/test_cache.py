@@ -111,7 +111,7 @@ def test_companion_format_key_names_alignment_and_onnx_parses(tmp_path):
     m = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(str(path))
     meta = {p.key: p.value for p in m.metadata_props}
-    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "4"
+    assert meta["onnx_light.prepared.format_version"] == FORMAT_VERSION == "5"
     assert meta["onnx_light.prepared.payload_checksum"] == "xxh3_128"
     assert meta["onnx_light.prepared.source_model_digest"] == SRC
     assert meta["onnx_light.prepared.kernel_abi"] == KERNEL_ABI
@@ -238,16 +238,17 @@ def test_other_packed_format_version_is_a_miss(tmp_path):
     assert len(r.entries()) == 1  # kept, just not compatible
 
 
-def test_other_container_version_or_source_model_is_empty_and_replaced_by_build(tmp_path):
+@pytest.mark.parametrize("version", ["4", "999"])  # 4: panel16 payloads with a 64-byte header
+def test_other_container_version_or_source_model_is_empty_and_replaced_by_build(tmp_path, version):
     path = tmp_path / "m.prepared.onnx"
     k = key("W")
     build(path, {k: payload(1, 100)}).close()
     old_data = data_files(tmp_path)
     other = PreparedModelStore(path, source_digest=dig("another model"), policy=RO)
     assert other.entries() == {} and other.lookup(k) is None and "another source model" in other.stale_reason
-    _rewrite(path, lambda m: _set(m.metadata_props, "onnx_light.prepared.format_version", "999"))
+    _rewrite(path, lambda m: _set(m.metadata_props, "onnx_light.prepared.format_version", version))
     r = PreparedModelStore(path, source_digest=SRC, policy=RO)
-    assert r.entries() == {} and "format version '999'" in r.explain_miss(k)
+    assert r.entries() == {} and f"format version '{version}'" in r.explain_miss(k)
     # build_if_missing replaces it wholesale, and removes the data file only the old companion used
     b = PreparedModelStore(path, source_digest=SRC, policy=BUILD)
     b.put(k, payload(5, 200))
