@@ -9,7 +9,7 @@ once (``warm``). Configurations, interleaved in rotating order within each repet
 - ``complete``: ``read_only`` on a companion built beforehand (``onnx-prepared cache build``, i.e.
   ``build_if_missing`` + ``prepare()``; checked with ``cache verify``)
 - ``missing1``: ``read_only`` on a copy of that companion with one entry removed (``--drop``: the
-  largest entry, or the first one the plan needs): the data files are hard-linked and the manifest is
+  largest entry, or the first one the plan needs): the data files are hard-linked and the companion index is
   the complete one without that ``prepared/...`` initializer, written to a temporary file and renamed
 - ``missing1-build``: ``build_if_missing`` on a fresh such copy per process (the miss is rebuilt,
   persisted and flushed before ``prepare()`` returns)
@@ -389,7 +389,7 @@ def print_table(res: dict) -> None:
               + ("  WARNING: eviction did not work" if rb[1] > 0.05 else ""))
     for preset, e in res["presets"].items():
         print(f"\n== {preset}: {e['entries']} packed entries, {e['packed_mb']:.1f} MB packed + {e['raw_mb']:.1f} MB "
-              f"raw sources; companion manifest {e['companion_onnx_kb']:.0f} KB; missing1 drops {e['dropped']} "
+              f"raw sources; companion index {e['companion_onnx_kb']:.0f} KB; missing1 drops {e['dropped']} "
               f"({e['dropped_mb']:.1f} MB, #{e['dropped_position']} in need order)")
         print(C.table(e["rows"], [
             ("cache", "cache", ""), ("config", "config", ""), ("import", "import_ms", ".0f"),

@@ -152,8 +152,15 @@ class PreparedExecutionPlan:
         return "\n".join(lines)
 
 
-def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
-    """BuildPreparedExecutionPlan: expand every requirement's recipe and merge it with the actions."""
+def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None) -> PreparedExecutionPlan:
+    """BuildPreparedExecutionPlan: expand every requirement's recipe and merge it with the actions.
+
+    ``persist``: whether the companion can be written now, i.e. PERSIST (and restore) descriptors are
+    emitted; the session passes ``companion.writable``, so a build_if_missing companion in a folder
+    found read-only at open plans no persist that would never run. None: from the policy alone
+    (build_if_missing; what ``inspect --plan`` shows). A companion that degrades to read-only later,
+    at a failed flush, leaves the plan as it is (the plan is immutable): its persists are then skipped.
+    """
     if not isinstance(resolved, ResolvedModel):
         raise PlanError(f"a plan is built from a frozen ResolvedModel, not {type(resolved).__name__}")
     if not resolved.complete:
@@ -189,7 +196,8 @@ def build_prepared_plan(resolved: ResolvedModel) -> PreparedExecutionPlan:
     manifest = resolved.manifest.active
     # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
     order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
-    persist = resolved.policy is PreparedModelPolicy.BUILD_IF_MISSING
+    if persist is None:
+        persist = resolved.policy is PreparedModelPolicy.BUILD_IF_MISSING
     persister: dict[PreparedKey, str] = {}
     restorer: dict[PreparedKey, str] = {}
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs

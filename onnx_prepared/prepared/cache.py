@@ -180,6 +180,8 @@ class PreparedModelStore:
         self.degraded: str | None = None  # why writes stopped (the folder is read-only), if they did
         if self.policy is not PreparedModelPolicy.DISABLED:
             self._load()
+        if self.policy is PreparedModelPolicy.BUILD_IF_MISSING:
+            self._probe_writable()
 
     # ---- open ----
     def _load(self) -> None:
@@ -205,6 +207,20 @@ class PreparedModelStore:
                 os.close(lock_fd)
         self._entries, self._fds, self.invalid = m.entries, fds, invalid
         self._digests, self._stamps, self.generation = dict(m.source_digests), dict(m.source_stamps), m.generation
+
+    def _probe_writable(self) -> None:
+        """Degrade to read-only now when the folder cannot be written (creating the folder and the lock
+        file a flush needs anyway), so that the session's plan schedules no persist that never runs.
+        Other errors are left to the flush, which reports them as before."""
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            fd = io.open_lock(self._lock_path, create=True)
+        except OSError as e:
+            if e.errno in _READ_ONLY_ERRNOS:
+                self._degrade(e)
+            return
+        if fd is not None:
+            os.close(fd)
 
     @property
     def _lock_path(self) -> str:

@@ -88,3 +88,55 @@ def test_every_session_task_kind_has_one_body():
     from onnx_prepared.runtime.state import BODIES
 
     assert set(BODIES) == set(TaskKind) - {TaskKind.EXECUTE}
+
+
+def _refuse_lock_creation(monkeypatch):
+    """A cache folder nobody may write (as for root, whom permission bits do not stop)."""
+    from onnx_prepared.prepared import cache_io
+
+    real = cache_io.open_lock
+
+    def refuse(path, *, create):
+        if create:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, create=False)
+
+    monkeypatch.setattr(cache_io, "open_lock", refuse)
+
+
+@pytest.mark.parametrize("folder", ["refused", "chmod"])
+def test_read_only_cache_folder_plans_no_persist_and_every_descriptor_runs(tmp_path, monkeypatch, folder):
+    """build_if_missing in a folder that cannot be written degrades to read-only at open, so the plan
+    emits no PERSIST (or restore) descriptor that would never run; a writable folder plans them."""
+    import os
+    import warnings
+
+    from onnx_prepared.errors import CacheWarning
+
+    path = gemm_mlp(tmp_path, layers=3)
+    companion = tmp_path / "c" / "m.prepared.onnx"
+    opts = {"trace": True, "prepared_model_policy": "build_if_missing", "prepared_model_path": str(companion)}
+    with RuntimeSession(path, {**opts, "prepared_model_path": str(tmp_path / "w" / "m.prepared.onnx")}) as s:
+        assert s.companion.writable and s.plan.persister
+        assert any(t.kind is TaskKind.PERSIST for t in s.plan.session_tasks)
+    if folder == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores permission bits")
+        companion.parent.mkdir()
+        os.chmod(companion.parent, 0o555)
+    else:
+        _refuse_lock_creation(monkeypatch)
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with RuntimeSession(path, opts) as s:
+                assert s.companion.policy.value == "read_only" and s.companion.degraded
+                assert not s.plan.persister and not s.plan.restorer
+                assert all(t.kind is not TaskKind.PERSIST for t in s.plan.session_tasks)
+                _check_plan_matches_what_ran(s, {"x": X})
+                s.prepare()
+        assert sum(issubclass(x.category, CacheWarning) for x in w) == 1
+        assert not companion.exists()
+    finally:
+        if folder == "chmod":
+            os.chmod(companion.parent, 0o755)
