@@ -63,17 +63,30 @@ DEFAULT_BLAS_THREADS = 1
 
 
 def bind(budget: int, gauge: PreparationGauge | None = None, *, blas: int | None = None) -> None:
-    """Bind a run's budget (and its scheduler's preparation gauge) to this thread.
+    """Bind a run's budget (and its scheduler's preparation gauge) to this thread; every run calls it.
 
-    ``blas`` is ``SessionOptions.blas_threads`` (None: :data:`DEFAULT_BLAS_THREADS`); OpenBLAS is only
-    called when that differs from its current count.
+    ``blas`` is ``SessionOptions.blas_threads`` (None: :data:`DEFAULT_BLAS_THREADS`). The common case,
+    nothing changed since this thread's last run, is one tuple comparison against this thread's binding
+    and the process-wide BLAS count and native pool size. It cannot be done once per thread: BLAS's
+    count and the pool's size are process-wide (a run of another session, with another
+    ``blas_threads`` or budget, may have changed them on another thread), and the pool's size follows
+    the preparation gauge, which differs from one run of this thread to the next (the cold run beside
+    preparation, the hot runs after it). Otherwise OpenBLAS is called only when its count differs, and
+    the pool resized only when its size does.
     """
+    if blas is None:
+        blas = DEFAULT_BLAS_THREADS
+    n = _available(budget, gauge)
+    if (budget, gauge, blas, n) == (*_local.__dict__.get("bound", _UNBOUND), _blas._current, _native_threads):
+        return
     _local.budget = budget
     _local.gauge = gauge
-    _blas.set_threads(DEFAULT_BLAS_THREADS if blas is None else blas)
-    _sync_native(available())
+    _local.bound = (budget, gauge)
+    _blas.set_threads(blas)
+    _sync_native(n)
 
 
+_UNBOUND = (None, None)  # (budget, gauge) of a thread that never bound
 _native_threads: int | None = None  # the count last given to the native pool (None: not yet)
 
 
@@ -102,7 +115,8 @@ def available() -> int:
     budget = getattr(_local, "budget", None)
     if budget is None:
         return machine_threads()
-    gauge = _local.gauge
-    if gauge is None:
-        return budget
-    return max(1, budget - gauge.cpu_preparation_running())
+    return _available(budget, _local.gauge)
+
+
+def _available(budget: int, gauge: PreparationGauge | None) -> int:
+    return budget if gauge is None else max(1, budget - gauge.cpu_preparation_running())

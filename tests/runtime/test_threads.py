@@ -150,3 +150,35 @@ def test_native_pool_follows_the_budget_when_built(unbound):
         assert native.get_num_threads() == 1
     finally:
         threads.bind(before, None)
+
+
+def test_bind_with_nothing_changed_calls_neither_blas_nor_the_pool(unbound, monkeypatch):
+    """Every run binds; the common case is one comparison, and any change (this thread's budget or gauge,
+    the process-wide BLAS count or pool size moved by another run) takes the full path again."""
+    from onnx_prepared.kernels import _blas
+
+    blas_calls: list = []
+    pool_calls: list = []
+    monkeypatch.setattr(_blas, "_current", None)
+
+    def set_threads(n):  # as the real one: OpenBLAS is called only when the count differs
+        if n != _blas._current:
+            blas_calls.append(n)
+            _blas._current = n
+
+    monkeypatch.setattr(_blas, "set_threads", set_threads)
+    monkeypatch.setattr(threads, "_sync_native", pool_calls.append)
+    monkeypatch.setattr(threads, "_native_threads", 2)
+    gauge = _Gauge(1)
+    threads.bind(3, gauge, blas=1)
+    assert blas_calls == [1] and pool_calls == [2]
+    for _ in range(3):
+        threads.bind(3, gauge, blas=1)  # nothing changed
+    assert blas_calls == [1] and pool_calls == [2]
+    gauge.n = 0  # preparation finished: the pool follows the gauge
+    threads.bind(3, gauge, blas=1)
+    assert len(pool_calls) == 2 and pool_calls[-1] == 3
+    monkeypatch.setattr(threads, "_native_threads", 3)
+    _blas._current = 4  # another session's run set BLAS process-wide
+    threads.bind(3, gauge, blas=1)
+    assert blas_calls == [1, 1] and threads.available() == 3
