@@ -41,7 +41,7 @@ def test_over_limit_acquisition_names_the_arena_and_allocation():
 def test_hot_and_cold_runs_both_charge_the_execution_arena(tmp_path):
     x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
     with RuntimeSession(gemm_mlp(tmp_path, layers=3, width=32)) as s:
-        (cold,) = s.run({"x": x})  # cold: one allocation per produced activation
+        (cold,) = s.run({"x": x})  # cold: a reservation grown step by step to the measured peak
         ex = s.arenas.execution
         assert s.counters["cold_runs"] == 1 and s.state.execution_peak > 0
         assert ex.live == 0 and ex.peak_live >= s.state.execution_peak
