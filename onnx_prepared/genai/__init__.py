@@ -7,9 +7,8 @@ The folder layout is onnxruntime-genai's (its model builder writes it). Text nee
 ``tokenizers`` library: ``pip install 'onnx-prepared[genai]'``. The CLI is ``onnx-prepared generate-text``.
 """
 
-import importlib
-
 from onnx_prepared.genai.config import GenaiConfig, load_config
+from onnx_prepared.lazy import lazy_attributes
 
 # The generator (a runtime session) and the tokenizer load on first use: the CLI's start and --help
 # import this package to add `generate-text`.
@@ -17,12 +16,6 @@ _LAZY = {**dict.fromkeys(("Generator", "GeneratorParams", "Model"), "generator")
          **dict.fromkeys(("Tokenizer", "TokenizerStream"), "tokenizer")}
 
 
-def __getattr__(name: str):
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, globals(), _LAZY)
 
 __all__ = ["GenaiConfig", "Generator", "GeneratorParams", "Model", "Tokenizer", "TokenizerStream", "load_config"]

@@ -12,11 +12,11 @@ CLI (hooked into ``onnx-prepared`` by :func:`add_generate_parser`)::
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
 from onnx_prepared.generate.config import EMBEDDINGS, PRESETS, TinyLlmConfig
+from onnx_prepared.lazy import lazy_attributes
 
 # The generator and its checker (onnx.helper, onnx.checker) load on first use, so the CLI's start and
 # --help stay light.
@@ -26,13 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, globals(), _LAZY)
 
 __all__ = [
     "DATA_FILE",

@@ -24,19 +24,24 @@ _default: int | None = None
 _current: int | None = None
 
 
-def _load() -> tuple:
-    global _api, _default
-    if _api is not None:
-        return _api
+def _openblas_libs():
+    """The OpenBLAS libraries numpy's wheel ships, loaded (numpy.libs on Linux, .dylibs on macOS)."""
     import numpy as np
 
     libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "*openblas*"))
     libs += glob.glob(os.path.join(os.path.dirname(np.__file__), ".dylibs", "*openblas*"))
     for path in libs:
         try:
-            lib = ctypes.CDLL(path)
+            yield ctypes.CDLL(path)
         except OSError:
             continue
+
+
+def _load() -> tuple:
+    global _api, _default
+    if _api is not None:
+        return _api
+    for lib in _openblas_libs():
         for get_name, set_name in (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
                                    ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
                                    ("openblas_get_num_threads", "openblas_set_num_threads")):
@@ -88,15 +93,7 @@ def sgemm_address() -> tuple[int, bool] | None:
     if _sgemm is not False:
         return _sgemm
     _sgemm = None
-    import numpy as np
-
-    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "*openblas*"))
-    libs += glob.glob(os.path.join(os.path.dirname(np.__file__), ".dylibs", "*openblas*"))
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _openblas_libs():
         for name, ilp64 in (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("cblas_sgemm", False)):
             fn = getattr(lib, name, None)
             if fn is not None:

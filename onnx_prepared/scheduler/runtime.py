@@ -461,13 +461,7 @@ class RuntimeScheduler:
                     d._waiting -= 1
                     if d._waiting == 0:
                         self._make_ready(d, fx)
-        subs = t._subs
-        t._subs = _NONE
-        for sub in subs:
-            self._notify(sub, t, fx)
-        if t._callbacks is not None:
-            fx.callbacks.append((t._callbacks, t))
-            t._callbacks = None
+        self._announce(t, fx)
 
     def _terminate(self, task: Task, state: TaskState, fx: _Effects, *, error: BaseException | None = None,
                    cause: Task | None = None) -> None:
@@ -497,13 +491,17 @@ class RuntimeScheduler:
                         work.append((d, dstate, None, root))
             done.append(t)
         for t in done:
-            subs = t._subs
-            t._subs = _NONE
-            for sub in subs:
-                self._notify(sub, t, fx)
-            if t._callbacks is not None:
-                fx.callbacks.append((t._callbacks, t))
-                t._callbacks = None
+            self._announce(t, fx)
+
+    def _announce(self, t: Task, fx: _Effects) -> None:
+        """Tell a task's submissions and callbacks that it reached a terminal state (once: both are cleared)."""
+        subs = t._subs
+        t._subs = _NONE
+        for sub in subs:
+            self._notify(sub, t, fx)
+        if t._callbacks is not None:
+            fx.callbacks.append((t._callbacks, t))
+            t._callbacks = None
 
     def _notify(self, sub: _Submission, t: Task, fx: _Effects) -> None:
         sub.pending -= 1

@@ -15,6 +15,7 @@ from onnx_prepared.kernels import _q8_split as q8
 from onnx_prepared.kernels import matmul_nbits as mm
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import pack_bits, unpack_bits
+from tests.helpers.dispatch import PATHS, use_path
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -54,18 +55,10 @@ def _weights(rng, K, N, bits, block_size, zp_kind, flat):
     return B, scales, zp
 
 
-PATHS = ("numpy", *native.supported_levels())
-
-
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
     """The compute path: the numpy fallback (extension switched off) or one native dispatch level."""
-    if request.param == "numpy":
-        monkeypatch.setattr(native, "_ext", None)
-        yield request.param
-    else:
-        with native.forced_level(request.param):
-            yield request.param
+    yield from use_path(request.param, monkeypatch)
 
 
 def _tol(y_ref):

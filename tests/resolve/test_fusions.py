@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import onnx_prepared
-from onnx_prepared.kernels import native
 from onnx_prepared.model import load_model
 from onnx_prepared.resolve import resolve_model
+from tests.helpers.dispatch import PATHS, use_path
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -60,14 +60,9 @@ def _choices(p):
     return resolve_model(load_model(p)).kernel_choices
 
 
-@pytest.fixture(params=("numpy", *native.supported_levels()))
+@pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
-    if request.param == "numpy":
-        monkeypatch.setattr(native, "_ext", None)
-        yield request.param
-    else:
-        with native.forced_level(request.param):
-            yield request.param
+    yield from use_path(request.param, monkeypatch)
 
 
 @settings(max_examples=12, deadline=None, derandomize=True,
