@@ -19,6 +19,7 @@ outside (:meth:`Inference.trace_actions`); neither path has a hook.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -35,6 +36,10 @@ from onnx_prepared.runtime.frame import ExecutionFrame
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error
 from onnx_prepared.runtime.state import PrefetchWindow, PreparedExecutionState
 from onnx_prepared.scheduler import ExecutionHandle, Priority, Resource, RuntimeScheduler, Task
+
+#: What handing a run to a CPU worker and waking the waiter costs (25-55 us measured): a hot run whose
+#: last replay was shorter runs on the submitting thread even for ``run_async``.
+HANDOFF_SECONDS = 50e-6
 
 
 class Inference:
@@ -57,6 +62,7 @@ class Inference:
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = PrefetchWindow(8, len(plan.requirements))
+        self.hot_seconds = float("inf")  # the last hot replay's duration (unknown: hand it off)
         self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
         bit = {r.key: b for b, r in enumerate(plan.requirements)}
         n = len(plan.execution.actions)
@@ -94,9 +100,9 @@ class Inference:
                inline: bool) -> ExecutionHandle:
         """One run over ``values`` (feeds bound): hot when everything is resident, else cold.
 
-        ``inline`` (used by ``run``, which waits anyway) runs a hot run as an inline task on the calling
-        thread: the same task, lease and replay without the hand-off to a CPU worker (25-55 us per run
-        measured). A cold run always goes to the CPU workers: it yields.
+        ``inline`` (used by ``run``, which waits anyway) replays a hot run on the calling thread, with no
+        scheduler task: the same lease and replay without the task round trip and the hand-off to a CPU
+        worker. A cold run always goes to the CPU workers: it yields.
         """
         frame = ExecutionFrame(self.state.next_invocation_id(), values, self.state.arenas.execution, context)
         frame.held.update(overridden)
@@ -105,7 +111,11 @@ class Inference:
 
     # ---- the hot path ----
     def _submit_hot(self, frame: ExecutionFrame, inline: bool) -> ExecutionHandle | None:
-        """Epoch check, one run-level lease, ``frame.replay()``, release; None: not hot, run cold."""
+        """Epoch check, one run-level lease, ``frame.replay()``, release; None: not hot, run cold.
+
+        Replayed right here (no task, no hand-off) for ``run`` and when the last hot replay took less
+        than a hand-off to a CPU worker costs; otherwise as one CPU task.
+        """
         store = self.store
         epoch = store.epoch
         if store.hot_epoch != epoch or not store.acquire_lease(epoch):
@@ -114,21 +124,27 @@ class Inference:
         for s, v in self._hot_values():  # the resident objects, where the caller fed nothing
             if values[s] is None:
                 values[s] = v
-        execution = self.execution
-
-        def run(task: Task) -> None:
-            self._bind_threads()
-            try:
-                self.state.note_execution_peak(frame.replay(execution, self.state.execution_peak))
-            finally:
-                store.release_lease()
-            self.state.reader.reader.check_verified()  # a no-op once every read was verified
-            frame.carry(execution)
-
         self.counters["hot_runs"] += 1
-        task = Task(run, resource=Resource.INLINE if inline else Resource.CPU, priority=Priority.CRITICAL,
-                    name=f"I.run-{frame.invocation_id}")
+        execution = self.execution
+        name = f"I.run-{frame.invocation_id}"
+        if inline or self.hot_seconds < HANDOFF_SECONDS:
+            return self.scheduler.run_here(lambda: self._replay_hot(frame, execution),
+                                           result=lambda: self._outputs(frame), name=name)
+        task = Task(lambda t: self._replay_hot(frame, execution), resource=Resource.CPU,
+                    priority=Priority.CRITICAL, name=name)
         return self.scheduler.submit(task, result=lambda: self._outputs(frame), keepalive=frame)
+
+    def _replay_hot(self, frame: ExecutionFrame, execution: ExecutionPlan) -> None:
+        """The hot run's body (the lease is taken): replay, release the lease, verify, carry."""
+        self._bind_threads()
+        t0 = time.perf_counter()
+        try:
+            self.state.note_execution_peak(frame.replay(execution, self.state.execution_peak))
+        finally:
+            self.store.release_lease()
+        self.hot_seconds = time.perf_counter() - t0
+        self.state.reader.reader.check_verified()  # a no-op once every read was verified
+        frame.carry(execution)
 
     def _bind_threads(self) -> None:
         # Preparation may hold CPU slots meanwhile: kernels use only the threads it leaves (kernels.threads;

@@ -191,6 +191,45 @@ class RuntimeScheduler:
         self._after(fx)
         return ExecutionHandle(sub)
 
+    def run_here(self, fn: Callable[[], Any], *, result: Callable[[], Any] | None = None,
+                 name: str = "inline") -> ExecutionHandle:
+        """Run ``fn()`` now, on the calling thread, and return its terminal handle.
+
+        The outcome of submitting one dependency-free inline task (S5), without the task: no lock, no
+        queue, no dispatch. For work that is ready and short (a hot run), where that round trip costs
+        more than the work. The handle behaves as any terminal one: ``result()`` calls ``result`` once,
+        a failure or a ``Cancelled`` raised by ``fn`` (a checkpoint of the task this thread runs) is
+        re-raised, diagnostics name a task called ``name``, done callbacks fire once, immediately.
+        While tracing it is an ordinary inline task, so the trace records it.
+        """
+        if self._closed:
+            raise ClosedError("RuntimeScheduler is closed: nothing can be submitted to it")
+        if self._trace is not None:
+            return self.submit(Task(lambda t: fn(), resource=Resource.INLINE, name=name), result=result)
+        sub = _Submission(self, fail_fast=True, result=result, keepalive=None)
+        try:
+            fn()
+        except BaseException as e:
+            t = Task(lambda t: fn(), resource=Resource.INLINE, name=name)  # the record diagnostics name
+            t._sched = self
+            for st in (_READY, _RUNNING, _CANCELLED if isinstance(e, Cancelled) else _FAILED):
+                t._transition(st)
+            t.fn = None
+            sub.members[t] = None
+            if t.state is _CANCELLED:
+                sub.n_cancelled = 1
+                sub._transition(HandleState.CANCELLED)
+                sub.diagnostics = self._snapshot(sub)
+            else:
+                t.error = e
+                sub.failed.append(t)
+                sub.errors.append(e)
+                sub._transition(HandleState.FAILED)
+        else:
+            sub._transition(HandleState.SUCCEEDED)
+        sub.done.set()
+        return ExecutionHandle(sub)
+
     def promote(self, task: Task, priority: Priority) -> None:
         """Raise ``task`` and its unfinished producer chain to at least ``priority`` (queued ones move)."""
         fx = _Effects()

@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 
 import onnx_prepared
 from onnx_prepared.runtime import ExecutionFrame, RuntimeSession
@@ -88,3 +89,62 @@ def test_openblas_is_set_once_not_per_run(tmp_path, monkeypatch):
             s.run_async({"x": X}).result()  # hot, on a CPU worker
         assert s.counters["hot_runs"] == 10
     assert calls == [1]
+
+
+def _counting_submits(monkeypatch, s):
+    submitted: list = []
+    submit = s.scheduler.submit
+
+    def counted(tasks, **kw):
+        submitted.append(tasks)
+        return submit(tasks, **kw)
+
+    monkeypatch.setattr(s.scheduler, "submit", counted)
+    return submitted
+
+
+def test_a_hot_run_submits_no_scheduler_task(tmp_path, monkeypatch):
+    """``run`` replays a hot run on the calling thread with no task; ``run_async`` does too once the
+    last hot replay was shorter than a hand-off, and hands a longer (or not yet measured) one to a CPU
+    worker as one task. Either way the handle is terminal when it should be and callbacks fire once."""
+    from onnx_prepared.runtime import inference
+
+    with RuntimeSession(gemm_mlp(tmp_path, layers=2)) as s:
+        s.prepare()
+        expected = s.run({"x": X})[0]
+        submitted = _counting_submits(monkeypatch, s)
+        for _ in range(3):
+            np.testing.assert_array_equal(s.run({"x": X})[0], expected)
+        assert submitted == [] and s.counters["hot_runs"] == 4
+        s.inference.hot_seconds = float("inf")  # not measured (or long): handed off
+        h = s.run_async({"x": X})
+        np.testing.assert_array_equal(h.result()[0], expected)
+        assert len(submitted) == 1 and submitted[0].resource == "cpu"
+        monkeypatch.setattr(inference, "HANDOFF_SECONDS", float("inf"))  # every replay is "short"
+        fired = []
+        h = s.run_async({"x": X})
+        assert h.done()  # returned completed
+        h.add_done_callback(fired.append)
+        np.testing.assert_array_equal(h.result()[0], expected)
+        assert len(submitted) == 1 and fired == [h] and s.store.leases == 0
+
+
+def test_a_failing_hot_run_raises_from_its_handle_and_releases_its_lease(tmp_path, monkeypatch):
+    from onnx_prepared.errors import KernelError
+
+    with RuntimeSession(gemm_mlp(tmp_path, layers=2)) as s:
+        s.prepare()
+        s.run({"x": X})
+        act = s.plan.execution.actions[0]
+
+        def broken(*args):
+            raise ValueError("kernel broke")
+
+        monkeypatch.setattr(s.inference, "execution", s.plan.execution.traced(lambda i: None))
+        steps = list(s.inference.execution.steps)
+        steps[0] = (broken, *steps[0][1:])
+        object.__setattr__(s.inference.execution, "steps", tuple(steps))
+        with pytest.raises(KernelError, match="kernel broke") as e:
+            s.run({"x": X})
+        assert act.kernel.name in str(e.value)
+        assert s.store.leases == 0 and s.arenas.execution.live == 0
