@@ -159,6 +159,7 @@ def read_sum(buf: np.ndarray) -> int:
 RNN_ACTIVATIONS = ("sigmoid", "tanh", "relu", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh",
                    "hardsigmoid", "elu", "softsign", "softplus")
 RNN_KINDS = {"RNN": 0, "GRU": 1, "LSTM": 2}
+_RNN_CFG: dict[tuple, tuple] = {}  # rnn_seq's configuration arrays per geometry (read-only, reused)
 
 
 def rnn_seq(op: str, xw: np.ndarray, xw_off: int, rt: np.ndarray, h: np.ndarray, c: np.ndarray | None,
@@ -175,14 +176,24 @@ def rnn_seq(op: str, xw: np.ndarray, xw_off: int, rt: np.ndarray, h: np.ndarray,
     """
     seq, batch, width = xw.shape
     hidden = h.shape[-1]
-    codes = [a[0] for a in acts] + [0] * (3 - len(acts))
-    cfg = np.array([RNN_KINDS[op], seq, batch, hidden, int(reverse), int(input_forget), int(linear_before_reset),
-                    *codes, xw_off, width, 0, y_off, 0 if y is None else y[0].size, clip is not None], np.int32)
-    al = [a[1] for a in acts] + [0.0] * (3 - len(acts))
-    be = [a[2] for a in acts] + [0.0] * (3 - len(acts))
-    fcfg = np.array([*al, *be, 0.0 if clip is None else clip], np.float32)
-    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
-    scratch = _scratch(_ext.rnn_scratch_bytes(batch, hidden, gates))
+    key = (op, seq, batch, hidden, reverse, input_forget, linear_before_reset, tuple(acts), xw_off, width, y_off,
+           0 if y is None else y[0].size, clip)
+    cfgs = _RNN_CFG.get(key)
+    if cfgs is None:
+        codes = [a[0] for a in acts] + [0] * (3 - len(acts))
+        cfg = np.array([RNN_KINDS[op], seq, batch, hidden, int(reverse), int(input_forget), int(linear_before_reset),
+                        *codes, xw_off, width, 0, y_off, key[11], clip is not None], np.int32)
+        al = [a[1] for a in acts] + [0.0] * (3 - len(acts))
+        be = [a[2] for a in acts] + [0.0] * (3 - len(acts))
+        fcfg = np.array([*al, *be, 0.0 if clip is None else clip], np.float32)
+        gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+        cfg.flags.writeable = fcfg.flags.writeable = False
+        cfgs = (cfg, fcfg, _ext.rnn_scratch_bytes(batch, hidden, gates))
+        if len(_RNN_CFG) >= 256:
+            _RNN_CFG.clear()
+        _RNN_CFG[key] = cfgs
+    cfg, fcfg, nbytes = cfgs
+    scratch = _scratch(nbytes)
     _ext.rnn_seq(cfg, fcfg, xw, rt, h, c, y, lens, p, rbh, scratch)
 
 

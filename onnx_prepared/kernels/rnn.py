@@ -9,6 +9,8 @@ initial states, Y and Y_h/Y_c. Half-precision inputs compute in float32.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from onnx_prepared.errors import KernelError
@@ -90,8 +92,51 @@ def _codes(acts: list[list]) -> list[list[tuple[int, float, float]]]:
     return [[(_CODES[fn], a, b) for fn, a, b in d] for d in acts]
 
 
+#: (op, ids of W, R, B, P, linear_before_reset) -> (W, R, B, P, their native form): see _native_weights
+_NATIVE_WEIGHTS: dict[tuple, tuple] = {}
+
+
+def _native_weights(op: str, W, R, B, P, n_dir: int, hs: int, linear_before_reset: int = 0) -> tuple:
+    """(bias, p, rbh, R^T) as the native driver takes them, derived from the weights once.
+
+    Memoized only when every weight is a read-only array (resident prepared objects are; a writeable
+    feed may change in place between runs, so it is derived again); entries keep their weights alive
+    and are checked by identity, so an id is never mistaken for another array's.
+    """
+    ws = (W, R, B, P)
+    key = None
+    if all(v is None or (type(v) is np.ndarray and not v.flags.writeable) for v in ws):
+        key = (op, id(W), id(R), id(B), id(P), linear_before_reset)
+        hit = _NATIVE_WEIGHTS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[:4], ws)):
+            return hit[4]
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    b = None if B is None else B.astype(np.float32, copy=False)
+    rbh = None
+    if op == "GRU":
+        parts = [_gru_bias(b, d, hs, linear_before_reset) for d in range(n_dir)]
+        bias = None if b is None else np.concatenate([bs for bs, _ in parts])
+        rbh = None if b is None or not linear_before_reset else np.stack([rb for _, rb in parts])
+    else:
+        bias = None if b is None else np.concatenate([_bias(b, d, gates, hs)[0] for d in range(n_dir)])
+    p = None if P is None else np.ascontiguousarray(P.astype(np.float32, copy=False).reshape(n_dir, 3 * hs))
+    rt = np.ascontiguousarray(R.astype(np.float32, copy=False).transpose(0, 2, 1))
+    out = (bias, p, None if rbh is None else np.ascontiguousarray(rbh), rt)
+    if key is not None:
+        if len(_NATIVE_WEIGHTS) >= 64:
+            _NATIVE_WEIGHTS.clear()
+        _NATIVE_WEIGHTS[key] = (*ws, out)
+    return out
+
+
 def _activations(op: str, names, alphas, betas, defaults: tuple[str, ...], n_dir: int) -> list[list]:
     """Per direction, the bound activation functions (alpha/beta consumed in order by those that use them)."""
+    return _bound_activations(op, tuple(names or ()), tuple(alphas or ()), tuple(betas or ()), defaults, n_dir)
+
+
+@functools.lru_cache(maxsize=256)
+def _bound_activations(op: str, names, alphas, betas, defaults: tuple[str, ...], n_dir: int) -> list[list]:
+    # NOTE: memoized (a node's attributes are the same every run); callers never mutate the lists
     names = list(names) if names else list(defaults) * n_dir
     n = len(defaults)
     if len(names) == n and n_dir == 2:
@@ -277,10 +322,9 @@ def lstm(
     p = None if P is None else P.astype(wd, copy=False).reshape(len(directions), 3, hidden)
     hs = hidden
     if _rnn_native.usable(wd):
-        bias = None if b is None else np.concatenate([_bias(b, d, 4, hs)[0] for d in range(len(directions))])
-        y, (h_fin, c_fin) = _rnn_native.run("LSTM", x, w, r, bias, lens, directions, init, _codes(acts), clip,
-                                            p=None if p is None else p.reshape(len(directions), 3 * hs),
-                                            input_forget=input_forget)
+        bias, pn, _, rt = _native_weights("LSTM", W, R, B, P, len(directions), hs)
+        y, (h_fin, c_fin) = _rnn_native.run("LSTM", x, w, rt, bias, lens, directions, init, _codes(acts), clip,
+                                            p=pn, input_forget=input_forget)
         return _outputs([y, h_fin, c_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
@@ -349,10 +393,8 @@ def gru(
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "GRU")
     hs = hidden
     if _rnn_native.usable(wd):
-        parts = [_gru_bias(b, d, hs, linear_before_reset) for d in range(len(directions))]
-        bias = None if b is None else np.concatenate([bs for bs, _ in parts])
-        rbh = None if b is None or not linear_before_reset else np.stack([rb for _, rb in parts])
-        y, (h_fin,) = _rnn_native.run("GRU", x, w, r, bias, lens, directions, init, _codes(acts), clip, rbh=rbh,
+        bias, _, rbh, rt = _native_weights("GRU", W, R, B, None, len(directions), hs, linear_before_reset)
+        y, (h_fin,) = _rnn_native.run("GRU", x, w, rt, bias, lens, directions, init, _codes(acts), clip, rbh=rbh,
                                       linear_before_reset=linear_before_reset)
         return _outputs([y, h_fin], layout, X.dtype)
 
@@ -410,8 +452,8 @@ def rnn(
     acts = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), len(directions))
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "RNN")
     if _rnn_native.usable(wd):
-        bias = None if b is None else np.concatenate([_bias(b, d, 1, hidden)[0] for d in range(len(directions))])
-        y, (h_fin,) = _rnn_native.run("RNN", x, w, r, bias, lens, directions, init, _codes(acts), clip)
+        bias, _, _, rt = _native_weights("RNN", W, R, B, None, len(directions), hidden)
+        y, (h_fin,) = _rnn_native.run("RNN", x, w, rt, bias, lens, directions, init, _codes(acts), clip)
         return _outputs([y, h_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):

@@ -182,3 +182,35 @@ def test_native_rejects_bad_buffers():
     with pytest.raises(ValueError, match="lens"):
         native.rnn_seq("RNN", xw, 0, np.zeros((4, 4), np.float32), h, None, None, 0, np.array([4, 1], np.int32),
                        reverse=False, acts=[(0, 0, 0)], clip=None)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_weights_are_derived_once_when_read_only_and_again_when_writeable(op):
+    """Resident weights are read-only: their native form (R^T, folded bias) is derived once and reused;
+    a writeable array (a feed the caller may change in place) is derived again on every call."""
+    from onnx_prepared.kernels import rnn
+
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    ins = _inputs(op, "bidirectional", init=True, peep=op == "LSTM")
+    fn = {"LSTM": rnn.lstm, "GRU": rnn.gru, "RNN": rnn.rnn}[op]
+    fresh = fn(*ins, direction="bidirectional", **attrs)
+    frozen = [v if v is None or i not in (1, 2, 3, 7) else v.copy() for i, v in enumerate(ins)]
+    for v in frozen[1:4]:
+        v.flags.writeable = False
+    rnn._NATIVE_WEIGHTS.clear()
+    first = fn(*frozen, direction="bidirectional", **attrs)
+    assert len(rnn._NATIVE_WEIGHTS) == (0 if op == "LSTM" else 1)  # LSTM's P (writeable) opts out
+    if op == "LSTM":
+        frozen[7] = frozen[7].copy()
+        frozen[7].flags.writeable = False
+        first = fn(*frozen, direction="bidirectional", **attrs)
+        assert len(rnn._NATIVE_WEIGHTS) == 1
+    again = fn(*frozen, direction="bidirectional", **attrs)
+    assert len(rnn._NATIVE_WEIGHTS) == 1
+    for a, b, c in zip(fresh, first, again):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    ins[2] *= 0.5  # a writeable R changed in place: the next call sees the new values
+    changed = fn(*ins, direction="bidirectional", **attrs)
+    assert len(rnn._NATIVE_WEIGHTS) == 1 and not np.array_equal(changed[0], fresh[0])
