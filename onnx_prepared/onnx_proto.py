@@ -1,11 +1,12 @@
 """onnx's protobuf classes and operator schemas without running ``onnx/__init__`` (start-up cost).
 
 ``import onnx`` spends most of its time in ``onnx.helper``, ``onnx.compose``, protobuf's json_format
-and importlib.metadata, none of which parsing a model and building a session needs. This module loads
-onnx's generated ``onnx_ml_pb2`` module and its ``onnx_cpp2py_export`` extension directly, registered
-under their own names in ``sys.modules``, so a later ``import onnx`` reuses them: a ``ModelProto`` made
-with the real package is the same class as ours. If anything about that fails, or ``onnx`` is already
-imported, the real package is used. Any other name (``numpy_helper``, ``checker``, ...) is looked up
+and importlib.metadata, none of which parsing a model and building a session needs. This module makes
+onnx's ``onnx_ml_pb2`` module (built on upb directly where that is protobuf's backend, see
+:func:`_load_pb2_upb`) and, on first use of :data:`defs`, loads its ``onnx_cpp2py_export`` extension,
+both registered under their own names in ``sys.modules``, so a later ``import onnx`` reuses them: a
+``ModelProto`` made with the real package is the same class as ours. If anything about that fails, or
+``onnx`` is already imported, the real package is used. Any other name (``numpy_helper``, ``checker``, ...) is looked up
 in the real ``onnx`` package, imported on first such access.
 
 It also holds the few helper functions the start-up path needs (dtype maps, attribute values) so that
@@ -42,25 +43,87 @@ def _load_file(name: str, path: str, loader_cls=None) -> ModuleType:
     return mod
 
 
-def _load_parts() -> tuple[ModuleType, ModuleType]:
-    """(onnx_ml_pb2, onnx_cpp2py_export) loaded from onnx's package directory without its __init__."""
-    pb2 = sys.modules.get("onnx.onnx_ml_pb2")
-    ext = sys.modules.get("onnx.onnx_cpp2py_export")
+def _onnx_root() -> str:
     spec = importlib.util.find_spec("onnx")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("onnx")
-    root = next(iter(spec.submodule_search_locations))
-    if pb2 is None:
-        pb2 = _load_file("onnx.onnx_ml_pb2", os.path.join(root, "onnx_ml_pb2.py"))
-    if ext is None:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(root, "onnx_cpp2py_export" + suffix)
-            if os.path.exists(path):
-                ext = _load_file("onnx.onnx_cpp2py_export", path, importlib.machinery.ExtensionFileLoader)
-                break
-        else:
-            raise ImportError("onnx.onnx_cpp2py_export")
-    return pb2, ext
+    return next(iter(spec.submodule_search_locations))
+
+
+_SERIALIZED = "AddSerializedFile("
+
+
+def _load_pb2_upb(root: str) -> ModuleType:
+    """``onnx.onnx_ml_pb2`` built straight on upb (protobuf's default C backend).
+
+    The generated module's own import goes through ``google.protobuf.descriptor_pool``, which imports
+    the pure-Python message implementation (python_message, text_format, encoder/decoder: about half
+    of protobuf's import time) even when upb does the work. This reads the generated file's serialized
+    descriptor, adds it to upb's default pool (the pool ``descriptor_pool.Default()`` returns later)
+    and makes the message classes and top-level enums the way ``internal.builder`` does. Symbol
+    database registration is left out: nothing looks onnx's messages up by name.
+    """
+    import ast
+
+    from google._upb import _message as upb  # raises where upb is not the backend
+    from google.protobuf import message
+    from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+    with open(os.path.join(root, "onnx_ml_pb2.py"), encoding="utf-8") as f:
+        src = f.read()
+    start = src.index(_SERIALIZED) + len(_SERIALIZED)
+    data = ast.literal_eval(src[start: src.index(")\n", start)])
+    if not isinstance(data, bytes):
+        raise ImportError("unexpected onnx_ml_pb2 layout")
+    file_desc = upb.default_pool.AddSerializedFile(data)
+    name = "onnx.onnx_ml_pb2"
+    mod = ModuleType(name)
+    mod.__file__ = os.path.join(root, "onnx_ml_pb2.py")
+    ns = mod.__dict__
+    ns["DESCRIPTOR"] = file_desc
+
+    def build(desc, prefix: str):
+        body = {n: build(sub, f"{prefix}{desc.name}.") for n, sub in desc.nested_types_by_name.items()}
+        body.update(DESCRIPTOR=desc, __module__=name, __qualname__=prefix + desc.name)
+        return upb.MessageMeta(desc.name, (message.Message,), body)
+
+    for enum_name, enum_desc in file_desc.enum_types_by_name.items():
+        ns[f"_{enum_name.upper()}"] = enum_desc
+        ns[enum_name] = EnumTypeWrapper(enum_desc)
+        for value in enum_desc.values:
+            ns[value.name] = value.number
+    for msg_name, desc in file_desc.message_types_by_name.items():
+        ns[f"_{msg_name.upper()}"] = desc
+        ns[msg_name] = build(desc, "")
+    sys.modules[name] = mod
+    return mod
+
+
+def _load_pb2() -> ModuleType:
+    """onnx_ml_pb2 loaded from onnx's package directory without its __init__ (upb-direct when possible)."""
+    pb2 = sys.modules.get("onnx.onnx_ml_pb2")
+    if pb2 is not None:
+        return pb2
+    root = _onnx_root()
+    if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "upb") == "upb":
+        try:
+            return _load_pb2_upb(root)
+        except Exception:  # an unexpected protobuf/onnx layout: the generated module itself
+            sys.modules.pop("onnx.onnx_ml_pb2", None)
+    return _load_file("onnx.onnx_ml_pb2", os.path.join(root, "onnx_ml_pb2.py"))
+
+
+def _load_ext() -> ModuleType:
+    """onnx's C++ extension (the operator schema registry), loaded on first use of :data:`defs`."""
+    ext = sys.modules.get("onnx.onnx_cpp2py_export")
+    if ext is not None:
+        return ext
+    root = _onnx_root()
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(root, "onnx_cpp2py_export" + suffix)
+        if os.path.exists(path):
+            return _load_file("onnx.onnx_cpp2py_export", path, importlib.machinery.ExtensionFileLoader)
+    raise ImportError("onnx.onnx_cpp2py_export")
 
 
 def _real_onnx() -> ModuleType:
@@ -70,16 +133,16 @@ def _real_onnx() -> ModuleType:
 
 
 _onnx = sys.modules.get("onnx")
-if _onnx is not None and hasattr(_onnx, "ModelProto"):
-    _pb2, _C = _onnx, None
+_real = _onnx is not None and hasattr(_onnx, "ModelProto")
+if _real:
+    _pb2 = _onnx
 else:
     try:
-        _pb2, _ext = _load_parts()
-        _C = _ext.defs
-        if not hasattr(_pb2, "ModelProto") or not hasattr(_C, "get_schema"):
+        _pb2 = _load_pb2()
+        if not hasattr(_pb2, "ModelProto"):
             raise ImportError("unexpected onnx layout")
     except Exception:  # any surprise in onnx's layout: the real package, at its usual cost
-        _pb2, _C = _real_onnx(), None
+        _pb2, _real = _real_onnx(), True
 
 ModelProto = _pb2.ModelProto
 GraphProto = _pb2.GraphProto
@@ -95,22 +158,35 @@ OperatorSetIdProto = _pb2.OperatorSetIdProto
 StringStringEntryProto = _pb2.StringStringEntryProto
 IR_VERSION = _pb2.IR_VERSION
 
-if _C is not None:
 
-    def _opset_version(domain: str) -> int:
-        return _C.schema_version_map()[domain][1]
 
-    #: The subset of ``onnx.defs`` the loader uses, straight from the extension.
-    defs = SimpleNamespace(
-        has=_C.has_schema, get_schema=_C.get_schema, get_all_schemas_with_history=_C.get_all_schemas_with_history,
-        OpSchema=_C.OpSchema, SchemaError=_C.SchemaError,
-        onnx_opset_version=lambda: _opset_version(""), onnx_ml_opset_version=lambda: _opset_version("ai.onnx.ml"))
-else:
-    pass
+def _make_defs() -> Any:
+    """The subset of ``onnx.defs`` the loader uses, straight from the extension (the real package's
+    ``onnx.defs`` when that is what we run on)."""
+    if _real:
+        return _real_onnx().defs
+    try:
+        C = _load_ext().defs
+        if not hasattr(C, "get_schema"):
+            raise ImportError("unexpected onnx layout")
+    except Exception:  # the real package, at its usual cost
+        return _real_onnx().defs
+
+    def opset_version(domain: str) -> int:
+        return C.schema_version_map()[domain][1]
+
+    return SimpleNamespace(
+        has=C.has_schema, get_schema=C.get_schema, get_all_schemas_with_history=C.get_all_schemas_with_history,
+        OpSchema=C.OpSchema, SchemaError=C.SchemaError,
+        onnx_opset_version=lambda: opset_version(""), onnx_ml_opset_version=lambda: opset_version("ai.onnx.ml"))
 
 
 def __getattr__(name: str) -> Any:
-    """Everything else (numpy_helper, checker, shape_inference, __version__, ...) from the real onnx."""
+    """``defs`` (the schema registry, loaded on first use: only validation reads it); everything else
+    (numpy_helper, checker, shape_inference, __version__, ...) from the real onnx."""
+    if name == "defs":
+        value = globals()["defs"] = _make_defs()
+        return value
     if name.startswith("__") and name != "__version__":
         raise AttributeError(name)
     return getattr(_real_onnx(), name)

@@ -35,6 +35,18 @@ def test_import_loads_no_kernel_and_no_reference():
     assert _heavy(_modules_after("from onnx_prepared import InferenceSession, RuntimeSession")) == set()
 
 
+def test_import_skips_protobufs_python_layer_and_the_schema_registry():
+    """onnx's messages are built on upb directly (no descriptor_pool, whose import pulls in protobuf's
+    pure-Python message implementation), and onnx's C++ extension (the schema registry) loads only when
+    validation first asks it."""
+    mods = _modules_after("import numpy\nfrom onnx_prepared import RuntimeSession, onnx_proto\n"
+                          "assert onnx_proto.ModelProto.FromString(onnx_proto.ModelProto(ir_version=8)"
+                          ".SerializeToString()).ir_version == 8")
+    assert "onnx.onnx_ml_pb2" in mods
+    assert not mods & {"google.protobuf.descriptor_pool", "google.protobuf.internal.python_message",
+                       "google.protobuf.text_format", "onnx.onnx_cpp2py_export"}
+
+
 def test_bare_import_builds_no_runtime():
     """The sessions load on first access, so `import onnx_prepared` (every CLI start) stays small."""
     mods = _modules_after("import onnx_prepared")

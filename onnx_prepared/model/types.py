@@ -20,7 +20,6 @@ from onnx_prepared.errors import ModelLoadError, short
 
 _NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items() if v}
 _TENSOR_TYPES = frozenset(_NAMES.values())
-_VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 
 def check_types(model: onnx.ModelProto, what: str) -> None:
@@ -102,10 +101,11 @@ def _formals(names, formals):
     if not formals:
         return
     last = formals[-1]
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     for i, name in enumerate(names):
-        if i < len(formals) - 1 or (i == len(formals) - 1 and last.option != _VARIADIC):
+        if i < len(formals) - 1 or (i == len(formals) - 1 and last.option != variadic):
             formal = formals[i]
-        elif last.option == _VARIADIC:
+        elif last.option == variadic:
             if not last.is_homogeneous:
                 continue
             formal = last
