@@ -7,12 +7,14 @@ Three variants, chosen per call from shapes only:
 - general: the window view ``[N, C, *out, *k]`` copied once to columns ``[N, g, C/g*K, P]``, then
   ``W[g, M/g, C/g*K] @ cols`` (numpy's matmul loops BLAS over batch and groups).
 
-The weight is used as the matrix ``[g, M/g, C/g*prod(k)]``; :mod:`conv_prepacked` stores exactly that
-matrix (in the compute dtype) in the prepared cache. Half-precision inputs compute in float32.
+The weight is used as the matrix ``[g, M/g, C/g*prod(k)]``; :mod:`conv_prepacked` stores that matrix, or
+for float32 its 16-row panels (``panel_rows``), which ``native.sgemm_packed`` multiplies without
+re-packing them per call (bias in its epilogue). Half-precision inputs compute in float32.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -33,13 +35,17 @@ def weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
 
 
 def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple[int, ...], *, auto_pad: str,
-              dilations, group: int, pads, strides) -> np.ndarray:
-    """The convolution of ``x [N, C, *S]`` with the weight matrix ``wm [g, M/g, C/g*K]``."""
+              dilations, group: int, pads, strides, panel_rows: int | None = None) -> np.ndarray:
+    """The convolution of ``x [N, C, *S]`` with the weight matrix ``wm [g, M/g, C/g*K]``, or, with
+    ``panel_rows`` (= M/g), that matrix in ``native.pack_panels``' layout ``[g, ceil(M/g/16), C/g*K, 16]``."""
     nd = x.ndim - 2
     if nd < 1 or len(kshape) != nd:
         raise KernelError(f"Conv: input of shape {list(x.shape)} does not match a {len(kshape)}-D kernel")
     n, c = x.shape[:2]
-    g, mg, cgk = wm.shape
+    if panel_rows is not None:
+        g, mg, cgk = wm.shape[0], panel_rows, wm.shape[2]
+    else:
+        g, mg, cgk = wm.shape
     if g != group or c % group or (c // group) * sp.prod(kshape) != cgk:
         raise KernelError(f"Conv: input channels {c} do not match the weight ({g * mg} x {cgk // sp.prod(kshape)} "
                           f"x {list(kshape)}) with group={group}")
@@ -53,6 +59,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     p = sp.prod(out)
     m = g * mg
     cg = c // g
+    if panel_rows is not None and cg == 1:  # the prepack keeps one-channel groups unpacked: not reached
+        wm, panel_rows = native.unpack_panels(wm, mg), None
     if cg == 1 and nd == 2 and kshape[1] <= 64 and wd == np.float32 and native.available() and (
             b is None or (b.shape == (m,) and b.dtype == np.float32)):
         y = native.depthwise2d(xw, wm, b, out, begins, strides, dilations, kshape)
@@ -60,9 +68,12 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     # NOTE: a batch of small planes joins the GEMM's columns ([g, K, N*P], one pass over the weights
     # instead of N): late ResNet layers have P = 4..16 columns per image and weights of megabytes.
     merge = n > 1 and p < 256 and cg > 1
+    # the packed GEMM adds a float32 [M] bias in its epilogue
+    fuse = panel_rows is not None and b is not None and b.shape == (m,) and b.dtype == np.float32
+    gemm = functools.partial(_gemm_packed, panel_rows, b if fuse else None) if panel_rows is not None else _gemm
     if all(k == 1 for k in kshape) and all(s == 1 for s in strides) and not any(begins) and not any(ends):
         cols = xw.reshape(n, g, cg, p)
-        y = _gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else _gemm(wm, cols)
+        y = gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else gemm(wm, cols)
     elif cg == 1:
         y = _depthwise(xw, wm, kshape, begins, ends, out, strides, dilations)
     else:
@@ -70,14 +81,14 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
         win = sp.windows(xp, out, kshape, strides, dilations)  # [N, C, *out, *k]
         if merge:  # the im2col copy itself puts the batch next to the output positions
             axes = (1, *range(2 + nd, 2 + 2 * nd), 0, *range(2, 2 + nd))
-            y = _gemm(wm, win.transpose(axes).reshape(1, g, cgk, n * p))
+            y = gemm(wm, win.transpose(axes).reshape(1, g, cgk, n * p))
         else:
             axes = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
-            y = _gemm(wm, win.transpose(axes).reshape(n, g, cgk, p))
+            y = gemm(wm, win.transpose(axes).reshape(n, g, cgk, p))
     if merge:  # columns ordered (image, position)
         y = y.reshape(m, n, p).transpose(1, 0, 2)
     y = y.reshape((n, m) + tuple(out))
-    if b is not None:
+    if b is not None and not fuse:
         if b.shape != (m,):
             raise KernelError(f"Conv: bias shape {list(b.shape)} is not [{m}]")
         y += b.astype(wd, copy=False).reshape((m,) + (1,) * nd)
@@ -92,6 +103,12 @@ def _gemm(wm: np.ndarray, cols: np.ndarray) -> np.ndarray:
         if y is not None:
             return y
     return np.matmul(wm, cols)
+
+
+def _gemm_packed(rows: int, bias: np.ndarray | None, packed: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``_gemm`` on the panel layout (``native.sgemm_packed``: the weights are read once per call, the
+    bias added in the epilogue); float64 never gets here (the prepack packs float32 only)."""
+    return native.sgemm_packed(packed, rows, cols if cols.dtype == np.float32 else cols.astype(np.float32), bias)
 
 
 def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:

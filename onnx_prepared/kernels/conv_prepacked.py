@@ -1,8 +1,13 @@
-"""Prepacked Conv with a constant weight: W stored once as the GEMM matrix ``[g, M/g, C/g*prod(k)]``.
+"""Prepacked Conv with a constant weight, in one of two layouts (each its own layout key):
 
-The matrix is contiguous and in the compute dtype (float16 weights are widened to float32 once, at
-packing, instead of on every run). The layout key names everything that changes those bytes: group,
-the matrix dimensions, the kernel shape, the source and packed dtypes.
+- ``conv-w-p16``: float32 work dtype with more than one input channel per group: the GEMM matrix
+  ``[g, M/g, C/g*prod(k)]`` as 16-row K-major panels (``native.pack_panels``), read by the prepacked
+  SGEMM (``sgemm.c``) that streams the weights once per call;
+- ``conv-w-gmk``: the plain contiguous matrix (one-channel groups, which run depthwise, and float64).
+
+Both are in the compute dtype (float16 weights are widened to float32 once, at packing, instead of on
+every run). The layout key names everything that changes those bytes: group, the matrix dimensions,
+the kernel shape, the source and packed dtypes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import functools
 import numpy as np
 
 from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.conv import conv_core, weight_matrix
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 
@@ -21,9 +27,15 @@ _DTYPES = frozenset({"float16", "float32", "float64"})
 
 
 def conv_packed(packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, kshape: tuple[int, ...],
-                auto_pad: str = "NOTSET", dilations=None, group: int = 1, pads=None, strides=None) -> tuple:
+                auto_pad: str = "NOTSET", dilations=None, group: int = 1, pads=None, strides=None,
+                panel_rows: int | None = None) -> tuple:
     return (conv_core(x, packed, b, kshape, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads,
-                      strides=strides),)
+                      strides=strides, panel_rows=panel_rows),)
+
+
+def pack_panels(w: np.ndarray, *, group: int) -> np.ndarray:
+    """``W [M, C/g, *k]`` in the prepacked SGEMM's panel layout ``[g, ceil(M/g/16), C/g*prod(k), 16]``."""
+    return native.pack_panels(weight_matrix(w, group))
 
 
 def _unpack(shape: tuple[int, ...], dtype: str):
@@ -47,9 +59,17 @@ def conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
         return None  # the unpacked kernel reports the mismatch
     work = sp.work_dtype(np.dtype(dtype)).name
     mshape = (group, shape[0] // group, shape[1] * sp.prod(kshape))
-    layout = (f"conv-w-gmk-{dtype}-as-{work}-g{mshape[0]}-m{mshape[1]}-ck{mshape[2]}"
-              f"-k{'x'.join(map(str, kshape))}")
+    ks = "x".join(map(str, kshape))
     kw = {k: attrs[k] for k in ("auto_pad", "dilations", "pads", "strides") if k in attrs}
+    if work == "float32" and shape[1] > 1:  # the prepacked SGEMM (one-channel groups run depthwise)
+        pshape = (group, -(-mshape[1] // native.SG_PANEL), mshape[2], native.SG_PANEL)
+        layout = f"conv-w-p16-{dtype}-as-float32-g{mshape[0]}-m{mshape[1]}-ck{mshape[2]}-k{ks}"
+        return PrepackSpec(
+            (1,), layout, functools.partial(pack_panels, group=group),
+            functools.partial(conv_packed, kshape=kshape, group=group, panel_rows=mshape[1], **kw),
+            array_to_bytes, _unpack(pshape, "float32"), packed_bytes=sp.prod(pshape) * 4,
+        )
+    layout = f"conv-w-gmk-{dtype}-as-{work}-g{mshape[0]}-m{mshape[1]}-ck{mshape[2]}-k{ks}"
     nbytes = sp.prod(mshape) * np.dtype(work).itemsize
     return PrepackSpec(
         (1,), layout, functools.partial(weight_matrix, group=group),

@@ -106,6 +106,7 @@ def describe() -> str:
     if _ext is None:
         return f"native kernels: numpy fallback ({unavailable_reason})"
     return (f"native kernels: MatMulNBits 4/8-bit (fp32 + int8), Sigmoid, LSTM/GRU/RNN recurrence, Conv GEMM blocks, "
+            f"prepacked Conv SGEMM, "
             f"dispatch {dispatch_level()} (CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
 
 
@@ -223,6 +224,46 @@ def conv_gemm(a: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     n, _, _, cols = x.shape
     y = np.empty((n, g, m, cols), np.float32)
     _ext.conv_gemm(a, x, y, g, m, k, cols, n)
+    return y
+
+
+#: rows per panel of the prepacked Conv weight layout (``sgemm.h``)
+SG_PANEL = 16
+
+
+def pack_panels(wm: np.ndarray) -> np.ndarray:
+    """``wm [g, M, K]`` float32 as ``sgemm_packed``'s layout ``[g, ceil(M/16), K, 16]`` (rows past M zero);
+    the same bytes at every dispatch level and without the extension."""
+    g, m, k = wm.shape
+    p = -(-m // SG_PANEL)
+    out = np.zeros((g, p * SG_PANEL, k), np.float32)
+    out[:, :m] = wm
+    return np.ascontiguousarray(out.reshape(g, p, SG_PANEL, k).transpose(0, 1, 3, 2))
+
+
+def unpack_panels(packed: np.ndarray, m: int) -> np.ndarray:
+    """The ``[g, M, K]`` matrix of a :func:`pack_panels` layout (a copy; the numpy path)."""
+    g, p, k, _ = packed.shape
+    return packed.transpose(0, 1, 3, 2).reshape(g, p * SG_PANEL, k)[:, :m]
+
+
+def sgemm_packed(packed: np.ndarray, m: int, x: np.ndarray, bias: np.ndarray | None = None,
+                 lo: float = -np.inf, hi: float = np.inf) -> np.ndarray:
+    """``A [g, m, K] @ x [n, g, K, N]`` (+ ``bias [g*m]``, clipped to [lo, hi]) with A in the
+    :func:`pack_panels` layout: ``sgemm.c`` over the pool (every task a fixed block, so the same values
+    for any thread count), or numpy's matmul of the unpacked matrix without the extension."""
+    g, _, k, _ = packed.shape
+    n, _, _, cols = x.shape
+    if _ext is None:
+        y = np.matmul(unpack_panels(packed, m), x)
+        if bias is not None:
+            y += bias.reshape(g, m, 1)
+        if lo != -np.inf or hi != np.inf:
+            np.clip(y, lo, hi, out=y)
+        return y
+    y = np.empty((n, g, m, cols), np.float32)
+    _ext.sgemm_packed(packed, np.ascontiguousarray(x), y, bias, np.array([g, m, k, cols, n], np.int64),
+                      float(lo), float(hi))
     return y
 
 

@@ -114,7 +114,7 @@ def test_conv_weights_are_prepacked_and_restored_from_the_companion(tmp_path):
     path = _cnn(tmp_path / "cnn.onnx")
     resolved = resolve_model(load_model(path))
     layouts = [c for c in resolved.kernel_choices if c.startswith("prepacked:")]
-    assert layouts == ["prepacked:conv-w-gmk-float32-as-float32-g1-m8-ck27-k3x3",
+    assert layouts == ["prepacked:conv-w-p16-float32-as-float32-g1-m8-ck27-k3x3",
                        "prepacked:conv-w-gmk-float32-as-float32-g8-m1-ck9-k3x3"]
     assert not any(c.startswith("fallback:") for c in resolved.kernel_choices)
     import onnxruntime as ort
@@ -137,7 +137,7 @@ def test_conv_weights_are_prepacked_and_restored_from_the_companion(tmp_path):
 def test_float16_conv_weights_pack_as_float32(tmp_path):
     path = _cnn(tmp_path / "cnn16.onnx", TensorProto.FLOAT16)
     resolved = resolve_model(load_model(path))
-    assert "prepacked:conv-w-gmk-float16-as-float32-g1-m8-ck27-k3x3" in resolved.kernel_choices
+    assert "prepacked:conv-w-p16-float16-as-float32-g1-m8-ck27-k3x3" in resolved.kernel_choices
     import onnxruntime as ort
 
     x = _r(1, 3, 16, 16, dtype=np.float16)

@@ -12,6 +12,7 @@
 #include "rnn_module.h"
 #include "conv_gemm.h"
 #include "depthwise.h"
+#include "sgemm.h"
 #include "act.h"
 #include "nms.h"
 
@@ -358,6 +359,7 @@ static PyMethodDef methods[] = {
     RNN_METHODS
     CONV_GEMM_METHODS
     DEPTHWISE_METHODS
+    SGEMM_METHODS
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
     NMS_METHODS

@@ -1,0 +1,113 @@
+/* Conv's GEMM on weights prepacked once (sgemm.h's panel layout), over the extension's pool.
+ *
+ * y[b][g] = A[g] @ x[b][g] with A [M, K] from the packed panels, x [K, N] row-major; the epilogue adds
+ * the bias and clips. The micro kernels are vectorised along the weight rows (M): each packed panel row
+ * is loaded once per k and multiplied with broadcast columns of x, so a layer with few output positions
+ * (late CNN layers: N = 4..50) streams its weights once instead of re-packing them per call as a
+ * general sgemm does. Tasks are fixed blocks of (panels, columns) chosen from the shape only, so the
+ * result does not depend on the thread count. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "pool.h"
+#include "rnn_module.h"
+#include "sgemm.h"
+
+static void (*g_task)(const sg_job *, int) = sg_task_portable; /* set per call under the GIL */
+
+static void sg_pool_task(void *ctx, int t) { g_task((const sg_job *)ctx, t); }
+
+static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+
+/* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi) */
+PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "sgemm_packed takes 7 positional arguments");
+        return NULL;
+    }
+    const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer bd, ba, bx, by, bb;
+    memset(&bb, 0, sizeof bb);
+    if (PyObject_GetBuffer(args[4], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *ret = NULL;
+    int have_a = 0, have_x = 0, have_y = 0;
+    if (bd.len < 5 * 8) {
+        PyErr_SetString(PyExc_ValueError, "sgemm_packed: dims needs 5 int64 values");
+        goto done;
+    }
+    const long long *d = (const long long *)bd.buf;
+    for (int i = 0; i < 5; i++)
+        if (d[i] < 1 || d[i] > (1LL << 31) - 1) {
+            PyErr_SetString(PyExc_ValueError, "sgemm_packed: bad G, M, K, N or B");
+            goto done;
+        }
+    int failed = 0;
+    sg_job j = {NULL, NULL, NULL, NULL, (long)d[0], (long)d[1], (long)d[2], (long)d[3], 0, 0, 0, 0, 0,
+                (float)lo, (float)hi, &failed};
+    const long B = (long)d[4];
+    j.P = ceil_div(j.M, SG_PANEL);
+    if (PyObject_GetBuffer(args[0], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_a = 1;
+    if (PyObject_GetBuffer(args[1], &bx, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_x = 1;
+    if (PyObject_GetBuffer(args[2], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    have_y = 1;
+    if (args[3] != Py_None && PyObject_GetBuffer(args[3], &bb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (ba.len < 4 * (Py_ssize_t)j.G * j.P * j.K * SG_PANEL || bx.len < 4 * (Py_ssize_t)B * j.G * j.K * j.N ||
+        by.len < 4 * (Py_ssize_t)B * j.G * j.M * j.N || (bb.obj && bb.len < 4 * (Py_ssize_t)j.G * j.M)) {
+        PyErr_SetString(PyExc_ValueError, "sgemm_packed: a buffer is smaller than its shape");
+        goto done;
+    }
+    j.a = (const float *)ba.buf;
+    j.x = (const float *)bx.buf;
+    j.y = (float *)by.buf;
+    j.bias = bb.obj ? (const float *)bb.buf : NULL;
+    /* Blocks from the shape only. Columns: a packed block of x of at most ~96 KiB (K * columns floats),
+     * a multiple of 12 (every level's micro tile divides it). Panels: split further until a task has
+     * about 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
+    long nch = 24576 / j.K / SG_NCHUNK_ALIGN * SG_NCHUNK_ALIGN;
+    if (nch < SG_NCHUNK_ALIGN) nch = SG_NCHUNK_ALIGN;
+    if (nch >= j.N) nch = ceil_div(j.N, SG_NCHUNK_ALIGN) * SG_NCHUNK_ALIGN;
+    j.nchunk = nch;
+    j.nnc = ceil_div(j.N, nch);
+    const double work = (double)j.M * (double)j.K * (double)j.N;
+    long want = (long)(work / (double)(1 << 20));
+    if (want > 64) want = 64;
+    long nmc = ceil_div(want > 1 ? want : 1, j.nnc);
+    const long pairs = ceil_div(j.P, 2);
+    if (nmc > pairs) nmc = pairs;
+    j.mchunk = 2 * ceil_div(pairs, nmc);
+    j.nmc = ceil_div(j.P, j.mchunk);
+    const long ntasks = B * j.G * j.nmc * j.nnc;
+    if (ntasks > (1L << 30)) {
+        PyErr_SetString(PyExc_ValueError, "sgemm_packed: too many tasks");
+        goto done;
+    }
+    const int level = ext_isa_level();
+    g_task = level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
+    Py_BEGIN_ALLOW_THREADS
+    if (ntasks > 1 && nb_pool_get_threads() > 1)
+        nb_pool_run(sg_pool_task, &j, (int)ntasks);
+    else
+        for (long t = 0; t < ntasks; t++) sg_pool_task(&j, (int)t);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    if (bb.obj) PyBuffer_Release(&bb);
+    if (have_y) PyBuffer_Release(&by);
+    if (have_x) PyBuffer_Release(&bx);
+    if (have_a) PyBuffer_Release(&ba);
+    PyBuffer_Release(&bd);
+    return ret;
+}

@@ -1,0 +1,33 @@
+/* Prepacked SGEMM for Conv (sgemm.c): y[b][g] = A[g] @ x[b][g] (+ bias, clipped), A prepacked once. */
+#ifndef ONNX_PREPARED_SGEMM_H
+#define ONNX_PREPARED_SGEMM_H
+
+#include <Python.h>
+
+/* The packed weight layout, the same at every dispatch level: A[g] ([M, K] row-major) as
+ * ceil(M/16) panels of 16 rows, each panel K-major ([K][16], rows past M zero). */
+enum { SG_PANEL = 16, SG_NCHUNK_ALIGN = 12 };
+
+typedef struct {
+    const float *a; /* [G][P][K][16] */
+    const float *x; /* [B][G][K][N] */
+    float *y;       /* [B][G][M][N] */
+    const float *bias; /* [G*M] or NULL */
+    long G, M, K, N, P;  /* P = ceil(M / 16) */
+    long mchunk, nchunk; /* panels (even) and columns (multiple of 12) per task */
+    long nmc, nnc;       /* tasks along the panels and along the columns, per (b, g) */
+    float lo, hi;        /* the epilogue's clip (-inf, +inf: none) */
+    int *failed;         /* set by a task that could not get its scratch */
+} sg_job;
+
+/* task t of a job (sgemm_isa.c, one build per ISA) */
+void sg_task_portable(const sg_job *j, int t);
+void sg_task_avx2(const sg_job *j, int t);
+void sg_task_avx512(const sg_job *j, int t);
+
+PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#define SGEMM_METHODS \
+    {"sgemm_packed", (PyCFunction)(void (*)(void))py_sgemm_packed, METH_FASTCALL, "Conv GEMM on prepacked weights"},
+
+#endif

@@ -1,0 +1,138 @@
+"""The prepacked SGEMM (sgemm.c) under Conv: the panel layout, every dispatch level against numpy, the
+same values for every thread count, the epilogue (bias, clip), and Conv models with constant weights
+(prepacked) against onnxruntime at every level, first run and later runs, over hypothesis' shapes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared.kernels import native
+from onnx_prepared.runtime import RuntimeSession
+from tests.helpers.dispatch import PATHS, use_path
+
+RNG = np.random.default_rng(13)
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    yield from use_path(request.param, monkeypatch)
+
+
+def test_pack_panels_layout_round_trips():
+    wm = RNG.standard_normal((2, 37, 11)).astype(np.float32)
+    packed = native.pack_panels(wm)
+    assert packed.shape == (2, 3, 11, 16) and packed.flags.c_contiguous
+    np.testing.assert_array_equal(packed[1, 2, 4, :5], wm[1, 32:, 4])
+    assert not packed[:, 2, :, 5:].any()  # rows past M are zero
+    np.testing.assert_array_equal(native.unpack_panels(packed, 37), wm)
+
+
+SHAPES = [(1, 64, 147, 300, 1), (1, 300, 200, 40, 2), (2, 8, 9, 70, 3), (1, 5, 7, 3, 1), (1, 512, 600, 8, 1),
+          (3, 33, 17, 25, 2), (1, 48, 1, 13, 1)]
+
+
+@pytest.mark.parametrize(("g", "m", "k", "n", "b"), SHAPES)
+def test_sgemm_packed_matches_numpy(path, g, m, k, n, b):
+    a = RNG.standard_normal((g, m, k)).astype(np.float32)
+    x = RNG.standard_normal((b, g, k, n)).astype(np.float32)
+    bias = RNG.standard_normal(g * m).astype(np.float32)
+    ref = np.matmul(a.astype(np.float64), x) + bias.reshape(g, m, 1)
+    y = native.sgemm_packed(native.pack_panels(a), m, x, bias)
+    assert y.shape == (b, g, m, n) and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(native.sgemm_packed(native.pack_panels(a), m, x, None, 0.0, 6.0),
+                               np.clip(ref - bias.reshape(g, m, 1), 0, 6), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+@pytest.mark.parametrize("level", native.supported_levels())
+def test_sgemm_packed_is_thread_count_independent(level):
+    a = RNG.standard_normal((1, 200, 900)).astype(np.float32)
+    x = RNG.standard_normal((2, 1, 900, 130)).astype(np.float32)
+    packed, before = native.pack_panels(a), native.get_num_threads()
+    try:
+        with native.forced_level(level):
+            outs = []
+            for t in (1, 2, 3):
+                native.set_num_threads(t)
+                outs.append(native.sgemm_packed(packed, 200, x))
+    finally:
+        native.set_num_threads(before)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+def test_sgemm_packed_rejects_short_buffers():
+    with pytest.raises(ValueError, match="smaller than its shape"):
+        native._ext.sgemm_packed(np.zeros(16, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32), None,
+                                 np.array([1, 2, 2, 2, 1], np.int64), 0.0, 1.0)
+
+
+def _conv_model(xs, ws, attrs, bias):
+    inits = [numpy_helper.from_array(RNG.standard_normal(ws).astype(np.float32), "W")]
+    ins = ["x", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(ws[0]).astype(np.float32), "B"))
+        ins.append("B")
+    node = helper.make_node("Conv", ins, ["y"], **attrs)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    return model
+
+
+def _check_model(model, xs, n_runs: int = 2):
+    import onnxruntime as ort
+
+    x = RNG.standard_normal(xs).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = ref.run(None, {"x": x})
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, os.path.join(d, "conv.onnx"))
+        _run_ours(os.path.join(d, "conv.onnx"), x, expected, n_runs)
+
+
+def _run_ours(path: str, x, expected, n_runs: int):
+    with RuntimeSession(path) as s:
+        assert any(c.startswith("prepacked:conv-w-p16") for c in s.resolved.kernel_choices)
+        for _ in range(n_runs):  # first (cold) run, then the prepared one
+            (y,) = s.run({"x": x})
+            np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs"), [
+    ((2, 512, 2, 2), (64, 512, 3, 3), {"pads": [1, 1, 1, 1]}),  # late ResNet layer: batch joins the columns
+    ((1, 3, 33, 31), (24, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ((1, 40, 7, 7), (120, 40, 1, 1), {}),  # pointwise
+    ((2, 8, 6, 6), (12, 4, 3, 3), {"group": 2, "strides": [2, 2], "dilations": [1, 2]}),
+    ((1, 6, 9), (6, 3, 3), {"group": 2, "pads": [1, 2]}),  # 1-D
+    ((1, 4, 5, 6, 7), (18, 4, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1]}),  # 3-D
+])
+def test_prepacked_conv_models_match_onnxruntime(path, xs, ws, attrs):
+    _check_model(_conv_model(xs, ws, attrs, bias=True), xs)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(nd=st.integers(1, 3), n=st.integers(1, 2), cg=st.integers(2, 5), g=st.integers(1, 3), mg=st.integers(1, 40),
+       k=st.integers(1, 3), s=st.integers(1, 2), d=st.integers(1, 2), p=st.integers(0, 2), extra=st.integers(0, 5),
+       bias=st.booleans(), level=st.sampled_from(native.supported_levels() or ("numpy",)))
+def test_prepacked_conv_hypothesis(nd, n, cg, g, mg, k, s, d, p, extra, bias, level):
+    size = d * (k - 1) + 1 + extra
+    xs, ws = (n, cg * g, *([size] * nd)), (mg * g, cg, *([k] * nd))
+    attrs = {"group": g, "strides": [s] * nd, "dilations": [d] * nd, "pads": [p] * nd + [max(0, p - 1)] * nd}
+    model = _conv_model(xs, ws, attrs, bias)
+    if level == "numpy":
+        _check_model(model, xs)
+    else:
+        with native.forced_level(level):
+            _check_model(model, xs)
