@@ -5,7 +5,9 @@ keyed by the source model's identity)::
 
     <root>.onnx               the companion index: a ModelProto with one UINT8 initializer per entry (cache_format)
     <root>.<16 hex>.data      payload files, one per generation written; payloads 4096-byte aligned
-    <root>.lock               flock-ed: shared while opening, exclusive while publishing
+    <root>.lock               flock-ed: shared while opening, exclusive while publishing (unless locking
+                              is off: ``locking=False``, ``$ONNX_PREPARED_CACHE_LOCKING=0``, or a filesystem
+                              whose flock fails; cache_io says what then holds)
     .<root>.<16 hex>.*.tmp    files of a write in progress (or of a writer that died)
 
 Opening reads only the companion index (never a payload byte) and opens each referenced data file once, so
@@ -155,13 +157,14 @@ class PreparedModelStore:
     """
 
     def __init__(self, path: str | os.PathLike, *, source_digest: str, policy: PreparedModelPolicy | str,
-                 kernel_abi: str = KERNEL_ABI) -> None:
+                 kernel_abi: str = KERNEL_ABI, locking: bool | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.folder = os.path.dirname(self.path)
         self.root = _root(self.path)
         self.source_digest = source_digest
         self.policy = PreparedModelPolicy(getattr(policy, "value", policy))
         self.kernel_abi = kernel_abi
+        self.locking = io.locking_from_env() if locking is None else bool(locking)  # False: no flock at all
         self.bytes_read = 0
         self.generation = 0
         self.invalid: dict[str, str] = {}  # entry name -> reason; such entries always miss
@@ -185,7 +188,7 @@ class PreparedModelStore:
 
     # ---- open ----
     def _load(self) -> None:
-        lock_fd = io.open_lock(self._lock_path, create=False)
+        lock_fd = self._open_lock(create=False)
         try:
             for _ in range(8):  # without a lock file, retry if a writer replaced the companion index meanwhile
                 with io.flocked(lock_fd, exclusive=False):
@@ -214,7 +217,7 @@ class PreparedModelStore:
         Other errors are left to the flush, which reports them as before."""
         try:
             os.makedirs(self.folder, exist_ok=True)
-            fd = io.open_lock(self._lock_path, create=True)
+            fd = self._open_lock(create=True)
         except OSError as e:
             if e.errno in _READ_ONLY_ERRNOS:
                 self._degrade(e)
@@ -225,6 +228,20 @@ class PreparedModelStore:
     @property
     def _lock_path(self) -> str:
         return os.path.join(self.folder, f"{self.root}.lock")
+
+    def _open_lock(self, *, create: bool) -> int | None:
+        """The lock file's fd, or None: no lock file yet (read side), or locking is off. The first lock
+        file that does not flock turns locking off for this store, with one CacheWarning."""
+        if not self.locking:
+            return None
+        fd = io.open_lock(self._lock_path, create=create)
+        if fd is not None and not io.flock_works(fd):
+            os.close(fd)
+            self.locking = False
+            warnings.warn(f"the folder of companion prepared model {self.path!r} does not support flock: continuing "
+                          f"without locks (atomic renames only; see docs/serving.md)", CacheWarning, stacklevel=4)
+            return None
+        return fd
 
     # ---- lookup ----
     def entries(self) -> dict[str, CacheEntry]:
@@ -460,19 +477,19 @@ class PreparedModelStore:
         writer's temporary data file is flock-ed (skipped). A companion index with structural problems is not
         garbage-collected (CacheError): its references cannot be trusted.
         """
-        return collect_garbage(self.path)
+        return collect_garbage(self.path, locking=self.locking)
 
     def _write_generation(self, queue: dict[str, tuple[PreparedKey, np.ndarray]],
                           digests: dict[str, tuple[str, str | None]]) -> None:
         os.makedirs(self.folder, exist_ok=True)
-        lock_fd = io.open_lock(self._lock_path, create=True)
+        lock_fd = self._open_lock(create=True)
         tmp = tmp_fd = None
         try:
             gen_id = io.new_id()
             new: dict[str, CacheEntry] = {}
             if queue:
                 with io.flocked(lock_fd, exclusive=False):  # a cleaner must not see it before it is flock-ed
-                    tmp, tmp_fd = io.create_temp_data(self.folder, self.root, gen_id)
+                    tmp, tmp_fd = io.create_temp_data(self.folder, self.root, gen_id, lock=self.locking)
                 names = list(queue)
                 ids = [identity_record(n, k.lineage_digest, k.layout, k.device) for n in names for k in [queue[n][0]]]
                 records = io.write_payloads(tmp_fd, [(queue[n][1], r) for n, r in zip(names, ids)])
@@ -491,13 +508,27 @@ class PreparedModelStore:
                     io.fsync_dir(self.folder)
                     io.checkpoint("data_published")
                 self._publish(new, digests)
+                # Without locks a concurrent publication may have replaced ours: merge again until the
+                # index holds our entries (bounded; an entry still lost is a miss, never a corrupt one).
+                for _ in range(0 if self.locking else _LOCKLESS_REPUBLISH):
+                    if self._published(new):
+                        break
+                    self._publish(new, digests)
         finally:
             if tmp_fd is not None:
                 os.close(tmp_fd)
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-            os.close(lock_fd)
+            if lock_fd is not None:
+                os.close(lock_fd)
+
+    def _published(self, new: dict[str, CacheEntry]) -> bool:
+        """Whether the index on disk holds an entry of the same lineage for each of ``new``."""
+        disk, _ = io.read_index(self.path)
+        if disk is None:
+            return not new
+        return all(n in disk.entries and disk.entries[n].lineage_digest == e.lineage_digest for n, e in new.items())
 
     def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> None:
         """Merge ``new`` into the companion index on disk and replace it. Caller holds the exclusive lock."""
@@ -526,7 +557,8 @@ class PreparedModelStore:
             io.close_all(fds)
             raise
         io.checkpoint("manifest_replaced")
-        io.cleanup(self.folder, self.root, {e.location for e in merged.values()})
+        io.cleanup(self.folder, self.root, {e.location for e in merged.values()},
+                   min_age=0.0 if self.locking else io.LOCKLESS_GRACE_S)
         with self._lock:
             for f, fd in fds.items():
                 if f in self._fds:
@@ -571,23 +603,37 @@ class PreparedModelStore:
 _READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
-def collect_garbage(path: str | os.PathLike) -> list[str]:
-    """``cache gc``: delete the companion's unreferenced data files and dead writers' temporary files."""
+#: Without locks, how many times a writer merges again when a concurrent publication dropped its entries.
+_LOCKLESS_REPUBLISH = 8
+
+
+def collect_garbage(path: str | os.PathLike, *, locking: bool | None = None) -> list[str]:
+    """``cache gc``: delete the companion's unreferenced data files and dead writers' temporary files.
+
+    Without locks (``locking=False``, ``$ONNX_PREPARED_CACHE_LOCKING=0``, or a filesystem whose flock
+    fails) only files older than ``cache_io.LOCKLESS_GRACE_S`` go: a younger one may be a live writer's.
+    """
     path = os.path.abspath(os.fspath(path))
     folder, root = os.path.dirname(path), _root(path)
-    try:
-        lock_fd = io.open_lock(os.path.join(folder, f"{root}.lock"), create=True)
-    except OSError as e:
-        raise CacheError(f"cannot lock companion prepared model {path!r} for gc: {e.strerror or e}") from None
+    lock_fd = None
+    if io.locking_from_env() if locking is None else locking:
+        try:
+            lock_fd = io.open_lock(os.path.join(folder, f"{root}.lock"), create=True)
+        except OSError as e:
+            raise CacheError(f"cannot lock companion prepared model {path!r} for gc: {e.strerror or e}") from None
+        if not io.flock_works(lock_fd):
+            os.close(lock_fd)
+            lock_fd = None
     try:
         with io.flocked(lock_fd, exclusive=True):
             m, _ = io.read_index(path)
             if m is not None:
                 _raise_problems(m)
             referenced = set() if m is None else {e.location for e in m.entries.values()}
-            return io.cleanup(folder, root, referenced)
+            return io.cleanup(folder, root, referenced, min_age=0.0 if lock_fd is not None else io.LOCKLESS_GRACE_S)
     finally:
-        os.close(lock_fd)
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 

@@ -12,8 +12,19 @@ the previous complete generation or the new complete generation visible"):
    cache's patterns), as are temporary files left by writers that died.
 
 A SIGKILL anywhere leaves the old index pointing at old, untouched data files, plus at worst an
-orphan file that step 3 of the next writer removes. ``checkpoint`` marks each step for the crash
-tests (tests/prepared/test_cache_processes.py); it does nothing otherwise.
+orphan file that step 3 of the next writer removes.
+
+Without locks (``ONNX_PREPARED_CACHE_LOCKING=0``, or automatically where ``flock`` fails with ENOLCK or
+EOPNOTSUPP, as on some network filesystems) correctness rests on what every such filesystem keeps:
+unique file names (random generation ids, ``O_EXCL``), data written and fsync-ed before it is renamed
+into place, and an atomic ``os.replace`` of the index, so a reader sees one complete generation or the
+next. What locking added is then weakened, never turned into corruption: two writers publishing at once
+may drop one's entries from the index (the writer re-reads after publishing and merges again, a bounded
+number of times; what is still lost is a miss for the next replica), and step 3 removes only files older
+than ``LOCKLESS_GRACE_S``, since a fresh unreferenced file may belong to a writer that has not published yet.
+
+``checkpoint`` marks each step for the crash tests (tests/prepared/test_cache_processes.py); it does
+nothing otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import errno
 import os
 import secrets
 import stat
+import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -50,6 +62,35 @@ _SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os,
 _CHUNK = 16 << 20
 #: A companion index holds metadata only (a few hundred bytes per entry): a larger file is not one.
 INDEX_LIMIT = 256 << 20
+
+
+#: Set to 0 / off / none / false to use the cache without flock (a network filesystem without locks).
+LOCKING_ENV = "ONNX_PREPARED_CACHE_LOCKING"
+#: Without locks, cleanup removes an unreferenced data file or temporary file only once it is this old.
+LOCKLESS_GRACE_S = 3600.0
+#: flock errors meaning "this filesystem does not lock", not "someone holds the lock".
+_NO_LOCKS = frozenset(getattr(errno, n) for n in ("ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS") if hasattr(errno, n))
+
+
+def locking_from_env() -> bool:
+    """False when ``$ONNX_PREPARED_CACHE_LOCKING`` disables locks; True otherwise (the default)."""
+    return os.environ.get(LOCKING_ENV, "1").strip().lower() not in ("0", "off", "none", "false", "no")
+
+
+def flock_works(fd: int) -> bool:
+    """Whether ``flock`` works on ``fd``'s filesystem (a probe: a non-blocking shared lock, released)."""
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in _NO_LOCKS:
+            return False
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True  # held exclusively by a writer right now: locks work
+        raise
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def checkpoint(stage: str) -> None:
@@ -109,11 +150,12 @@ def new_id() -> str:
     return secrets.token_hex(8)
 
 
-def create_temp_data(folder: str, root: str, gen_id: str) -> tuple[str, int]:
-    """Create and flock a new temporary data file; (path, fd). Call under the shared cache lock."""
+def create_temp_data(folder: str, root: str, gen_id: str, *, lock: bool = True) -> tuple[str, int]:
+    """Create and flock a new temporary data file; (path, fd). Call under the shared cache lock.
+    ``lock=False`` (no locks on this filesystem): not flock-ed; cleanup goes by its age instead."""
     path = os.path.join(folder, f".{root}.{gen_id}.data.tmp")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    if fcntl is not None:
+    if fcntl is not None and lock:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
     return path, fd
 
@@ -238,26 +280,34 @@ def checksum_range(fd: int, offset: int, length: int) -> tuple[str, int]:
 # ---- cleanup ---------------------------------------------------------------------------------------
 
 
-def cleanup(folder: str, root: str, referenced: set[str]) -> list[str]:
+def cleanup(folder: str, root: str, referenced: set[str], *, min_age: float = 0.0) -> list[str]:
     """Delete this cache's unreferenced data files and dead writers' temporary files; returns names removed.
 
     Call only under the exclusive cache lock: a live writer's temporary data file is flock-ed (skipped),
-    and temporary indexes exist only inside the lock, so any seen here belongs to a dead writer.
+    and temporary indexes exist only inside the lock, so any seen here belongs to a dead writer. Without
+    locks pass ``min_age`` (``LOCKLESS_GRACE_S``): only files unmodified for that long are removed.
     """
     own, temp, removed = data_file_pattern(root), temp_file_pattern(root), []
     try:
         names = os.listdir(folder)
     except OSError:
         return removed
+    now = time.time()
     for name in names:
         path = os.path.join(folder, name)
         if own.fullmatch(name) and name not in referenced:
             pass
         elif (m := temp.fullmatch(name)) is not None:
-            if m.group(1) == "data" and not _dead_writer(path):
+            if not min_age and m.group(1) == "data" and not _dead_writer(path):
                 continue
         else:
             continue
+        if min_age:
+            try:
+                if now - os.lstat(path).st_mtime < min_age:
+                    continue
+            except FileNotFoundError:
+                continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(name)
