@@ -176,3 +176,14 @@ def test_text_replica_streams_the_generators_tokens(llm, tmp_path):
             asyncio.run(pieces({"tokens": [999]}))
     finally:
         replica.close()
+
+
+def test_ray_loads_only_with_the_deployment():
+    import subprocess
+    import sys
+
+    code = ("import sys, onnx_prepared, onnx_prepared.serve\n"
+            "from onnx_prepared.serve import ModelReplica, TextReplica\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'starlette')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
