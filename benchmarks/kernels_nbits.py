@@ -41,18 +41,26 @@ def _model(B, scales, K, N, accuracy_level):
     return helper.make_model(graph, opset_imports=ops).SerializeToString()
 
 
-def _interleaved(fns: dict, repeat: int, rounds: int = 5) -> dict:
+#: seconds each batch waits before it starts, so that the previous batch's spinning threads are idle
+SETTLE_S = 0.05
+
+
+def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE_S) -> dict:
     """Median microseconds per function; functions alternate in rounds of ``repeat // rounds`` calls.
 
     ``fns`` maps a name to ``(setup, call)``; ``setup`` (e.g. a thread count) runs before each batch.
-    NOTE: batches, not call-by-call alternation: onnxruntime's worker threads spin after a call, and
-    alternating single calls would charge each side for the other's spinning threads.
+    NOTE: batches, not call-by-call alternation, and a pause of ``settle`` seconds before each batch:
+    onnxruntime's intra-op threads spin for about 10-30 ms after a run (measured here with
+    /proc/self/task/*/schedstat: 7-11 ms of CPU in the 10-20 ms after a 2-thread run), so a batch that
+    starts right after onnxruntime's would find the second core taken by onnxruntime's spinning thread
+    (our pool then runs the whole batch on one thread). Our pool's workers spin 50 us at most.
     """
     times: dict = {k: [] for k in fns}
     per = max(1, repeat // rounds)
     for _ in range(rounds):
         for k, (setup, f) in fns.items():
             setup()
+            time.sleep(settle)
             f()
             for _ in range(per):
                 t0 = time.perf_counter()
@@ -160,8 +168,11 @@ def run(repeat: int, shapes, rows) -> dict:
             res["cold"].append({"K": K, "N": N, "level": level, "us": us, "weight_gbps": gbps,
                                 "of_read_bandwidth": gbps / res["read_gbps"]})
     res["loadavg_end"] = _loadavg()
-    stalls = getattr(getattr(native, "_ext", None), "pool_stalls", None)
-    res["pool_stalls"] = stalls() if stalls is not None else None
+    stats = getattr(getattr(native, "_ext", None), "pool_stats", None)
+    if stats is not None:
+        jobs, declined, joined, wtasks, tasks = stats()
+        res["pool"] = {"jobs": jobs, "declined": declined, "worker_joins": joined, "worker_tasks": wtasks,
+                       "tasks": tasks}
     return res
 
 
@@ -186,9 +197,11 @@ def print_table(res: dict) -> None:
               f"{c['of_read_bandwidth']:.0%} of the read bandwidth")
     pre = {(r["K"], r["N"]): r["prepack_source_gbps"] for r in res["rows"]}
     print("prepack: " + ", ".join(f"{k}x{n} {g:.2f} GB/s" for (k, n), g in pre.items()))
-    if res.get("pool_stalls") is not None:
-        print(f"pool: {res['pool_stalls']} jobs declined by a worker woken on the caller's CPU (no idle CPU at the "
-              f"time: those calls ran on one thread)")
+    if res.get("pool") is not None:
+        p = res["pool"]
+        print(f"pool: {p['jobs']} pooled jobs, {p['declined']} declined by a worker woken on the caller's CPU (no idle "
+              f"CPU at the time: those ran on one thread), workers joined {p['worker_joins']} and ran "
+              f"{p['worker_tasks']} of {p['tasks']} tasks")
 
 
 def main(argv: list[str] | None = None) -> int:

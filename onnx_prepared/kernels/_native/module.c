@@ -337,6 +337,15 @@ static PyObject *py_set_spin_us(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_pool_stats(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    long long v[5];
+    nb_pool_stats(v);
+    return Py_BuildValue("(LLLLL)", v[0], v[1], v[2], v[3], v[4]);
+}
+
 static PyObject *py_pool_stalls(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -355,6 +364,7 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
     {"pool_stalls", py_pool_stalls, METH_NOARGS, "jobs a worker declined (woken on the caller's CPU)"},
+    {"pool_stats", py_pool_stats, METH_NOARGS, "(pooled jobs, declined, worker joins, worker tasks, tasks)"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     CONV_GEMM_METHODS

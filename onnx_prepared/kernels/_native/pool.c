@@ -38,6 +38,7 @@ static struct {
     int caller_waits;  /* the caller sleeps on cv_done (under mu) */
     int caller_cpu;    /* the caller's CPU when it published the job (under mu) */
     atomic_llong stalls; /* jobs a worker declined because it woke on the caller's CPU (diagnostics) */
+    atomic_llong jobs, joined, wtasks, ttasks; /* diagnostics: pooled jobs, worker joins, tasks run by workers, all tasks */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
 
 /* NOTE: a worker woken while every other CPU is busy (another process, another library's spinning
@@ -67,11 +68,11 @@ int nb_pool_default_threads(void)
 }
 
 /* take and run tasks of the current job until none is left */
-static void run_tasks(nb_task_fn fn, void *ctx, int ntasks)
+static int run_tasks(nb_task_fn fn, void *ctx, int ntasks)
 {
-    for (;;) {
+    for (int n = 0;; n++) {
         int t = atomic_fetch_add_explicit(&P.next, 1, memory_order_relaxed);
-        if (t >= ntasks) return;
+        if (t >= ntasks) return n;
         fn(ctx, t);
         if (atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel) + 1 == ntasks) {
             pthread_mutex_lock(&P.mu);
@@ -113,8 +114,10 @@ static void *worker(void *arg)
         declined = sched_getcpu() == caller_cpu;
         if (declined)
             atomic_fetch_add_explicit(&P.stalls, 1, memory_order_relaxed);
-        else
-            run_tasks(fn, ctx, ntasks);
+        else {
+            atomic_fetch_add_explicit(&P.joined, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&P.wtasks, run_tasks(fn, ctx, ntasks), memory_order_relaxed);
+        }
         pthread_mutex_lock(&P.mu);
         if (--P.inflight == 0) pthread_cond_broadcast(&P.cv_done);
         pthread_mutex_unlock(&P.mu);
@@ -172,6 +175,8 @@ void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
     atomic_store(&P.next, 0);
     atomic_store(&P.done, 0);
     P.caller_cpu = sched_getcpu();
+    atomic_fetch_add_explicit(&P.jobs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&P.ttasks, ntasks, memory_order_relaxed);
     atomic_fetch_add_explicit(&P.gen, 1, memory_order_release);
     pthread_cond_broadcast(&P.cv_work);
     pthread_mutex_unlock(&P.mu);
@@ -200,6 +205,15 @@ void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
 long long nb_pool_stalls(void)
 {
     return atomic_load(&P.stalls);
+}
+
+void nb_pool_stats(long long out[5])
+{
+    out[0] = atomic_load(&P.jobs);
+    out[1] = atomic_load(&P.stalls);
+    out[2] = atomic_load(&P.joined);
+    out[3] = atomic_load(&P.wtasks);
+    out[4] = atomic_load(&P.ttasks);
 }
 
 static void acquire_idle_pool(void)
