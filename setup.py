@@ -13,7 +13,8 @@ SRC = "onnx_prepared/kernels/_native"
 SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c",
            "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "rnn_avx512.c", "conv_gemm.c",
            "depthwise.c", "depthwise_isa.c", "nms.c",
-           "act.c", "sgemm.c", "sgemm_isa.c"]
+           "act.c", "sgemm.c", "sgemm_isa.c",
+           "attention.c", "attention_isa.c"]
 
 
 class OptionalBuildExt(build_ext):
@@ -46,7 +47,8 @@ def _extensions() -> list[Extension]:
         depends=[f"{SRC}/{h}" for h in ("nbits.h", "nbits_prep.h", "nbits_avx2.inc", "pool.h",
                                         "rnn.h", "rnn_module.h", "rnn_step.inc", "conv_gemm.h",
                                         "depthwise.h", "depthwise.inc", "nms.h",
-                                        "act.h", "sgemm.h", "sgemm_task.inc")],
+                                        "act.h", "sgemm.h", "sgemm_task.inc",
+                                        "attention.h", "attention.inc")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

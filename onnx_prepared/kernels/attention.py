@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 from onnx_prepared.kernels.rotary import apply_rotary
 
@@ -103,6 +104,17 @@ def group_query_attention(
         if k.shape != (b, s, kv_num_heads * h) or v.shape != k.shape:
             raise _fail(f"key/value must be [batch, {s}, {kv_num_heads * h}], got {list(k.shape)} {list(v.shape)}")
     dtype = query.dtype
+    if (native._ext is not None and dtype == np.float32 and attention_bias is None and qk_output not in (1, 2)
+            and (key is None or (key.dtype == np.float32 and value.dtype == np.float32))
+            and (past_key is None or (past_key.dtype == np.float32 and past_value is not None
+                                      and past_value.dtype == np.float32 and past_value.shape == past_key.shape))
+            and (not do_rotary or (cos_cache is not None and sin_cache is not None and cos_cache.ndim == 2
+                                   and cos_cache.dtype == np.float32 and sin_cache.dtype == np.float32
+                                   and sin_cache.shape == cos_cache.shape))
+            and (head_sink is None or (head_sink.dtype == np.float32 and head_sink.size == num_heads))):
+        return _native_gqa(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+                           sin_cache, position_ids, head_sink, b, s, h, num_heads, kv_num_heads, scale, softcap,
+                           do_rotary, rotary_interleaved, local_window_size, smooth_softmax, causal)
     total = int(np.asarray(total_sequence_length).reshape(-1)[0])
     # Per-entry lengths as Python ints: a decode step's checks then cost no numpy calls.
     seqlens = [int(x) for x in np.asarray(seqlens_k).reshape(-1).tolist()]
@@ -182,6 +194,56 @@ def group_query_attention(
 
 
 _CHUNK = 64  # query rows per causal chunk of a prompt
+
+
+def _native_gqa(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+                position_ids, head_sink, b, s, h, num_heads, kv_num_heads, scale, softcap, do_rotary, interleaved,
+                window, smooth, causal):
+    """The float32 call through the extension (``_native/attention.c``): same semantics as the numpy code
+    below, which keeps attention_bias, qk_output and other dtypes. The C entry checks every length and
+    position against the buffers."""
+    c = np.ascontiguousarray
+    total = int(total_sequence_length.item(0)) if isinstance(total_sequence_length, np.ndarray) \
+        else int(np.asarray(total_sequence_length).reshape(-1)[0])
+    l_past = 0 if past_key is None else past_key.shape[2]
+    if past_key is not None and (past_key.ndim != 4 or past_key.shape[0] != b or past_key.shape[1] != kv_num_heads
+                                 or past_key.shape[3] != h):
+        raise _fail(f"past_key must be [{b}, {kv_num_heads}, L, {h}], got {list(past_key.shape)}")
+    seqlens = seqlens_k if seqlens_k.dtype == np.int32 else seqlens_k.astype(np.int32)
+    if seqlens.size != b:
+        raise _fail(f"seqlens_k has {seqlens.size} entries for batch {b}")
+    present_len = max(l_past, total)
+    half = rows = pos0 = 0
+    pos = None
+    mode = 0
+    if do_rotary:
+        rows, half = cos_cache.shape
+        if 2 * half > h:
+            raise _fail(f"rotary cache width {half} exceeds half the head size {h}")
+        if position_ids is not None:
+            if s == total:  # onnxruntime reads only the first element for the first prompt
+                mode, pos0 = 1, int(np.asarray(position_ids).reshape(-1)[0])
+            else:
+                pos = c(np.asarray(position_ids), dtype=np.int64)
+                if pos.size != b * s:
+                    raise _fail(f"position_ids has {pos.size} entries, expected {b * s}")
+                mode = 2
+    if head_sink is None and smooth > 0:
+        head_sink = np.zeros(num_heads, np.float32)
+    present_k = np.empty((b, kv_num_heads, present_len, h), np.float32)
+    present_v = np.empty((b, kv_num_heads, present_len, h), np.float32)
+    out = np.empty((b, s, num_heads * h), np.float32)
+    try:
+        native._ext.gqa(c(query), None if key is None else c(key), None if key is None else c(value),
+                        None if past_key is None else c(past_key), None if past_key is None else c(past_value),
+                        c(seqlens), c(cos_cache) if do_rotary else None, c(sin_cache) if do_rotary else None, pos,
+                        None if head_sink is None else c(head_sink), present_k, present_v, out,
+                        b, s, num_heads, kv_num_heads, h, l_past, present_len, total, int(bool(causal)),
+                        int(window), int(bool(interleaved)), half, rows, mode, pos0,
+                        float(scale if scale else 1.0 / np.sqrt(h)), float(softcap))
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    return out, present_k, present_v
 
 
 def _bias(attention_bias: np.ndarray, i: int, s: int, total: int, t: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """GroupQueryAttention against onnxruntime: prompt and decode, batch > 1, GQA head sharing, packed QKV,
-rotary, local window, softcap, smooth softmax / head sink, attention bias, qk output."""
+rotary, local window, softcap, smooth softmax / head sink, attention bias, qk output; every test runs on
+the numpy path and at every native dispatch level (attention bias and qk output stay on numpy)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from onnx import TensorProto, helper
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels.attention import group_query_attention
+from tests.helpers.dispatch import PATHS, use_path
 
 ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def path(request, monkeypatch):
+    yield from use_path(request.param, monkeypatch)
 
 _INPUTS = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
            "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink"]

@@ -15,6 +15,7 @@
 #include "sgemm.h"
 #include "act.h"
 #include "nms.h"
+#include "attention.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -373,6 +374,7 @@ static PyMethodDef methods[] = {
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
     NMS_METHODS
+    ATTENTION_METHODS
     {NULL, NULL, 0, NULL},
 };
 
