@@ -20,6 +20,24 @@ FALLBACK_CALLS: collections.Counter[str] = collections.Counter()
 SubgraphFactory = Callable[[onnx.GraphProto, "FallbackEnv"], Any]
 
 
+def references_attributes(graph: onnx.GraphProto) -> bool:
+    """Whether a node of ``graph`` (recursively) takes an attribute by reference (``ref_attr_name``: a
+    function body's), which only the reference evaluator resolves (per call)."""
+    for node in graph.node:
+        for a in node.attribute:
+            if a.ref_attr_name:
+                return True
+            if any(references_attributes(g) for g in _graphs_of(a)):
+                return True
+    return False
+
+
+def _graphs_of(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if a.type == onnx.AttributeProto.GRAPH:
+        return [a.g]
+    return list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+
+
 def _reference():
     from onnx_prepared.bind import reference
 
@@ -44,6 +62,11 @@ class FallbackEnv:
         self._function_protos = dict(functions)
         self._functions: dict[tuple[str, str], Any] | None = None
         self._run_params: dict[str, Any] | None = None
+
+    @property
+    def subgraph_factory(self) -> SubgraphFactory | None:
+        """What builds a plain subgraph's evaluator (None: bodies run on the reference evaluator)."""
+        return self._subgraph
 
     @property
     def functions(self) -> dict[tuple[str, str], Any]:
@@ -79,7 +102,7 @@ class FallbackEnv:
         the reference evaluator, which resolves attribute references per call.
         """
         ref = _reference()
-        if self._subgraph is not None and isinstance(proto, onnx.GraphProto) and not ref.references_attributes(proto):
+        if self._subgraph is not None and isinstance(proto, onnx.GraphProto) and not references_attributes(proto):
             return self._subgraph(proto, self)
         return ref.Evaluator(proto, opsets=opsets, functions=functions, verbose=verbose, new_ops=new_ops, **kw)
 

@@ -179,7 +179,7 @@ class SubgraphEvaluator:
 
     def __init__(self, graph: onnx.GraphProto, env: FallbackEnv):
         self.graph = graph
-        outer = sorted(subgraph_outer_names(graph))
+        self.outer_names = outer = tuple(sorted(subgraph_outer_names(graph)))
         self._plan = plan = build_execution_plan(graph, env.opsets, env.function_protos, outer_names=outer, env=env)
         self.input_names = [i.name for i in graph.input]
         self.output_names = [o.name for o in graph.output]
@@ -193,6 +193,31 @@ class SubgraphEvaluator:
             full = np.zeros(int(np.prod(sp.dims)), dtype=dense.dtype)
             full[np.ravel_multi_index(indices.T, tuple(sp.dims)) if indices.ndim == 2 else indices] = dense
             self._constants[plan.constant_slots[sp.values.name]] = full.reshape(tuple(sp.dims))
+
+    def runner(self, outer: Sequence[str]) -> Callable[[Sequence, Sequence], list]:
+        """``run(inputs, outer_values) -> outputs`` by position: ``inputs`` in graph-input order,
+        ``outer_values`` in ``outer`` order (a superset of the names this body reads). The native
+        control-flow kernels call it once per iteration: no names, no dicts."""
+        plan = self._plan
+        slot_of = {n: i for i, n in enumerate(plan.slot_names)}
+        mine = set(self.outer_names)
+        outer_pairs = tuple((j, slot_of[n]) for j, n in enumerate(outer) if n in mine)
+        in_pairs = tuple((j, slot_of[n]) for j, n in enumerate(self.input_names) if n)
+        out_slots = plan.output_slots
+        constants = self._constants
+        replay = plan.replay
+
+        def run(inputs: Sequence, outer_values: Sequence) -> list:
+            checkpoint()  # once per body evaluation: a Loop with a huge trip count honours cancel()
+            values = list(constants)
+            for j, s in outer_pairs:
+                values[s] = outer_values[j]
+            for j, s in in_pairs:
+                values[s] = inputs[j]
+            replay(values)
+            return [values[s] for s in out_slots]
+
+        return run
 
     def run(self, output_names, feeds: Mapping, attributes=None, **_kwargs) -> list:
         checkpoint()  # once per body evaluation: a Loop/Scan with a huge trip count honours cancel()

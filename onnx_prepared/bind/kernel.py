@@ -3,8 +3,9 @@
 The choice is made once, at resolution (:func:`onnx_prepared.resolve.resolve_model` stores a
 :class:`BoundKernel` per node in the frozen ``ResolvedModel``); the plan, the runtime and ``inspect``
 read that binding. Nodes whose subgraphs read outer-scope values (If, Loop, Scan) list those names as
-``implicit_inputs``; the executor passes them after the explicit inputs, and the fallback hands them
-to the subgraph's own plan.
+``implicit_inputs``; the executor passes them after the explicit inputs. If and Loop run natively
+(:mod:`~onnx_prepared.bind.control_flow`); other subgraph ops' fallback hands them to the subgraph's
+own plan.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.attributes import parse_attributes
+from onnx_prepared.bind.control_flow import bind_control_flow
 from onnx_prepared.bind.fallback_env import FallbackEnv, bind_fallback
 from onnx_prepared.bind.scopes import implicit_inputs_of
 from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
@@ -65,6 +67,10 @@ def bind_kernel(
                 attrs["n_outputs"] = len(node.output)
             call = functools.partial(spec.fn, **attrs) if attrs else spec.fn
             return BoundKernel(call, spec.name, False)
+    if spec is None:
+        call = bind_control_flow(node, env, implicit)  # If/Loop: bodies on their own ExecutionPlans
+        if call is not None:
+            return BoundKernel(call, f"control:{domain or 'ai.onnx'}::{node.op_type}-{opset}", False, implicit)
     try:
         call = bind_fallback(node, opsets, functions, implicit, env)
     except (ModelLoadError, UnsupportedOpError):

@@ -80,18 +80,6 @@ def load_op_class(env: FallbackEnv, node: onnx.NodeProto, input_types: Sequence[
     return load_op(domain, op_type, version)
 
 
-def references_attributes(graph: onnx.GraphProto) -> bool:
-    for node in graph.node:
-        for a in node.attribute:
-            if a.ref_attr_name:
-                return True
-            if a.type == onnx.AttributeProto.GRAPH and references_attributes(a.g):
-                return True
-            if a.type == onnx.AttributeProto.GRAPHS and any(references_attributes(g) for g in a.graphs):
-                return True
-    return False
-
-
 def function_evaluators(protos: Mapping[tuple[str, str], onnx.FunctionProto]) -> dict:
     """Reference evaluators of model-local functions, built callee-first (any declaration order)."""
     done: dict[tuple[str, str], ReferenceEvaluator] = {}

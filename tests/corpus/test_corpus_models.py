@@ -75,7 +75,7 @@ def test_corpus_covers_the_issue(corpus):
 
 
 # model -> ops that still run on the onnx.reference fallback (every other op has a kernel of ours)
-ON_FALLBACK: dict[str, set[str]] = {"loop_if": {"If", "Loop"}}
+ON_FALLBACK: dict[str, set[str]] = {}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
