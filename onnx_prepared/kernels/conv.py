@@ -67,11 +67,12 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
         return y if y.dtype == dtype else y.astype(dtype)
     # NOTE: a batch of small planes joins the GEMM's columns ([g, K, N*P], one pass over the weights
     # instead of N): late ResNet layers have P = 4..16 columns per image and weights of megabytes.
+    pointwise = all(k == 1 for k in kshape) and all(s == 1 for s in strides) and not any(begins) and not any(ends)
     merge = n > 1 and p < 256 and cg > 1
     # the packed GEMM adds a float32 [M] bias in its epilogue
     fuse = panel_rows is not None and b is not None and b.shape == (m,) and b.dtype == np.float32
     gemm = functools.partial(_gemm_packed, panel_rows, b if fuse else None) if panel_rows is not None else _gemm
-    if all(k == 1 for k in kshape) and all(s == 1 for s in strides) and not any(begins) and not any(ends):
+    if pointwise:
         cols = xw.reshape(n, g, cg, p)
         y = gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else gemm(wm, cols)
     elif cg == 1:

@@ -22,6 +22,41 @@ static void sg_pool_task(void *ctx, int t) { g_task((const sg_job *)ctx, t); }
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
 
+/* Blocks from the shape only, then the tasks (without the GIL); -1 with an exception set.
+ * Columns: a block of x of at most ~96 KiB (K * columns floats, re-read from L2 by every panel pair),
+ * a multiple of 12 (every level's micro tile divides it). Panels: split further until a task has about
+ * 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
+static int sg_run(sg_job *j, long B)
+{
+    long nch = 24576 / j->K / SG_NCHUNK_ALIGN * SG_NCHUNK_ALIGN;
+    if (nch < SG_NCHUNK_ALIGN) nch = SG_NCHUNK_ALIGN;
+    if (nch >= j->N) nch = ceil_div(j->N, SG_NCHUNK_ALIGN) * SG_NCHUNK_ALIGN;
+    j->nchunk = nch;
+    j->nnc = ceil_div(j->N, nch);
+    const double work = (double)j->M * (double)j->K * (double)j->N;
+    long want = (long)(work / (double)(1 << 20));
+    if (want > 64) want = 64;
+    long nmc = ceil_div(want > 1 ? want : 1, j->nnc);
+    const long pairs = ceil_div(j->P, 2);
+    if (nmc > pairs) nmc = pairs;
+    j->mchunk = 2 * ceil_div(pairs, nmc);
+    j->nmc = ceil_div(j->P, j->mchunk);
+    const long ntasks = B * j->G * j->nmc * j->nnc;
+    if (ntasks > (1L << 30)) {
+        PyErr_SetString(PyExc_ValueError, "sgemm: too many tasks");
+        return -1;
+    }
+    const int level = ext_isa_level();
+    g_task = level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
+    Py_BEGIN_ALLOW_THREADS
+    if (ntasks > 1 && nb_pool_get_threads() > 1)
+        nb_pool_run(sg_pool_task, j, (int)ntasks);
+    else
+        for (long t = 0; t < ntasks; t++) sg_pool_task(j, (int)t);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
 /* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi) */
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -47,9 +82,14 @@ PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyErr_SetString(PyExc_ValueError, "sgemm_packed: bad G, M, K, N or B");
             goto done;
         }
-    int failed = 0;
-    sg_job j = {NULL, NULL, NULL, NULL, (long)d[0], (long)d[1], (long)d[2], (long)d[3], 0, 0, 0, 0, 0,
-                (float)lo, (float)hi, &failed};
+    sg_job j;
+    memset(&j, 0, sizeof j);
+    j.G = (long)d[0];
+    j.M = (long)d[1];
+    j.K = (long)d[2];
+    j.N = (long)d[3];
+    j.lo = (float)lo;
+    j.hi = (float)hi;
     const long B = (long)d[4];
     j.P = ceil_div(j.M, SG_PANEL);
     if (PyObject_GetBuffer(args[0], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;
@@ -68,39 +108,7 @@ PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t narg
     j.x = (const float *)bx.buf;
     j.y = (float *)by.buf;
     j.bias = bb.obj ? (const float *)bb.buf : NULL;
-    /* Blocks from the shape only. Columns: a packed block of x of at most ~96 KiB (K * columns floats),
-     * a multiple of 12 (every level's micro tile divides it). Panels: split further until a task has
-     * about 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
-    long nch = 24576 / j.K / SG_NCHUNK_ALIGN * SG_NCHUNK_ALIGN;
-    if (nch < SG_NCHUNK_ALIGN) nch = SG_NCHUNK_ALIGN;
-    if (nch >= j.N) nch = ceil_div(j.N, SG_NCHUNK_ALIGN) * SG_NCHUNK_ALIGN;
-    j.nchunk = nch;
-    j.nnc = ceil_div(j.N, nch);
-    const double work = (double)j.M * (double)j.K * (double)j.N;
-    long want = (long)(work / (double)(1 << 20));
-    if (want > 64) want = 64;
-    long nmc = ceil_div(want > 1 ? want : 1, j.nnc);
-    const long pairs = ceil_div(j.P, 2);
-    if (nmc > pairs) nmc = pairs;
-    j.mchunk = 2 * ceil_div(pairs, nmc);
-    j.nmc = ceil_div(j.P, j.mchunk);
-    const long ntasks = B * j.G * j.nmc * j.nnc;
-    if (ntasks > (1L << 30)) {
-        PyErr_SetString(PyExc_ValueError, "sgemm_packed: too many tasks");
-        goto done;
-    }
-    const int level = ext_isa_level();
-    g_task = level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
-    Py_BEGIN_ALLOW_THREADS
-    if (ntasks > 1 && nb_pool_get_threads() > 1)
-        nb_pool_run(sg_pool_task, &j, (int)ntasks);
-    else
-        for (long t = 0; t < ntasks; t++) sg_pool_task(&j, (int)t);
-    Py_END_ALLOW_THREADS
-    if (failed) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (sg_run(&j, B) < 0) goto done;
     ret = Py_None;
     Py_INCREF(ret);
 done:
@@ -111,3 +119,4 @@ done:
     PyBuffer_Release(&bd);
     return ret;
 }
+

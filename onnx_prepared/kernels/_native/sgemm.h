@@ -17,7 +17,6 @@ typedef struct {
     long mchunk, nchunk; /* panels (even) and columns (multiple of 12) per task */
     long nmc, nnc;       /* tasks along the panels and along the columns, per (b, g) */
     float lo, hi;        /* the epilogue's clip (-inf, +inf: none) */
-    int *failed;         /* set by a task that could not get its scratch */
 } sg_job;
 
 /* task t of a job (sgemm_isa.c, one build per ISA) */

@@ -11,14 +11,14 @@
 #define SG_NR 4
 #define SG_TWO 0
 #define SG_ENTRY sg_task_portable
-AI void sg_micro_p(const float *a0, const float *b, long K, float *t)
+AI void sg_micro_p(const float *a0, const float *b, long ldb, long K, int nr, float *t)
 {
     float c[SG_NR][16];
     for (int jj = 0; jj < SG_NR; jj++)
         for (int i = 0; i < 16; i++) c[jj][i] = 0.0f;
     for (long k = 0; k < K; k++) {
-        const float *ak = a0 + k * 16, *bk = b + k * SG_NR;
-        for (int jj = 0; jj < SG_NR; jj++) {
+        const float *ak = a0 + k * 16, *bk = b + k * ldb;
+        for (int jj = 0; jj < nr; jj++) {
             const float bv = bk[jj];
             for (int i = 0; i < 16; i++) c[jj][i] += ak[i] * bv;
         }
@@ -27,19 +27,12 @@ AI void sg_micro_p(const float *a0, const float *b, long K, float *t)
         for (int i = 0; i < 16; i++) t[jj * 32 + i] = c[jj][i];
 }
 #define sg_micro sg_micro_portable
-static void sg_micro(const float *a0, const float *a1, const float *b, long K, int nr, float *t)
+static void sg_micro(const float *a0, const float *a1, const float *b, long ldb, long K, int nr, float *t)
 {
     (void)a1;
-    (void)nr;
-    sg_micro_p(a0, b, K, t);
+    sg_micro_p(a0, b, ldb, K, nr, t);
 }
-#define sg_scratch sg_scratch_portable
-#define sg_buf sg_buf_portable
-#define sg_cap sg_cap_portable
 #include "sgemm_task.inc"
-#undef sg_scratch
-#undef sg_buf
-#undef sg_cap
 #undef sg_micro
 #undef SG_NR
 #undef SG_TWO
@@ -54,13 +47,13 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long K, i
 #define SG_NR 6
 #define SG_TWO 0
 #define SG_ENTRY sg_task_avx2
-AI void sg_micro2(const float *a0, const float *b, long K, float *t, const int NRC)
+AI void sg_micro2(const float *a0, const float *b, long ldb, long K, float *t, const int NRC)
 {
     __m256 c0[SG_NR], c1[SG_NR];
     for (int jj = 0; jj < NRC; jj++) c0[jj] = c1[jj] = _mm256_setzero_ps();
     for (long k = 0; k < K; k++) {
         const __m256 x0 = _mm256_loadu_ps(a0 + k * 16), x1 = _mm256_loadu_ps(a0 + k * 16 + 8);
-        const float *bk = b + k * SG_NR;
+        const float *bk = b + k * ldb;
         for (int jj = 0; jj < NRC; jj++) {
             const __m256 bv = _mm256_broadcast_ss(bk + jj);
             c0[jj] = _mm256_fmadd_ps(x0, bv, c0[jj]);
@@ -73,25 +66,19 @@ AI void sg_micro2(const float *a0, const float *b, long K, float *t, const int N
     }
 }
 #define sg_micro sg_micro_avx2
-static void sg_micro(const float *a0, const float *a1, const float *b, long K, int nr, float *t)
+static void sg_micro(const float *a0, const float *a1, const float *b, long ldb, long K, int nr, float *t)
 {
     (void)a1;
     switch (nr) {
-    case 1: sg_micro2(a0, b, K, t, 1); break;
-    case 2: sg_micro2(a0, b, K, t, 2); break;
-    case 3: sg_micro2(a0, b, K, t, 3); break;
-    case 4: sg_micro2(a0, b, K, t, 4); break;
-    case 5: sg_micro2(a0, b, K, t, 5); break;
-    default: sg_micro2(a0, b, K, t, 6); break;
+    case 1: sg_micro2(a0, b, ldb, K, t, 1); break;
+    case 2: sg_micro2(a0, b, ldb, K, t, 2); break;
+    case 3: sg_micro2(a0, b, ldb, K, t, 3); break;
+    case 4: sg_micro2(a0, b, ldb, K, t, 4); break;
+    case 5: sg_micro2(a0, b, ldb, K, t, 5); break;
+    default: sg_micro2(a0, b, ldb, K, t, 6); break;
     }
 }
-#define sg_scratch sg_scratch_avx2
-#define sg_buf sg_buf_avx2
-#define sg_cap sg_cap_avx2
 #include "sgemm_task.inc"
-#undef sg_scratch
-#undef sg_buf
-#undef sg_cap
 #undef sg_micro
 #undef SG_NR
 #undef SG_TWO
@@ -104,13 +91,13 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long K, i
 #define SG_NR 12
 #define SG_TWO 1
 #define SG_ENTRY sg_task_avx512
-AI void sg_micro5(const float *a0, const float *a1, const float *b, long K, float *t, const int NRC)
+AI void sg_micro5(const float *a0, const float *a1, const float *b, long ldb, long K, float *t, const int NRC)
 {
     __m512 c0[SG_NR], c1[SG_NR];
     for (int jj = 0; jj < NRC; jj++) c0[jj] = c1[jj] = _mm512_setzero_ps();
     for (long k = 0; k < K; k++) {
         const __m512 x0 = _mm512_loadu_ps(a0 + k * 16), x1 = _mm512_loadu_ps(a1 + k * 16);
-        const float *bk = b + k * SG_NR;
+        const float *bk = b + k * ldb;
         for (int jj = 0; jj < NRC; jj++) {
             const __m512 bv = _mm512_set1_ps(bk[jj]);
             c0[jj] = _mm512_fmadd_ps(x0, bv, c0[jj]);
@@ -122,13 +109,13 @@ AI void sg_micro5(const float *a0, const float *a1, const float *b, long K, floa
         _mm512_storeu_ps(t + jj * 32 + 16, c1[jj]);
     }
 }
-AI void sg_micro5h(const float *a0, const float *b, long K, float *t, const int NRC)
+AI void sg_micro5h(const float *a0, const float *b, long ldb, long K, float *t, const int NRC)
 {
     __m512 c0[SG_NR];
     for (int jj = 0; jj < NRC; jj++) c0[jj] = _mm512_setzero_ps();
     for (long k = 0; k < K; k++) {
         const __m512 x0 = _mm512_loadu_ps(a0 + k * 16);
-        const float *bk = b + k * SG_NR;
+        const float *bk = b + k * ldb;
         for (int jj = 0; jj < NRC; jj++) c0[jj] = _mm512_fmadd_ps(x0, _mm512_set1_ps(bk[jj]), c0[jj]);
     }
     for (int jj = 0; jj < NRC; jj++) _mm512_storeu_ps(t + jj * 32, c0[jj]);
@@ -136,12 +123,12 @@ AI void sg_micro5h(const float *a0, const float *b, long K, float *t, const int 
 #define SG_CASE(n) \
     case n: \
         if (a1) \
-            sg_micro5(a0, a1, b, K, t, n); \
+            sg_micro5(a0, a1, b, ldb, K, t, n); \
         else \
-            sg_micro5h(a0, b, K, t, n); \
+            sg_micro5h(a0, b, ldb, K, t, n); \
         break;
 #define sg_micro sg_micro_avx512
-static void sg_micro(const float *a0, const float *a1, const float *b, long K, int nr, float *t)
+static void sg_micro(const float *a0, const float *a1, const float *b, long ldb, long K, int nr, float *t)
 {
     switch (nr) {
         SG_CASE(1)
@@ -159,9 +146,6 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long K, i
         SG_CASE(12)
     }
 }
-#define sg_scratch sg_scratch_avx512
-#define sg_buf sg_buf_avx512
-#define sg_cap sg_cap_avx512
 #include "sgemm_task.inc"
 #pragma GCC pop_options
 #else
