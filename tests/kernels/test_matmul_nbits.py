@@ -148,6 +148,32 @@ def test_llm_shapes_threaded(path, level, M, K, N, bs, zp_kind):
     _close_to_max(got, want)
 
 
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize(("K", "N", "bs", "zp_kind"), [(100, 1, 32, "none"), (256, 17, 16, "packed"),
+                                                     (200, 48, 64, "none"), (130, 33, 128, "packed"),
+                                                     (512, 80, 32, "packed")])
+def test_tile_edges(path, level, K, N, bs, zp_kind):
+    """Row counts around the kernels' tile heights (1, 4 and 8 rows; row chunks of 32) and odd panel counts,
+    with bias; the result does not depend on how the pool splits the work (1 thread vs all)."""
+    rng = np.random.default_rng(K * N + bs)
+    B, scales, zp = _weights(rng, K, N, 4, bs, zp_kind, False)
+    bias = rng.standard_normal(N).astype(np.float32)
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=4, block_size=bs)
+    for M in (2, 3, 4, 5, 7, 8, 9, 31, 33, 36, 37):
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=4, block_size=bs, accuracy_level=level)
+        (got,) = mm.matmul_nbits_packed(A, packed, bias, accuracy_level=level)
+        _close_to_max(got, want)
+        if path != "numpy":
+            threads = native.get_num_threads()
+            native.set_num_threads(1)
+            try:
+                (one,) = mm.matmul_nbits_packed(A, packed, bias, accuracy_level=level)
+            finally:
+                native.set_num_threads(threads)
+            np.testing.assert_array_equal(one, got)
+
+
 @pytest.mark.skipif(len(native.supported_levels()) < 2, reason="no SIMD dispatch level on this CPU")
 @pytest.mark.parametrize("level", [0, 4])
 def test_simd_levels_agree_with_portable(level):

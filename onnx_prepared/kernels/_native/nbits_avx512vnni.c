@@ -133,86 +133,110 @@ NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
     UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
 }
 
-/* int8 for M >= 2: R <= 8 rows x one panel, one accumulator per row (the low- and high-nibble products
- * both go into it: R independent chains keep both VNNI pipes busy at R = 8), and the block epilogue is
- * cvt + fmsub (+ one multiply with zero points) + fmadd, the zero-point term precomputed in acorr.
+/* int8 for M >= 2: A is stored in tiles of TH = 4 rows (prep_avx512): tile t (rows 4t..4t+3) starts at
+ * aq + 4t * kpad, chunk g (8 k values) at +32g, row r's 8 bytes at +8r (k0 k2 k4 k6 | k1 k3 k5 k7), and the
+ * tile's ascale and acorr at +4t * kb as [block][4]: one pointer feeds every broadcast of a tile (with one
+ * pointer per row the kernel ran out of registers and spilled). M = 1 keeps the row-major layout (a tile
+ * of height 1).
+ * The tile is R <= 4 rows x NP <= 2 panels: 8 accumulators, each fed by the low- and the high-nibble
+ * product (8 chains of 2 per chunk cover the 4-cycle vpdpbusd latency at 2 per cycle); per chunk 2 weight
+ * loads and 8 broadcasts for 16 vpdpbusd (the 8-row x 1-panel tile needed 17 loads for 16, and load ports
+ * were its limit). vpdpbusd shares the FMA pipes, so the block epilogue (cvt + fmsub + fmadd, the
+ * zero-point term precomputed in acorr) costs 2 of every 10 pipe slots at block size 32.
  * CPB > 0 fixes the chunks per block at compile time (block sizes 16, 32, 64). */
-NB_INLINE void i8_rows(const nb_call *c, int p, int m, const int R, const int CPB)
+#define TH 4
+
+NB_INLINE int a_tile_h(const nb_call *c)
+{
+    return c->mode == NB_MODE_I8 && c->M >= 2 ? TH : 1;
+}
+
+NB_INLINE void i8_tile4(const nb_call *c, int p, int m, const int R, const int NP, const int CPB)
 {
     const nb_weights *w = &c->w;
     const int cpb = CPB ? CPB : w->bs / 8;
-    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const size_t pstr = (size_t)w->kc * 64;
+    const uint8_t *qp = w->qw + (size_t)p * pstr;
     const float *sp = w->sc + (size_t)p * w->kb * 16;
+    const int8_t *ap = c->aq + (size_t)m * c->kpad;
+    const float *tsc = c->ascale + (size_t)m * w->kb, *tac = c->acorr + (size_t)m * w->kb;
     const __m512i mask = _mm512_set1_epi8(15);
-    const int8_t *aq[8];
-    const float *ac[8], *asc[8];
-    __m512 yacc[8];
-    UNROLL for (int r = 0; r < R; r++) {
-        aq[r] = c->aq + (size_t)(m + r) * c->kpad;
-        ac[r] = c->acorr + (size_t)(m + r) * w->kb;
-        asc[r] = c->ascale + (size_t)(m + r) * w->kb;
-        yacc[r] = _mm512_setzero_ps();
-    }
     const int sym = w->zp_kind == NB_ZP_NONE;
+    __m512 yacc[TH][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) yacc[r][h] = _mm512_setzero_ps();
     for (int b = 0; b < w->kb; b++) {
-        __m512i acc[8];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
-        const int kb0 = b * w->bs;
-        UNROLL for (int ci = 0; ci < cpb; ci++, qp += 64) {
-            const __m512i v = _mm512_loadu_si512((const void *)qp);
-            const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
-            const int k = kb0 + 8 * ci;
+        __m512i acc[TH][2];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) acc[r][h] = _mm512_setzero_si512();
+        UNROLL for (int ci = 0; ci < cpb; ci++, qp += 64, ap += 8 * TH) {
+            __m512i lo[2], hi[2];
+            UNROLL for (int h = 0; h < NP; h++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qp + h * pstr));
+                lo[h] = _mm512_and_si512(v, mask);
+                hi[h] = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+            }
             UNROLL for (int r = 0; r < R; r++) {
                 int32_t e, o;
-                memcpy(&e, aq[r] + k, 4);
-                memcpy(&o, aq[r] + k + 4, 4);
-                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(e));
-                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(o));
+                memcpy(&e, ap + 8 * r, 4);
+                memcpy(&o, ap + 8 * r + 4, 4);
+                const __m512i be = _mm512_set1_epi32(e), bo = _mm512_set1_epi32(o);
+                UNROLL for (int h = 0; h < NP; h++) {
+                    acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], lo[h], be);
+                    acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], hi[h], bo);
+                }
             }
         }
-        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * 16);
+        __m512 s[2];
+        UNROLL for (int h = 0; h < NP; h++) s[h] = _mm512_loadu_ps(sp + ((size_t)h * w->kb + b) * 16);
         if (sym) {
             UNROLL for (int r = 0; r < R; r++) {
-                const __m512 f = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(asc[r][b]),
-                                                 _mm512_set1_ps(ac[r][b]));
-                yacc[r] = _mm512_fmadd_ps(f, s, yacc[r]);
+                const __m512 asc = _mm512_set1_ps(tsc[b * TH + r]), ac = _mm512_set1_ps(tac[b * TH + r]);
+                UNROLL for (int h = 0; h < NP; h++)
+                    yacc[r][h] = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[r][h]), asc, ac), s[h],
+                                                 yacc[r][h]);
             }
         } else {
-            const __m512 z = zp_vec(w, p, b);
+            __m512 z[2];
+            UNROLL for (int h = 0; h < NP; h++) z[h] = zp_vec(w, p + h, b);
             UNROLL for (int r = 0; r < R; r++) {
-                const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(asc[r][b]));
-                yacc[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, _mm512_set1_ps(ac[r][b]), t), s, yacc[r]);
+                const __m512 asc = _mm512_set1_ps(tsc[b * TH + r]), ac = _mm512_set1_ps(tac[b * TH + r]);
+                UNROLL for (int h = 0; h < NP; h++) {
+                    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][h]), asc);
+                    yacc[r][h] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z[h], ac, t), s[h], yacc[r][h]);
+                }
             }
         }
     }
-    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) store_row(c, m + r, p + h, yacc[r][h]);
 }
 
-#define I8_ROWS_R(CPB)                                                                                  \
+#define I8_TILE_R(NP, CPB)                                                                              \
     switch (R) {                                                                                        \
-    case 8: i8_rows(c, p, m, 8, CPB); break;                                                            \
-    case 7: i8_rows(c, p, m, 7, CPB); break;                                                            \
-    case 6: i8_rows(c, p, m, 6, CPB); break;                                                            \
-    case 5: i8_rows(c, p, m, 5, CPB); break;                                                            \
-    case 4: i8_rows(c, p, m, 4, CPB); break;                                                            \
-    case 3: i8_rows(c, p, m, 3, CPB); break;                                                            \
-    default: i8_rows(c, p, m, 2, CPB); break;                                                           \
+    case 4: i8_tile4(c, p, m, 4, NP, CPB); break;                                                       \
+    case 3: i8_tile4(c, p, m, 3, NP, CPB); break;                                                       \
+    case 2: i8_tile4(c, p, m, 2, NP, CPB); break;                                                       \
+    default: i8_tile4(c, p, m, 1, NP, CPB); break;                                                      \
+    }
+#define I8_TILE_NP(CPB)                                                                                 \
+    if (np == 2) {                                                                                      \
+        I8_TILE_R(2, CPB)                                                                               \
+    } else {                                                                                            \
+        I8_TILE_R(1, CPB)                                                                               \
     }
 
-static void gemm_i8_rows(const nb_call *c, int m0, int m1, int p0, int p1)
+/* rows m0..m1 (m0 a multiple of TH: module.c splits rows in chunks of 32) x panels p0..p1 */
+static void gemm_i8_tiles(const nb_call *c, int m0, int m1, int p0, int p1)
 {
-    for (int p = p0; p < p1; p++) {
-        int m = m0;
-        for (; m + 2 <= m1; m += 8) {
-            const int R = m1 - m < 8 ? m1 - m : 8;
+    for (int p = p0; p < p1; p += 2) {
+        const int np = p + 1 < p1 ? 2 : 1;
+        for (int m = m0; m < m1; m += TH) {
+            const int R = m1 - m < TH ? m1 - m : TH;
             switch (c->w.bs) {
-            case 16: I8_ROWS_R(2) break;
-            case 32: I8_ROWS_R(4) break;
-            case 64: I8_ROWS_R(8) break;
-            default: I8_ROWS_R(0) break;
+            case 16: I8_TILE_NP(2) break;
+            case 32: I8_TILE_NP(4) break;
+            case 64: I8_TILE_NP(8) break;
+            default: I8_TILE_NP(0) break;
             }
         }
-        if (m < m1) i8_tile(c, p, m, 1, 2);
     }
 }
 
@@ -322,8 +346,8 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
         gemm_f32_dequant(c, m0, m1, p0, p1);
         return;
     }
-    if (c->mode == NB_MODE_I8 && m1 - m0 >= 2) {
-        gemm_i8_rows(c, m0, m1, p0, p1);
+    if (c->mode == NB_MODE_I8 && c->M >= 2) {
+        gemm_i8_tiles(c, m0, m1, p0, p1);
         return;
     }
     /* chunks per block (bs / 8) is even for every bs >= 16, so the 2-way split of i8_tile is exact */
@@ -378,8 +402,10 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
             }
             continue;
         }
-        int8_t *aq = c->aq + (size_t)m * kpad;
-        float *ascale = c->ascale + (size_t)m * kb, *acorr = c->acorr + (size_t)m * kb;
+        /* the tile layout of gemm_i8_tiles (th = 1: row-major) */
+        const int th = a_tile_h(c), r = m % th, m_t = m - r;
+        int8_t *aq = c->aq + (size_t)m_t * kpad + 8 * r;
+        float *ascale = c->ascale + (size_t)m_t * kb + r, *acorr = c->acorr + (size_t)m_t * kb + r;
         for (int b = 0; b < kb; b++) {
             const int k0 = b * bs;
             __m512 mx = _mm512_setzero_ps();
@@ -391,18 +417,23 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
             const float amax = _mm512_reduce_max_ps(mx);
             const float inv = amax != 0.f ? 127.f / amax : 0.f;
             const __m512 vinv = _mm512_set1_ps(inv);
-            ascale[b] = amax / 127.f;
+            const float sc = amax / 127.f;
+            ascale[b * th] = sc;
             __m512i qs = _mm512_setzero_si512();
             for (int i = 0; i < segs; i++) {
                 const int k = k0 + 16 * i;
                 const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
                 const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, a + k), vinv));
                 qs = _mm512_add_epi32(qs, q);
-                _mm_storeu_si128((__m128i *)(void *)(aq + k), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), order));
+                /* 16 k values = 2 chunks of 8 bytes, th * 8 bytes apart */
+                const __m128i g = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), order);
+                int8_t *dst = aq + (size_t)(k / 8) * 8 * th;
+                _mm_storel_epi64((__m128i *)(void *)dst, g);
+                _mm_storel_epi64((__m128i *)(void *)(dst + 8 * th), _mm_unpackhi_epi64(g, g));
             }
             const int sum = _mm512_reduce_add_epi32(qs);
             asum[b] = (float)sum;
-            acorr[b] = (float)sum * ascale[b] * zmul;
+            acorr[b * th] = (float)sum * sc * zmul;
         }
     }
 }
