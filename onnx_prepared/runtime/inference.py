@@ -35,7 +35,7 @@ from onnx_prepared.runtime.context import RuntimeContext
 from onnx_prepared.runtime.frame import ExecutionFrame
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error
 from onnx_prepared.runtime.state import PrefetchWindow, PreparedExecutionState
-from onnx_prepared.scheduler import ExecutionHandle, Priority, Resource, RuntimeScheduler, Task
+from onnx_prepared.scheduler import ExecutionHandle, Priority, Resource, RuntimeScheduler, Task, TaskState
 
 #: What handing a run to a CPU worker and waking the waiter costs (25-55 us measured): a hot run whose
 #: last replay was shorter runs on the submitting thread even for ``run_async``.
@@ -69,6 +69,7 @@ class Inference:
         # The cold path's segments: each invocation task's action range and the requirement bits it
         # reads, then one empty range at the end pinning the requirements that are graph outputs (an
         # initializer returned as is may be read by no action at all).
+        self._need_index = {b: i for i, b in enumerate(plan.need_order)}
         self._segments = tuple((*t.actions, tuple(bit[k] for k in t.prepared_requirements))
                                for t in plan.invocation_tasks) + ((n, n, plan.output_requirements),)
         producers.on_evict = self._evicted
@@ -245,9 +246,32 @@ class Inference:
             if producer is None:
                 return None
         self.scheduler.promote(producer, Priority.CRITICAL)
+        if producer.state is TaskState.RUNNING and not key.is_raw:  # a prepack holding a CPU slot
+            self._promote_next(frame, bit)
         self.counters["yields"] += 1
         self.window.grow()  # I/O is slower than compute: look further
         return task.resume_after(producer)
+
+    def _promote_next(self, frame: ExecutionFrame, bit: int) -> None:
+        """Promote the producers of the requirements needed after ``bit`` (bound, unfinished), up to and
+        including the first one with a prepack; called while the run waits for a running prepack.
+
+        Preparation gets the slots critical work does not reserve, so while the run waits the slot it
+        leaves would idle. Promoted, the next prepack takes it: preparation then runs on every core
+        while the run waits (twice the prepack throughput on 2 cores), and the run resumes on the slot
+        of the prepack it waited for. (Waiting for a read, it promotes nothing ahead: a CPU slot taken
+        meanwhile would delay its resumption.) Raw requirements on the way are promoted too: they cost
+        a read, not a CPU slot.
+        """
+        reqs = self.plan.requirements
+        order = self.plan.need_order
+        for b in order[self._need_index.get(bit, len(order)) + 1:]:
+            p = frame.bound.get(b)
+            if p is None or p.done:
+                continue
+            self.scheduler.promote(p, Priority.CRITICAL)
+            if not reqs[b].key.is_raw:
+                return
 
     def _prefetch(self, position: int) -> None:
         """Ensure the next ``window.size`` requirements in plan order (wrapping into the next run).
