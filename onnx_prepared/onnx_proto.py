@@ -113,17 +113,37 @@ def _load_pb2() -> ModuleType:
     return _load_file("onnx.onnx_ml_pb2", os.path.join(root, "onnx_ml_pb2.py"))
 
 
+def _ext_path() -> str | None:
+    root = _onnx_root()
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(root, "onnx_cpp2py_export" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _load_ext() -> ModuleType:
     """onnx's C++ extension (the operator schema registry), loaded on first use of :data:`defs`."""
     ext = sys.modules.get("onnx.onnx_cpp2py_export")
     if ext is not None:
         return ext
-    root = _onnx_root()
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(root, "onnx_cpp2py_export" + suffix)
-        if os.path.exists(path):
-            return _load_file("onnx.onnx_cpp2py_export", path, importlib.machinery.ExtensionFileLoader)
-    raise ImportError("onnx.onnx_cpp2py_export")
+    path = _ext_path()
+    if path is None:
+        raise ImportError("onnx.onnx_cpp2py_export")
+    return _load_file("onnx.onnx_cpp2py_export", path, importlib.machinery.ExtensionFileLoader)
+
+
+def schema_build() -> str | None:
+    """Names the installed onnx build's schemas without loading them: the extension's path, size and
+    mtime (None if it cannot be found). What model/schemas.py keys its cache by."""
+    try:
+        path = _ext_path()
+        if path is None:
+            return None
+        st = os.stat(path)
+    except (ImportError, OSError, ValueError):
+        return None
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _real_onnx() -> ModuleType:

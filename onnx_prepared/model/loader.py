@@ -19,6 +19,7 @@ from google.protobuf.message import Error as ProtobufError
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
+from onnx_prepared.model import schemas
 from onnx_prepared.model.descriptors import (
     ExternalPayload,
     InlinePayload,
@@ -156,6 +157,7 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{what}: the graph declares no output")
     check_versions(model, what)
     check_types(model, what)
+    schemas.cache().flush()  # the schema facts this model looked up, for the next process
     return model
 
 

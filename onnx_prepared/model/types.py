@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
+from onnx_prepared.model import schemas
 
 _NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items() if v}
 _TENSOR_TYPES = frozenset(_NAMES.values())
@@ -51,17 +52,18 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
     for node in g.node:
         dom = {"ai.onnx": ""}.get(node.domain, node.domain)
         version = opsets.get(dom)
-        if version is None or (node.domain, node.op_type) in local or not onnx.defs.has(node.op_type, dom):
+        if version is None or (node.domain, node.op_type) in local:
             continue
         try:
-            schema = onnx.defs.get_schema(node.op_type, version, dom)
-        except onnx.defs.SchemaError:
+            schema = schemas.cache().lookup(node.op_type, version, dom)
+        except schemas.NotInOpset:
             continue  # versions.check_versions reports it
-        _check_node(node, schema, types, what)
+        if schema is not None:  # None: not an onnx op (kernel choice reports it)
+            _check_node(node, schema, types, what)
 
 
-def _check_node(node: onnx.NodeProto, schema: onnx.defs.OpSchema, types: dict[str, str], what: str) -> None:
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, str], what: str) -> None:
+    allowed = schema.constraints
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (element type, first input name bound to it)
     for name, formal in _formals(node.input, schema.inputs):
         tp = formal.type_str
@@ -101,12 +103,11 @@ def _formals(names, formals):
     if not formals:
         return
     last = formals[-1]
-    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     for i, name in enumerate(names):
-        if i < len(formals) - 1 or (i == len(formals) - 1 and last.option != variadic):
+        if i < len(formals) - 1 or (i == len(formals) - 1 and not last.variadic):
             formal = formals[i]
-        elif last.option == variadic:
-            if not last.is_homogeneous:
+        elif last.variadic:
+            if not last.homogeneous:
                 continue
             formal = last
         else:

@@ -3,24 +3,18 @@ beyond the ones it knows (onnxruntime refuses them too; running them would guess
 
 from __future__ import annotations
 
-import functools
-
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
+from onnx_prepared.model import schemas
 
 #: Domains whose operator sets the installed onnx defines; custom domains (com.microsoft, ...) are the
 #: kernels' business.
 _ONNX_DOMAINS = {"": "", "ai.onnx": "", "ai.onnx.ml": "ai.onnx.ml"}
 
 
-@functools.cache
 def max_opset(domain: str) -> int:
     """Highest opset of an onnx-defined ``domain`` the installed onnx knows."""
-    if domain == "":
-        return onnx.defs.onnx_opset_version()
-    if domain == "ai.onnx.ml":
-        return onnx.defs.onnx_ml_opset_version()
-    return max((s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.domain == domain), default=0)
+    return schemas.cache().max_opset(domain)
 
 
 def check_versions(model: onnx.ModelProto, what: str) -> None:
@@ -69,11 +63,9 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
 
 
 def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> None:
-    if not onnx.defs.has(node.op_type, domain):
-        return  # not an onnx op at all: reported as unsupported by kernel choice, naming the node
     try:
-        schema = onnx.defs.get_schema(node.op_type, version, domain)
-    except onnx.defs.SchemaError:
+        schema = schemas.cache().lookup(node.op_type, version, domain)
+    except schemas.NotInOpset:
         first = onnx.defs.get_schema(node.op_type, max_opset(domain), domain)
         while True:  # the earliest version, to say when the op appeared
             try:
@@ -84,10 +76,11 @@ def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> Non
             f"{what}: node {short(node.name or node.op_type)!r} uses {node.op_type}, which opset {version} of "
             f"domain {domain or 'ai.onnx'!r} does not define (it first appears in opset {first.since_version})"
         ) from None
-    _check_signature(node, schema, what)
+    if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
+        _check_signature(node, schema, what)
 
 
-def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str) -> None:
+def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str) -> None:
     """Refuse a node whose input count or attribute types its schema does not allow.
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
@@ -113,15 +106,15 @@ def _check_signature(node: onnx.NodeProto, schema: onnx.defs.OpSchema, what: str
                                  f"attribute {short(a.name)!r}, which its schema does not declare")
         if a.ref_attr_name:
             continue
-        want = int(declared.type.value)
+        want, want_name = declared
         if a.type != want:
             have = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in _ATTR_TYPES else str(a.type)
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} has type "
-                                 f"{have}; its schema declares {declared.type.name}")
+                                 f"{have}; its schema declares {want_name}")
         other = [f for f in _VALUE_FIELDS.values() if f != _VALUE_FIELDS.get(want) and _is_set(a, f)]
         if other:  # an INT attribute carrying ints would be read as i = 0: a result, not the model's
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} of type "
-                                 f"{declared.type.name} sets field {other[0]!r}, which that type does not use")
+                                 f"{want_name} sets field {other[0]!r}, which that type does not use")
 
 
 _ATTR_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())

@@ -274,13 +274,16 @@ def _slot_name(key: PreparedKey) -> str:
 def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> ExecutionPlan:
     """The compact action list over the resolution's bindings, with prepacked nodes rewired to read
     their prepared object (their binding is the prepack rule's kernel)."""
+    names = {t.name for t in graph.initializer}
     for idx, np_ in resolved.node_prepacks.items():
         node = graph.node[idx]
+        slot = np_.key.slot_name
         others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
         del node.input[:]
-        node.input.extend([np_.key.slot_name, *others])
-        if not any(t.name == np_.key.slot_name for t in graph.initializer):
-            graph.initializer.append(onnx.TensorProto(name=np_.key.slot_name))  # a placeholder slot
+        node.input.extend([slot, *others])
+        if slot not in names:
+            names.add(slot)
+            graph.initializer.append(onnx.TensorProto(name=slot))  # a placeholder slot
     return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels)
 
 
