@@ -77,7 +77,7 @@ def _bench_case(label: str, path: str, feeds: dict, a: argparse.Namespace) -> di
         store = sess.store
         assert store.all_resident
         # The baseline's slot template: the same resident prepared objects the hot path uses.
-        template = [None] * ex.n_slots
+        template = ex.new_values()
         for r, slot in zip(plan.requirements, plan.requirement_slots):
             if slot >= 0:
                 template[slot] = store.get(r.key)

@@ -168,7 +168,7 @@ def child_profile(a: argparse.Namespace) -> None:
     prepare_ms = (time.perf_counter() - t0) * 1e3
     blas = _hot_blas_threads(sess)
     ex = sess.plan.execution
-    template = [None] * ex.n_slots
+    template = ex.new_values()
     for r, slot in zip(sess.plan.requirements, sess.plan.requirement_slots):
         if slot >= 0:
             template[slot] = sess.store.get(r.key)

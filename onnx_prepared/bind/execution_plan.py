@@ -48,6 +48,9 @@ class ExecutionPlan:
     constant_slots: dict[str, int]  # initializer name -> slot
     actions: tuple[ExecuteAction, ...]
     node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
+    # (slot, value) of Constant nodes computed once at binding (read-only); every run's slot list starts
+    # with them (new_values), so they are no action at all
+    presets: tuple[tuple[int, object], ...] = ()
     # per action, what replay unpacks and nothing else (derived from actions): see _step()
     steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
     # the same steps without their releases, for step(): the caller sizes the outputs first
@@ -63,8 +66,11 @@ class ExecutionPlan:
         return len(self.slot_names)
 
     def new_values(self) -> list:
-        """A fresh per-run slot list (all None)."""
-        return [None] * len(self.slot_names)
+        """A fresh per-run slot list: None, except the folded constants (``presets``)."""
+        values = [None] * len(self.slot_names)
+        for s, v in self.presets:
+            values[s] = v
+        return values
 
     def replay(
         self,

@@ -83,6 +83,8 @@ def build_execution_plan(
         for idx, node in enumerate(graph.node)
     )
     bound = []
+    presets: list[tuple[int, object]] = []
+    graph_outputs = {o.name for o in graph.output}
     for idx in order:
         node = graph.node[idx]
         if kernels is not None:
@@ -93,8 +95,12 @@ def build_execution_plan(
             k = bind_kernel(node, env, implicit=implicit[idx])
         ins = tuple(slot(n) for n in node.input) + tuple(slot(n) for n in k.implicit_inputs)
         outs = tuple(slot(n) for n in node.output)
+        value = _folded_constant(node, k, graph_outputs)
+        if value is not None:
+            presets.append((outs[0], value))
+            continue
         bound.append((idx, k, ins, outs))
-    produced = {s for _, _, _, outs in bound for s in outs}
+    produced = {s for _, _, _, outs in bound for s in outs} | {s for s, _ in presets}
     available = produced | set(input_slots) | set(constant_slots.values()) | {slots[i.name] for i in graph.input}
     available |= {slots[n] for n in outer_names}
     for o in graph.output:
@@ -102,6 +108,7 @@ def build_execution_plan(
             raise ModelLoadError(f"graph output {o.name!r} is not produced by any node, input or initializer")
     output_slots = tuple(slots[o.name] for o in graph.output)
     keep = set(output_slots) | set(input_slots) | set(constant_slots.values()) | {NONE_SLOT}
+    keep |= {s for s, _ in presets}  # a folded constant's slot is refilled from the template each run
     keep |= {slots[i.name] for i in graph.input} | {slots[n] for n in outer_names}
     last_use: dict[int, int] = {}
     for pos, (_, _, ins, outs) in enumerate(bound):
@@ -120,7 +127,26 @@ def build_execution_plan(
     names = [""] * len(slots)
     for n, s in slots.items():
         names[s] = n
-    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels)
+    return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels,
+                         tuple(presets))
+
+
+def _folded_constant(node: onnx.NodeProto, k: BoundKernel, graph_outputs: set[str]) -> np.ndarray | None:
+    """A Constant node's value, computed once here (read-only: every run shares it), or None to keep the
+    node as an action: another op, a graph output (the caller owns what it gets back), or a kernel that
+    fails (the run raises the node's KernelError, as before)."""
+    if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.input or len(node.output) != 1
+            or not node.output[0] or node.output[0] in graph_outputs or k.implicit_inputs):
+        return None
+    try:
+        (value,) = k.call()
+    except Exception:
+        return None
+    if type(value) is not np.ndarray:
+        return None
+    value = value.view()
+    value.flags.writeable = False
+    return value
 
 
 def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:

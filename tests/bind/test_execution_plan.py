@@ -241,3 +241,42 @@ def test_initializers_get_constant_slots_and_are_never_released():
         (lambda a, b: (a + b,)), "add", False))
     w_slot = plan.constant_slots["w"]
     assert all(w_slot not in a.release for a in plan.actions)
+
+
+def test_constant_nodes_are_computed_once_and_are_no_action():
+    """A Constant feeding a node is folded into every run's starting slot list (read-only, shared);
+    one that is a graph output stays an action (the caller owns what it gets back)."""
+    import onnx_prepared
+
+    nodes = [helper.make_node("Constant", [], ["k"], value_floats=[1.0, 2.0, 3.0]),
+             helper.make_node("Constant", [], ["shape"], value_ints=[3, 1]),
+             helper.make_node("Mul", ["x", "k"], ["m"]),
+             helper.make_node("Reshape", ["m", "shape"], ["y"]),
+             helper.make_node("Constant", [], ["c_out"], value_float=5.0)]
+    g = helper.make_graph(nodes, "g", [_vi("x", [3])], [_vi("y", [3, 1]), _vi("c_out", [])])
+    plan = build_execution_plan(g, OPSETS)
+    assert [g.node[a.node_index].op_type for a in plan.actions] == ["Mul", "Reshape", "Constant"]
+    values = plan.new_values()
+    k = values[plan.slot_names.index("k")]
+    np.testing.assert_array_equal(k, [1.0, 2.0, 3.0])
+    assert not k.flags.writeable
+    values[plan.input_slots[0]] = np.ones(3, np.float32)
+    plan.replay(values)
+    np.testing.assert_array_equal(values[plan.output_slots[0]], [[1.0], [2.0], [3.0]])
+    sess = onnx_prepared.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                                          .SerializeToString())
+    for _ in range(3):  # cold, then hot runs: the folded values are there every time
+        y, c = sess.run(None, {"x": np.ones(3, np.float32)})
+        np.testing.assert_array_equal(y, [[1.0], [2.0], [3.0]])
+        assert c == 5.0 and c.flags.writeable
+        sess.prepare()
+
+
+def test_a_constant_that_cannot_be_computed_stays_an_action_and_fails_the_run():
+    g = _graph([helper.make_node("Constant", [], ["k"]), helper.make_node("Add", ["x", "k"], ["y"])])
+    plan = build_execution_plan(g, OPSETS)
+    assert len(plan.actions) == 2
+    values = plan.new_values()
+    values[plan.input_slots[0]] = np.ones(2, np.float32)
+    with pytest.raises(KernelError, match="Constant"):
+        plan.replay(values)
