@@ -157,8 +157,9 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
     j.c.y = (float *)by.buf;
     j.c.bias = have_bias ? (const float *)bb.buf : NULL;
     nb_layout_scratch(&j.c, bsr.buf);
-    if (mode == NB_MODE_F32 && K == j.c.kpad) j.c.af = (float *)ba.buf; /* no padding needed: read A in place */
     j.isa = g_isa;
+    if (mode == NB_MODE_F32 && K == j.c.kpad && !(j.isa->f32_tiles_from && M >= j.isa->f32_tiles_from))
+        j.c.af = (float *)ba.buf; /* no padding and no tiles: read A in place */
     if (M > 0) {
         Py_BEGIN_ALLOW_THREADS
         const int T = nb_pool_get_threads();

@@ -46,7 +46,7 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
     const int cpb = w->bs / 8;
     const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
     const float *sp = w->sc + (size_t)p * w->kb * 16;
-    const __m512i mask = _mm512_set1_epi32(15);
+    const __m512 lut = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
     const float *af[4], *as[4];
     __m512 yacc[4];
     UNROLL for (int r = 0; r < R; r++) {
@@ -55,22 +55,18 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
         yacc[r] = _mm512_setzero_ps();
     }
     for (int b = 0; b < w->kb; b++) {
-        __m512 acc[4][4];
+        __m512 acc[4][8];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < A; a++) acc[r][a] = _mm512_setzero_ps();
         if (R == 1) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
         for (int ci = 0; ci < cpb; ci++, qp += 64) {
             if (R == 1) _mm_prefetch((const char *)qp + PF_BYTES, _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             const int k = b * w->bs + 8 * ci;
+            /* nibble j -> float: vpermps looks up the low 4 bits of each lane in {0, 1, ..., 15} (one op
+             * instead of and + cvt) */
             __m512 q[8];
-            q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, mask));
-            q[1] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4), mask));
-            q[2] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8), mask));
-            q[3] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 12), mask));
-            q[4] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16), mask));
-            q[5] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 20), mask));
-            q[6] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 24), mask));
-            q[7] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 28));
+            q[0] = _mm512_permutexvar_ps(v, lut);
+            UNROLL for (int j = 1; j < 8; j++) q[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * j), lut);
             UNROLL for (int j = 0; j < 8; j++) UNROLL for (int r = 0; r < R; r++)
                 acc[r][j % A] = _mm512_fmadd_ps(q[j], _mm512_set1_ps(af[r][k + j]), acc[r][j % A]);
         }
@@ -242,22 +238,31 @@ static void gemm_i8_tiles(const nb_call *c, int m0, int m1, int p0, int p1)
 
 /* fp32 for M >= 4: weights of up to KCH k values of two panels are dequantized once to L1,
  * w = (q - zero_point) * scale, then 8-row tiles stream over them with plain FMAs; y holds the partial
- * sums between chunks. The dequantization is amortized over every row of the task. */
+ * sums between chunks. The dequantization is amortized over every row of the task. A is copied by
+ * prep_avx512 into tiles of TF = 8 rows (tile t at af + 8t * kpad, value (k, row r) at +8k + r), so one
+ * pointer feeds the 8 broadcasts of a k step (8 row pointers took every spare register). */
 #define KCH 256
+#define TF 8
+
+NB_INLINE int f_tile_h(const nb_call *c)
+{
+    return c->mode == NB_MODE_F32 && c->M >= 4 ? TF : 1;
+}
 
 NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst)
 {
     const int cpb = w->bs / 8;
     const uint8_t *qp = w->qw + ((size_t)p * w->kc + (size_t)b0 * cpb) * 64;
-    const __m512i mask = _mm512_set1_epi32(15);
+    /* nibble -> float by vpermps (the low 4 bits of a lane index {0, ..., 15}): no and, no cvt */
+    const __m512 lut = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
     for (int b = 0; b < nb; b++) {
         const __m512 s = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b0 + b) * 16), z = zp_vec(w, p, b0 + b);
         const __m512 nzs = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), s);
         for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             UNROLL for (int j = 0; j < 8; j++) {
-                const __m512i q = j == 7 ? _mm512_srli_epi32(v, 28) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * j), mask);
-                _mm512_storeu_ps(dst + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, nzs));
+                const __m512 q = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(v, 4 * j) : v, lut);
+                _mm512_storeu_ps(dst + 16 * j, _mm512_fmadd_ps(q, s, nzs));
             }
         }
     }
@@ -274,19 +279,19 @@ NB_INLINE void fma_tile(const nb_call *c, const float *w0, const float *w1, int 
 {
     const int N = c->w.N;
     const __mmask16 k0m = panel_mask(c, p), k1m = TWO ? panel_mask(c, p + 1) : 0;
-    __m512 acc[8][2];
-    const float *af[8];
+    __m512 acc[TF][2];
+    const float *ap = c->af + (size_t)m * c->kpad + (size_t)k0 * TF;
     UNROLL for (int r = 0; r < R; r++) {
-        af[r] = c->af + (size_t)(m + r) * c->kpad + k0;
         float *y = c->y + (size_t)(m + r) * N + 16 * p;
         acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(k0m, y);
         if (TWO) acc[r][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(k1m, y + 16);
     }
-    for (int k = 0; k < klen; k++) {
-        const __m512 a0 = _mm512_loadu_ps(w0 + 16 * k);
-        const __m512 a1 = TWO ? _mm512_loadu_ps(w1 + 16 * k) : a0;
+    const float *const aend = ap + (size_t)klen * TF;
+    _Pragma("GCC unroll 4") for (; ap < aend; ap += TF, w0 += 16, w1 += 16) {
+        const __m512 a0 = _mm512_loadu_ps(w0);
+        const __m512 a1 = TWO ? _mm512_loadu_ps(w1) : a0;
         UNROLL for (int r = 0; r < R; r++) {
-            const __m512 b = _mm512_set1_ps(af[r][k]);
+            const __m512 b = _mm512_set1_ps(ap[r]);
             acc[r][0] = _mm512_fmadd_ps(a0, b, acc[r][0]);
             if (TWO) acc[r][1] = _mm512_fmadd_ps(a1, b, acc[r][1]);
         }
@@ -328,8 +333,8 @@ static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
             const int k0 = b0 * w->bs, klen = nb * w->bs, first = b0 == 0, last = b0 + nb == w->kb;
             deq_chunk(w, p, b0, nb, buf[0]);
             if (two) deq_chunk(w, p + 1, b0, nb, buf[1]);
-            for (int m = m0; m < m1; m += 8) {
-                const int R = m1 - m < 8 ? m1 - m : 8;
+            for (int m = m0; m < m1; m += TF) { /* m0 is a multiple of TF (module.c: row chunks of 32) */
+                const int R = m1 - m < TF ? m1 - m : TF;
                 if (two) {
                     FMA_CASES(1)
                 } else {
@@ -342,7 +347,7 @@ static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
 
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
-    if (c->mode == NB_MODE_F32 && m1 - m0 >= 4) {
+    if (f_tile_h(c) == TF) {
         gemm_f32_dequant(c, m0, m1, p0, p1);
         return;
     }
@@ -358,7 +363,7 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
             switch (m1 - m) {
             case 3: f32_tile(c, p, m, 3, 2); break;
             case 2: f32_tile(c, p, m, 2, 2); break;
-            case 1: f32_tile(c, p, m, 1, 4); break;
+            case 1: f32_tile(c, p, m, 1, 8); break;
             default: break;
             }
         } else {
@@ -387,6 +392,24 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
     for (int m = m0; m < m1; m++) {
         const float *a = c->a + (size_t)m * K;
         float *asum = c->asum + (size_t)m * kb;
+        if (c->mode == NB_MODE_F32 && f_tile_h(c) == TF) {
+            const int r = m % TF;
+            float *af = c->af + (size_t)(m - r) * kpad + r;
+            for (int b = 0; b < kb; b++) {
+                __m512 s = _mm512_setzero_ps();
+                for (int i = 0; i < segs; i++) {
+                    const int k = b * bs + 16 * i;
+                    const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                    const __m512 x = _mm512_maskz_loadu_ps(lm, a + k);
+                    s = _mm512_add_ps(s, x);
+                    float t[16];
+                    _mm512_storeu_ps(t, x);
+                    UNROLL for (int l = 0; l < 16; l++) af[(size_t)(k + l) * TF] = t[l];
+                }
+                asum[b] = _mm512_reduce_add_ps(s);
+            }
+            continue;
+        }
         if (c->mode == NB_MODE_F32) {
             float *af = c->af + (size_t)m * kpad;
             for (int b = 0; b < kb; b++) {
@@ -438,7 +461,7 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
     }
 }
 
-const nb_isa nb_isa_avx512vnni = {"avx512vnni", prep_avx512, gemm_avx512};
+const nb_isa nb_isa_avx512vnni = {"avx512vnni", prep_avx512, gemm_avx512, 4};
 
 #if defined(__clang__)
 #pragma clang attribute pop

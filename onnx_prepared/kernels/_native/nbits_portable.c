@@ -68,7 +68,7 @@ const nb_isa nb_isa_portable = {"portable", nb_prep_rows, gemm_portable};
 size_t nb_scratch_bytes(int M, int K, int bs, int mode)
 {
     const size_t kb = (size_t)((K + bs - 1) / bs), kpad = kb * (size_t)bs;
-    const size_t rows = ((size_t)M + 3) & ~(size_t)3; /* whole 4-row tiles (nbits_avx512vnni.c) */
+    const size_t rows = ((size_t)M + 7) & ~(size_t)7; /* whole 8-row tiles (nbits_avx512vnni.c) */
     size_t n = rows * kb * 4 * 3; /* ascale + asum + acorr (ascale, acorr unused in fp32 mode) */
     n += mode == NB_MODE_F32 ? rows * kpad * 4 : rows * kpad;
     return n + 64;
@@ -76,7 +76,7 @@ size_t nb_scratch_bytes(int M, int K, int bs, int mode)
 
 void nb_layout_scratch(nb_call *c, void *scratch)
 {
-    const size_t rows = ((size_t)c->M + 3) & ~(size_t)3, kb = (size_t)c->w.kb, kpad = (size_t)c->kpad;
+    const size_t rows = ((size_t)c->M + 7) & ~(size_t)7, kb = (size_t)c->w.kb, kpad = (size_t)c->kpad;
     uint8_t *p = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     c->asum = (float *)p;
     c->ascale = (float *)(p + rows * kb * 4);
