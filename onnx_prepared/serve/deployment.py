@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,10 +75,13 @@ class PreparedModelDeployment:
     async def _infer(self, content_type: str, body: bytes) -> Response:
         npz = content_type.startswith((codec.NPZ, "application/octet-stream"))
         feeds = codec.decode_npz(body) if npz else codec.decode_json(body, self.replica.input_types)
+        t0 = time.perf_counter()
         outputs = await self.replica.infer(feeds)
+        # which replica answered and how long the run took there (clients and benchmarks read them)
+        headers = {"x-replica-pid": str(os.getpid()), "x-run-ms": f"{(time.perf_counter() - t0) * 1e3:.3f}"}
         if npz:
-            return Response(codec.encode_npz(outputs), media_type=codec.NPZ)
-        return Response(codec.encode_json(outputs), media_type=codec.JSON)
+            return Response(codec.encode_npz(outputs), media_type=codec.NPZ, headers=headers)
+        return Response(codec.encode_json(outputs), media_type=codec.JSON, headers=headers)
 
     async def _generate(self, body: bytes) -> Response:
         if not isinstance(self.replica, TextReplica):

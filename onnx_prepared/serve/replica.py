@@ -74,16 +74,19 @@ class ModelReplica:
 
     def __init__(self, model_path: str | os.PathLike, cache_path: str | os.PathLike | None = None,
                  options: Mapping[str, Any] | SessionOptions | None = None, *, session: Any = None) -> None:
+        self.started, self.started_wall = time.perf_counter(), time.time()
         from onnx_prepared.model import load_model
         from onnx_prepared.runtime import RuntimeSession
 
-        self.started = time.perf_counter()
+        self.import_s = time.perf_counter() - self.started  # the runtime's modules, when this process had none
+        self.first_response_s: float | None = None
         self.model_path = os.fspath(model_path)
         if session is None:
             loaded = load_model(self.model_path)
             companion = None if cache_path is None else companion_path(self.model_path, cache_path, loaded.model)
             session = RuntimeSession(loaded, session_options(options, companion=companion))
         self.session = session
+        self.session_s = time.perf_counter() - self.started - self.import_s
         graph = session.parts.loaded.graph
         weights = set(session.parts.loaded.weights)
         from onnx_prepared.runtime.feeds import type_string
@@ -114,6 +117,8 @@ class ModelReplica:
     async def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one request through ``run_async``: awaiting the handle never blocks the event loop."""
         outputs = await self.session.run_async(self._check(feeds))
+        if self.first_response_s is None:
+            self.first_response_s = time.perf_counter() - self.started
         return dict(zip(self.output_names, outputs))
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -129,7 +134,9 @@ class ModelReplica:
 
     def status(self) -> dict[str, Any]:
         c = self.session.companion
-        return {"runtime": self.runtime, "model": self.model_path, "prepared": self._done.is_set(),
+        return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
+                "import_s": self.import_s, "session_s": self.session_s, "first_response_s": self.first_response_s,
+                "prepared": self._done.is_set(),
                 "prepared_s": self.prepared_s, "cache": None if c is None else c.path,
                 "cache_entries": None if c is None else len(c.entries()), "cache_written": self.flushed,
                 "inputs": sorted(self.input_types), "outputs": self.output_names}
@@ -148,9 +155,11 @@ class OrtReplica:
 
     def __init__(self, model_path: str | os.PathLike, cache_path: Any = None, options: Mapping[str, Any] | None = None,
                  **_: Any) -> None:
+        self.started, self.started_wall = time.perf_counter(), time.time()
         import onnxruntime as ort
 
-        self.started = time.perf_counter()
+        self.import_s = time.perf_counter() - self.started
+        self.first_response_s: float | None = None
         self.model_path = os.fspath(model_path)
         so = ort.SessionOptions()
         threads = (options or {}).get("intra_op_num_threads")
@@ -160,18 +169,23 @@ class OrtReplica:
         self.input_types = {i.name: dtype_of(i.type) for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.prepared_s = time.perf_counter() - self.started
+        self.session_s = self.prepared_s - self.import_s
 
     async def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import asyncio
 
         outputs = await asyncio.to_thread(self.session.run, None, dict(feeds))
+        if self.first_response_s is None:
+            self.first_response_s = time.perf_counter() - self.started
         return dict(zip(self.output_names, outputs))
 
     def wait_prepared(self, timeout: float | None = None) -> bool:
         return True
 
     def status(self) -> dict[str, Any]:
-        return {"runtime": self.runtime, "model": self.model_path, "prepared": True, "prepared_s": self.prepared_s,
+        return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
+                "import_s": self.import_s, "session_s": self.session_s, "first_response_s": self.first_response_s,
+                "prepared": True, "prepared_s": self.prepared_s,
                 "inputs": sorted(self.input_types), "outputs": self.output_names}
 
     def close(self) -> None:

@@ -1,0 +1,357 @@
+"""Replica cold start on Ray Serve: no cache, a complete shared cache, 2 replicas on an empty cache, onnxruntime.
+
+One local Ray cluster (``num_cpus=2``, no dashboard, 100 MB object store) and one Serve HTTP proxy on
+127.0.0.1 for the whole run. Per repetition, each case (rotating order) deploys a fresh application of
+``onnx_prepared.serve.build_app`` (new replica processes), right after the model's files (and, for
+``cached``, the companion's) were evicted from the page cache (``posix_fadvise(DONTNEED)``, checked with
+``mincore``), then sends the prefill request (``--tokens``, ``.npz`` body) until every replica answered
+correctly:
+
+- ``fresh``: one replica, no cache (``prepared_model_policy`` disabled: read sources, prepack);
+- ``cached``: one replica on a complete shared cache (built beforehand with ``onnx-prepared cache build``);
+- ``pair-empty``: 2 replicas started together on an empty shared cache (both build, both persist);
+  afterwards ``cache verify`` must find nothing;
+- ``ort``: one replica running onnxruntime behind the same deployment (``runtime="onnxruntime"``).
+
+Per replica: deploy -> first correct response (client side, from the ``serve.run`` call: Ray's actor
+start, the worker's imports, the replica), and the replica's own cold start, constructor start ->
+first response (server side; the runtime's import is inside it for both runtimes). ``cached`` and ``ort``
+then take ``--hot`` sequential requests once prepared (the server-side run time of the last is "one
+forward") and, in the last repetition, a bounded load: ``--load-requests`` requests from
+``--concurrency`` client threads, at most ``--load-seconds``.
+
+Goal reference (issue 16): a cached replica's cold start <= 1.3x (cold read of the packed bytes, one
+``preadv`` per companion entry in file order after eviction, + one forward); a cached replica starts
+faster than the onnxruntime one; 0 wrong results and 0 corrupt entries.
+
+    python -m benchmarks.serve [--preset medium] [--reps 3] [--tokens 16] [--threads 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+if __package__:  # python -m benchmarks.NAME
+    from benchmarks import _common as C
+    from benchmarks.cache import _inspect, raw_read_ms
+else:  # python benchmarks/NAME.py
+    import _common as C
+    from cache import _inspect, raw_read_ms
+
+CASES = ("fresh", "cached", "pair-empty", "ort")
+REPLICAS = {"pair-empty": 2}
+GOAL_READ_FORWARD = 1.3
+NPZ = "application/x-npz"
+LIMIT = 600.0  # seconds: a bound on waiting for replicas to answer
+
+
+# **** HTTP ****
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": NPZ}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=LIMIT) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+    except (urllib.error.URLError, ConnectionError) as e:
+        return 0, str(e).encode(), {}
+
+
+def get_status(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/status", timeout=LIMIT) as r:
+        return json.loads(r.read())
+
+
+class Checker:
+    """Compares a response's logits with the same runtime outside Serve: ours exactly with a session without
+    cache, onnxruntime's with its own session (atol 1e-4, rtol 1e-3: its thread count may differ)."""
+
+    def __init__(self, want: dict):
+        self.want, self.wrong = want, 0
+
+    def ok(self, body: bytes, runtime: str) -> bool:
+        import numpy as np
+
+        from onnx_prepared.serve import codec
+
+        got, want = codec.decode_npz(body)["logits"], self.want[runtime]
+        same = np.array_equal(got, want) if runtime == "onnx_prepared" else np.allclose(got, want, atol=1e-4, rtol=1e-3)
+        self.wrong += not same
+        return same
+
+
+# **** one case ****
+
+
+def first_responses(url: str, body: bytes, n: int, runtime: str, check: Checker, t0: float) -> dict[str, float]:
+    """Send ``n`` concurrent requests until ``n`` distinct replicas answered; pid -> seconds since ``t0``."""
+    seen: dict[str, float] = {}
+    deadline = time.perf_counter() + LIMIT
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        while len(seen) < n:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"only {len(seen)} of {n} replicas answered within {LIMIT} s")
+            for status, data, headers in pool.map(lambda _: post(f"{url}/infer", body), range(n)):
+                pid = headers.get("x-replica-pid")
+                if status == 200 and pid not in seen:
+                    check.ok(data, runtime)  # a wrong first answer is counted, and still a first answer
+                    seen[pid] = time.perf_counter() - t0
+    return seen
+
+
+def statuses(url: str, pids: set[str]) -> dict[str, dict]:
+    """Each replica's /status once it is prepared (polled: /status reaches one replica at a time)."""
+    got: dict[str, dict] = {}
+    deadline = time.perf_counter() + LIMIT
+    while set(got) != pids or not all(s["prepared"] for s in got.values()):
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"replicas {sorted(pids - set(got))} never reported prepared")
+        s = get_status(url)
+        got[str(s["pid"])] = s
+        time.sleep(0.02)  # polling replicas' state, not synchronization
+    return got
+
+
+def load(url: str, body: bytes, a: argparse.Namespace, runtime: str, check: Checker) -> dict:
+    """Bounded load: ``--load-requests`` requests from ``--concurrency`` threads, at most ``--load-seconds``."""
+    stop = time.perf_counter() + a.load_seconds
+    lat: list[float] = []
+
+    def one(_):
+        if time.perf_counter() > stop:
+            return None
+        t = time.perf_counter()
+        status, data, _ = post(f"{url}/infer", body)
+        if status != 200 or not check.ok(data, runtime):
+            check.wrong += status != 200
+        return time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
+        lat = [x * 1e3 for x in pool.map(one, range(a.load_requests)) if x is not None]
+    wall = time.perf_counter() - t0
+    return {"requests": len(lat), "p50_ms": C.pct(lat, 0.5), "p90_ms": C.pct(lat, 0.9), "p99_ms": C.pct(lat, 0.99),
+            "rps": len(lat) / wall if wall else None}
+
+
+def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: bytes, check: Checker,
+             with_load: bool) -> dict:
+    from ray import serve
+
+    from onnx_prepared.prepared.cache import verify
+    from onnx_prepared.serve import build_app
+    from onnx_prepared.serve.replica import companion_path
+
+    runtime = "onnxruntime" if case == "ort" else "onnx_prepared"
+    cache = None
+    if case == "cached":
+        cache = paths["complete"]
+    elif case == "pair-empty":
+        cache = os.path.join(paths["work"], f"empty-{rep}")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+    files = C.model_files(model) + (paths["companion_files"] if case == "cached" else [])
+    resident = C.set_cache(files, "cold")
+    n = REPLICAS.get(case, 1)
+    app = build_app({"model_path": model, "cache_path": cache, "runtime": runtime, "num_replicas": n,
+                     "options": {"intra_op_num_threads": a.threads}})
+    name = f"bench-{case}-{rep}"
+    wall0, t0 = time.time(), time.perf_counter()
+    serve.run(app, name=name, route_prefix="/bench")
+    ready_s = time.perf_counter() - t0
+    try:
+        firsts = first_responses(url, body, n, runtime, check, t0)
+        st = statuses(url, set(firsts))
+        row = {"case": case, "rep": rep, "replicas": n, "resident": resident, "deploy_ready_ms": ready_s * 1e3,
+               "deploy_first_ms": max(firsts.values()) * 1e3,
+               "deploy_to_ctor_ms": max((s["started"] - wall0) * 1e3 for s in st.values()),
+               "ctor_first_ms": max(s["first_response_s"] * 1e3 for s in st.values()),
+               "import_ms": max(s["import_s"] * 1e3 for s in st.values()),
+               "session_ms": max(s["session_s"] * 1e3 for s in st.values()),
+               "run_ms": max((s["first_response_s"] - s["import_s"] - s["session_s"]) * 1e3 for s in st.values()),
+               "prepared_ms": max(s["prepared_s"] * 1e3 for s in st.values())}
+        if case in ("cached", "ort"):
+            hot = []
+            for _ in range(a.hot):
+                status, data, headers = post(f"{url}/infer", body)
+                if status == 200 and check.ok(data, runtime):
+                    hot.append(float(headers["x-run-ms"]))
+            row["forward_ms"] = C.median(hot)
+            if with_load:
+                row["load"] = load(url, body, a, runtime, check)
+        if case == "pair-empty":
+            path = companion_path(model, cache)
+            row["corrupt"] = len(verify(path))
+            row["entries"] = max(s["cache_entries"] for s in st.values())
+        return row
+    finally:
+        serve.delete(name)
+
+
+# **** the run ****
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_paths(a, model: str) -> dict:
+    """The complete companion (``cache build``, verified) and what the reference reads from it."""
+    from onnx_prepared.serve.replica import companion_path
+
+    work = os.path.join(a.models_dir, "serve", a.preset)
+    complete_dir = os.path.join(work, "complete")
+    path = companion_path(model, complete_dir)
+    for cmd in (["cache", "build", model, "--out", path, "--quiet"], ["cache", "verify", path, "--model", model]):
+        p = subprocess.run([sys.executable, "-m", "onnx_prepared.cli", *cmd], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"onnx-prepared {' '.join(cmd)} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    info = _inspect(model, path)
+    if info["uncached"]:
+        raise RuntimeError(f"{path} misses {info['uncached'][:3]} after a build")
+    ranges = sorted((e.file, e.offset, e.length) for e in info["entries"])
+    comp_files = sorted({path, *(f for f, _, _ in ranges)})
+    return {"work": work, "complete": complete_dir, "companion": path, "companion_files": comp_files,
+            "packed_ranges": ranges, "packed_mb": sum(n for _, _, n in ranges) / C.MB}
+
+
+def bench(a: argparse.Namespace) -> dict:
+    import numpy as np
+
+    model = C.tiny_llm_path(a.models_dir, a.preset)
+    feeds = C.llm_prefill_feeds(model, a.tokens)
+    import onnxruntime as ort
+
+    from onnx_prepared.runtime import RuntimeSession
+    from onnx_prepared.serve import codec
+
+    with RuntimeSession(model) as s:
+        want = {"onnx_prepared": np.asarray(s.run(feeds)[0])}
+    want["onnxruntime"] = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    body = codec.encode_npz(feeds)
+    paths = prepare_paths(a, model)
+    check = Checker(want)
+    res = {"benchmark": "serve", "machine": C.machine(), "preset": a.preset, "reps": a.reps, "tokens": a.tokens,
+           "threads": a.threads, "packed_mb": paths["packed_mb"], "rows": [], "reference": [],
+           "ours_vs_ort_max_abs": float(np.abs(want["onnx_prepared"] - want["onnxruntime"]).max())}
+
+    import ray
+    from ray import serve
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp = tempfile.mkdtemp(prefix="opbench", dir="/tmp")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/bench"
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, log_to_driver=False,
+                 _temp_dir=temp, configure_logging=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for rep in range(a.reps):
+            resident = C.set_cache(paths["companion_files"], "cold")
+            res["reference"].append({"packed_read_ms": raw_read_ms(paths["packed_ranges"]), "resident": resident})
+            for case in C.rotate(CASES, rep):
+                row = run_case(a, case, rep, model, paths, url, body, check, with_load=rep == a.reps - 1)
+                res["rows"].append(row)
+                print(f"[serve] rep {rep} {case}: deploy->first {row['deploy_first_ms']:.0f} ms, "
+                      f"replica ctor->first {row['ctor_first_ms']:.0f} ms", file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    res["wrong"] = check.wrong
+    res["summary"] = summarize(res)
+    res["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    return res
+
+
+def summarize(res: dict) -> dict:
+    keys = ("deploy_ready_ms", "deploy_first_ms", "deploy_to_ctor_ms", "ctor_first_ms", "import_ms", "session_ms",
+            "run_ms", "prepared_ms", "forward_ms")
+    per = {}
+    for case in CASES:
+        rows = [r for r in res["rows"] if r["case"] == case]
+        per[case] = {k: C.median([r.get(k) for r in rows]) for k in keys}
+        per[case]["resident"] = max((r["resident"] or 0.0) for r in rows) if rows else None
+        loads = [r["load"] for r in rows if "load" in r]
+        if loads:
+            per[case]["load"] = loads[-1]
+        if case == "pair-empty":
+            per[case]["corrupt"] = sum(r["corrupt"] for r in rows)
+            per[case]["entries"] = [r["entries"] for r in rows]
+    read = C.median([r["packed_read_ms"] for r in res["reference"]])
+    ref = read + per["cached"]["forward_ms"]
+    return {"cases": per, "packed_read_ms": read, "reference_ms": ref,
+            "cached_vs_reference": per["cached"]["ctor_first_ms"] / ref,
+            "cached_no_import_vs_reference": (per["cached"]["ctor_first_ms"] - per["cached"]["import_ms"]) / ref,
+            "cached_deploy_vs_reference": per["cached"]["deploy_first_ms"] / ref,
+            "cached_vs_ort_ctor": per["cached"]["ctor_first_ms"] / per["ort"]["ctor_first_ms"],
+            "cached_vs_ort_deploy": per["cached"]["deploy_first_ms"] / per["ort"]["deploy_first_ms"],
+            "cached_vs_fresh_ctor": per["cached"]["ctor_first_ms"] / per["fresh"]["ctor_first_ms"],
+            "goal_read_forward": GOAL_READ_FORWARD}
+
+
+def print_table(res: dict) -> None:
+    s = res["summary"]
+    m = res["machine"]
+    print(f"replica cold start, {res['preset']} preset ({res['packed_mb']:.0f} MB packed), prefill {res['tokens']} "
+          f"tokens, {res['threads']} threads, medians of {res['reps']}; load {m['load_avg']} -> {m['load_avg_end']}")
+    rows = [{"case": c, **v} for c, v in s["cases"].items()]
+    print(C.table(rows, [("case", "case", ""), ("deploy->ready", "deploy_ready_ms", ".0f"),
+                         ("deploy->replica", "deploy_to_ctor_ms", ".0f"), ("replica->first", "ctor_first_ms", ".0f"),
+                         ("import", "import_ms", ".0f"), ("session", "session_ms", ".0f"),
+                         ("first run", "run_ms", ".0f"),
+                         ("deploy->first", "deploy_first_ms", ".0f"), ("prepared", "prepared_ms", ".0f"),
+                         ("1 forward", "forward_ms", ".1f"), ("resident", "resident", ".2f")]))
+    print(f"\nreference: cold read of the packed bytes {s['packed_read_ms']:.0f} ms + one forward "
+          f"{s['cases']['cached']['forward_ms']:.1f} ms = {s['reference_ms']:.0f} ms")
+    print(f"cached replica->first / reference = {s['cached_vs_reference']:.2f}x (goal <= {GOAL_READ_FORWARD}x); "
+          f"without the runtime's import {s['cached_no_import_vs_reference']:.2f}x; "
+          f"deploy->first / reference = {s['cached_deploy_vs_reference']:.2f}x")
+    print(f"cached / onnxruntime: replica->first {s['cached_vs_ort_ctor']:.2f}x, deploy->first "
+          f"{s['cached_vs_ort_deploy']:.2f}x; cached / fresh replica->first {s['cached_vs_fresh_ctor']:.2f}x")
+    pair = s["cases"]["pair-empty"]
+    print(f"wrong results {res['wrong']}, corrupt entries after pair-empty {pair['corrupt']} "
+          f"(entries {pair['entries']})")
+    lrows = [{"case": c, **v["load"]} for c, v in s["cases"].items() if "load" in v]
+    if lrows:
+        print("\nper-request latency under a bounded load (loopback, 1 replica):")
+        print(C.table(lrows, [("case", "case", ""), ("requests", "requests", ""), ("p50 ms", "p50_ms", ".1f"),
+                              ("p90 ms", "p90_ms", ".1f"), ("p99 ms", "p99_ms", ".1f"), ("req/s", "rps", ".1f")]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="medium", choices=["tiny", "medium", "large"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, help="intra_op_num_threads of every replica (both runtimes)")
+    ap.add_argument("--hot", type=int, default=5, help="sequential requests once prepared (one forward)")
+    ap.add_argument("--load-requests", type=int, default=64)
+    ap.add_argument("--load-seconds", type=float, default=15.0)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--models-dir", default=C.MODELS_DIR)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    C.emit(bench(a), a.json, print_table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

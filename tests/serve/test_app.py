@@ -1,0 +1,44 @@
+"""build_app without a cluster: the arguments ``serve run`` and config files pass, and the errors it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnx_prepared.errors import InvalidOptionError
+
+pytest.importorskip("ray.serve")
+
+
+def test_build_app_takes_serve_run_arguments():
+    import importlib
+
+    from ray.serve import Application
+
+    from onnx_prepared.serve import build_app
+
+    # `serve run onnx_prepared.serve:build_app` resolves the module, then the attribute
+    assert importlib.import_module("onnx_prepared.serve").build_app is build_app
+    # `serve run ... key=value` passes strings; a config file passes YAML values
+    app = build_app({"model_path": "m.onnx", "cache_path": "/shared", "num_replicas": "2", "num_cpus": "0.5",
+                     "options": '{"intra_op_num_threads": 1}', "name": "llm"})
+    assert isinstance(app, Application)
+    d = getattr(app, "_bound_deployment", None)  # Ray's internal view of the bound deployment
+    if d is None:
+        pytest.skip("this Ray version does not expose the bound deployment")
+    assert d.name == "llm" and d.num_replicas == 2 and d.ray_actor_options["num_cpus"] == 0.5
+    model, cache, options, runtime = d.init_args
+    assert model.endswith("/m.onnx") and cache == "/shared" and options == {"intra_op_num_threads": 1}
+    assert runtime == "onnx_prepared"
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    ({}, "model_path"),
+    ({"model_path": "m.onnx", "replicas": 2}, "replicas"),
+    ({"model_path": "m.onnx", "runtime": "tensorrt"}, "runtime"),
+    ({"model_path": "m.onnx", "options": "{not json"}, "options"),
+])
+def test_build_app_names_a_bad_argument(args, match):
+    from onnx_prepared.serve import build_app
+
+    with pytest.raises(InvalidOptionError, match=match):
+        build_app(args)
