@@ -13,12 +13,21 @@ correctly:
   afterwards ``cache verify`` must find nothing;
 - ``ort``: one replica running onnxruntime behind the same deployment (``runtime="onnxruntime"``).
 
-Per replica: deploy -> first correct response (client side, from the ``serve.run`` call: Ray's actor
-start, the worker's imports, the replica), and the replica's own cold start, constructor start ->
-first response (server side; the runtime's import is inside it for both runtimes). ``cached`` and ``ort``
-then take ``--hot`` sequential requests once prepared (the server-side run time of the last is "one
-forward") and, in the last repetition, a bounded load: ``--load-requests`` requests from
-``--concurrency`` client threads, at most ``--load-seconds``.
+Requests are in flight from before the deployment exists (404 until Serve routes them), so one waits
+when a replica starts. Per replica: deploy -> first correct response (client side, from the
+``serve.run`` call: Ray's actor start and the worker's imports, Serve routing to the new replica, the
+replica), and the replica's own phases (server side, from its constructor's start: the runtime's import,
+the session, the first request's arrival, its run). ``cached`` and ``ort`` then take ``--hot`` sequential
+requests once prepared (their median server-side run time is "one forward") and, in the last repetition,
+a bounded load: ``--load-requests`` requests from ``--concurrency`` client threads, at most
+``--load-seconds``.
+
+The replica alone (no Ray, ``--child``): a fresh process per case (``fresh``, ``cached``, ``ort``, after
+the same eviction) constructs the replica (ModelReplica / OrtReplica) and submits the request as the
+constructor returns: constructor start -> first response is the replica's cold start without Serve's
+routing, and the process's own hot forward completes the reference.
+
+The last stdout line is the ``--json`` object (Ray may print a shutdown notice before it).
 
 Goal reference (issue 16): a cached replica's cold start <= 1.3x (cold read of the packed bytes, one
 ``preadv`` per companion entry in file order after eviction, + one forward); a cached replica starts
@@ -98,18 +107,25 @@ class Checker:
 
 
 def first_responses(url: str, body: bytes, n: int, runtime: str, check: Checker, t0: float) -> dict[str, float]:
-    """Send ``n`` concurrent requests until ``n`` distinct replicas answered; pid -> seconds since ``t0``."""
+    """From before the deployment exists, keep ``n`` requests in flight until ``n`` distinct replicas answered
+    (so a request is waiting when a replica starts); pid -> seconds since ``t0``."""
     seen: dict[str, float] = {}
-    deadline = time.perf_counter() + LIMIT
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+    deadline = t0 + LIMIT
+
+    def until_answered(_):
         while len(seen) < n:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"only {len(seen)} of {n} replicas answered within {LIMIT} s")
-            for status, data, headers in pool.map(lambda _: post(f"{url}/infer", body), range(n)):
-                pid = headers.get("x-replica-pid")
-                if status == 200 and pid not in seen:
-                    check.ok(data, runtime)  # a wrong first answer is counted, and still a first answer
-                    seen[pid] = time.perf_counter() - t0
+            status, data, headers = post(f"{url}/infer", body)
+            pid = headers.get("x-replica-pid")
+            if status == 200 and pid not in seen:
+                check.ok(data, runtime)  # a wrong first answer is counted, and still a first answer
+                seen[pid] = time.perf_counter() - t0
+            elif status != 200:
+                time.sleep(0.005)  # no route yet (404/503): poll again
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        list(pool.map(until_answered, range(n)))
     return seen
 
 
@@ -171,18 +187,21 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
                      "options": {"intra_op_num_threads": a.threads}})
     name = f"bench-{case}-{rep}"
     wall0, t0 = time.time(), time.perf_counter()
-    serve.run(app, name=name, route_prefix="/bench")
-    ready_s = time.perf_counter() - t0
+    with concurrent.futures.ThreadPoolExecutor(1) as client:
+        answered = client.submit(first_responses, url, body, n, runtime, check, t0)
+        serve.run(app, name=name, route_prefix="/bench")
+        ready_s = time.perf_counter() - t0
+        firsts = answered.result()
     try:
-        firsts = first_responses(url, body, n, runtime, check, t0)
         st = statuses(url, set(firsts))
         row = {"case": case, "rep": rep, "replicas": n, "resident": resident, "deploy_ready_ms": ready_s * 1e3,
                "deploy_first_ms": max(firsts.values()) * 1e3,
                "deploy_to_ctor_ms": max((s["started"] - wall0) * 1e3 for s in st.values()),
                "ctor_first_ms": max(s["first_response_s"] * 1e3 for s in st.values()),
+               "arrival_ms": max(s["first_request_s"] * 1e3 for s in st.values()),
+               "first_run_ms": max((s["first_response_s"] - s["first_request_s"]) * 1e3 for s in st.values()),
                "import_ms": max(s["import_s"] * 1e3 for s in st.values()),
                "session_ms": max(s["session_s"] * 1e3 for s in st.values()),
-               "run_ms": max((s["first_response_s"] - s["import_s"] - s["session_s"]) * 1e3 for s in st.values()),
                "prepared_ms": max(s["prepared_s"] * 1e3 for s in st.values())}
         if case in ("cached", "ort"):
             hot = []
@@ -200,6 +219,52 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
         return row
     finally:
         serve.delete(name)
+
+
+# **** the replica alone: a fresh process, no Ray ****
+
+PROCESS_CASES = ("fresh", "cached", "ort")
+
+
+def child(a: argparse.Namespace) -> None:
+    """One replica in a fresh process, no Ray: construction, the first request submitted at once, its answer."""
+    t_main = time.perf_counter()
+    import asyncio
+
+    import numpy as np
+
+    from onnx_prepared.serve.replica import open_replica
+
+    feeds = C.llm_prefill_feeds(a.model, a.tokens)
+    runtime = "onnxruntime" if a.child == "ort" else "onnx_prepared"
+    t0 = time.perf_counter()
+    r = open_replica(a.model, a.cache or None, {"intra_op_num_threads": a.threads}, runtime=runtime)
+    t_ctor = time.perf_counter()
+    out = asyncio.run(r.infer(feeds))["logits"]
+    t1 = time.perf_counter()
+    r.wait_prepared(LIMIT)
+    hot = []
+    for _ in range(a.hot):
+        h0 = time.perf_counter()
+        asyncio.run(r.infer(feeds))
+        hot.append((time.perf_counter() - h0) * 1e3)
+    with np.load(a.want) as z:
+        want = z[runtime]
+    correct = np.array_equal(out, want) if runtime == "onnx_prepared" else np.allclose(out, want, atol=1e-4, rtol=1e-3)
+    C.child_print({"case": a.child, "interp_ms": (t_main - a.spawn) * 1e3, "ctor_ms": (t_ctor - t0) * 1e3,
+                   "import_ms": r.import_s * 1e3, "replica_first_ms": (t1 - t0) * 1e3,
+                   "process_first_ms": (t1 - a.spawn) * 1e3, "prepared_ms": r.prepared_s * 1e3,
+                   "forward_ms": C.median(hot), "correct": bool(correct)})
+    r.close()
+
+
+def run_process_case(a, case: str, model: str, paths: dict, want_file: str) -> dict:
+    files = C.model_files(model) + (paths["companion_files"] if case == "cached" else [])
+    resident = C.set_cache(files, "cold")
+    args = [os.path.abspath(__file__), "--child", case, "--model", model, "--tokens", str(a.tokens),
+            "--threads", str(a.threads), "--hot", str(a.hot), "--want", want_file,
+            "--cache", paths["complete"] if case == "cached" else ""]
+    return {**C.run_child(args), "resident": resident}
 
 
 # **** the run ****
@@ -247,8 +312,10 @@ def bench(a: argparse.Namespace) -> dict:
     body = codec.encode_npz(feeds)
     paths = prepare_paths(a, model)
     check = Checker(want)
+    want_file = os.path.join(paths["work"], "want.npz")
+    np.savez(want_file, **want)
     res = {"benchmark": "serve", "machine": C.machine(), "preset": a.preset, "reps": a.reps, "tokens": a.tokens,
-           "threads": a.threads, "packed_mb": paths["packed_mb"], "rows": [], "reference": [],
+           "threads": a.threads, "packed_mb": paths["packed_mb"], "rows": [], "reference": [], "process": [],
            "ours_vs_ort_max_abs": float(np.abs(want["onnx_prepared"] - want["onnxruntime"]).max())}
 
     import ray
@@ -265,6 +332,8 @@ def bench(a: argparse.Namespace) -> dict:
         for rep in range(a.reps):
             resident = C.set_cache(paths["companion_files"], "cold")
             res["reference"].append({"packed_read_ms": raw_read_ms(paths["packed_ranges"]), "resident": resident})
+            for case in C.rotate(PROCESS_CASES, rep):
+                res["process"].append(run_process_case(a, case, model, paths, want_file))
             for case in C.rotate(CASES, rep):
                 row = run_case(a, case, rep, model, paths, url, body, check, with_load=rep == a.reps - 1)
                 res["rows"].append(row)
@@ -275,7 +344,7 @@ def bench(a: argparse.Namespace) -> dict:
             serve.shutdown()
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-    res["wrong"] = check.wrong
+    res["wrong"] = check.wrong + sum(not r["correct"] for r in res["process"])
     res["summary"] = summarize(res)
     res["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     return res
@@ -283,7 +352,7 @@ def bench(a: argparse.Namespace) -> dict:
 
 def summarize(res: dict) -> dict:
     keys = ("deploy_ready_ms", "deploy_first_ms", "deploy_to_ctor_ms", "ctor_first_ms", "import_ms", "session_ms",
-            "run_ms", "prepared_ms", "forward_ms")
+            "arrival_ms", "first_run_ms", "prepared_ms", "forward_ms")
     per = {}
     for case in CASES:
         rows = [r for r in res["rows"] if r["case"] == case]
@@ -297,7 +366,14 @@ def summarize(res: dict) -> dict:
             per[case]["entries"] = [r["entries"] for r in rows]
     read = C.median([r["packed_read_ms"] for r in res["reference"]])
     ref = read + per["cached"]["forward_ms"]
-    return {"cases": per, "packed_read_ms": read, "reference_ms": ref,
+    proc = {c: {k: C.median([r[k] for r in res["process"] if r["case"] == c])
+                for k in ("interp_ms", "import_ms", "ctor_ms", "replica_first_ms", "process_first_ms", "prepared_ms",
+                          "forward_ms")} for c in PROCESS_CASES}
+    pref = read + proc["cached"]["forward_ms"]
+    return {"cases": per, "process": proc, "packed_read_ms": read, "reference_ms": ref, "process_reference_ms": pref,
+            "process_cached_vs_reference": proc["cached"]["replica_first_ms"] / pref,
+            "process_cached_vs_ort": proc["cached"]["replica_first_ms"] / proc["ort"]["replica_first_ms"],
+            "process_cached_vs_ort_from_spawn": proc["cached"]["process_first_ms"] / proc["ort"]["process_first_ms"],
             "cached_vs_reference": per["cached"]["ctor_first_ms"] / ref,
             "cached_no_import_vs_reference": (per["cached"]["ctor_first_ms"] - per["cached"]["import_ms"]) / ref,
             "cached_deploy_vs_reference": per["cached"]["deploy_first_ms"] / ref,
@@ -316,7 +392,7 @@ def print_table(res: dict) -> None:
     print(C.table(rows, [("case", "case", ""), ("deploy->ready", "deploy_ready_ms", ".0f"),
                          ("deploy->replica", "deploy_to_ctor_ms", ".0f"), ("replica->first", "ctor_first_ms", ".0f"),
                          ("import", "import_ms", ".0f"), ("session", "session_ms", ".0f"),
-                         ("first run", "run_ms", ".0f"),
+                         ("1st request", "arrival_ms", ".0f"), ("1st run", "first_run_ms", ".0f"),
                          ("deploy->first", "deploy_first_ms", ".0f"), ("prepared", "prepared_ms", ".0f"),
                          ("1 forward", "forward_ms", ".1f"), ("resident", "resident", ".2f")]))
     print(f"\nreference: cold read of the packed bytes {s['packed_read_ms']:.0f} ms + one forward "
@@ -329,6 +405,16 @@ def print_table(res: dict) -> None:
     pair = s["cases"]["pair-empty"]
     print(f"wrong results {res['wrong']}, corrupt entries after pair-empty {pair['corrupt']} "
           f"(entries {pair['entries']})")
+    print("\nthe replica alone (fresh process, no Ray; the request submitted as the constructor returns):")
+    print(C.table([{"case": c, **v} for c, v in s["process"].items()],
+                  [("case", "case", ""), ("interpreter", "interp_ms", ".0f"), ("runtime import", "import_ms", ".0f"),
+                   ("constructor", "ctor_ms", ".0f"), ("replica->first", "replica_first_ms", ".0f"),
+                   ("spawn->first", "process_first_ms", ".0f"), ("prepared", "prepared_ms", ".0f"),
+                   ("1 forward", "forward_ms", ".1f")]))
+    print(f"cached replica->first / (packed read {s['packed_read_ms']:.0f} + forward "
+          f"{s['process']['cached']['forward_ms']:.1f} ms) = {s['process_cached_vs_reference']:.2f}x "
+          f"(goal <= {GOAL_READ_FORWARD}x); cached / onnxruntime: replica->first {s['process_cached_vs_ort']:.2f}x, "
+          f"spawn->first {s['process_cached_vs_ort_from_spawn']:.2f}x")
     lrows = [{"case": c, **v["load"]} for c, v in s["cases"].items() if "load" in v]
     if lrows:
         print("\nper-request latency under a bounded load (loopback, 1 replica):")
@@ -348,7 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--models-dir", default=C.MODELS_DIR)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--child", choices=PROCESS_CASES, help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--want", help=argparse.SUPPRESS)
+    ap.add_argument("--spawn", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.child:
+        child(a)
+        return 0
     C.emit(bench(a), a.json, print_table)
     return 0
 

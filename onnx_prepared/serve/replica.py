@@ -79,6 +79,7 @@ class ModelReplica:
         from onnx_prepared.runtime import RuntimeSession
 
         self.import_s = time.perf_counter() - self.started  # the runtime's modules, when this process had none
+        self.first_request_s: float | None = None  # arrival of the first request, since construction start
         self.first_response_s: float | None = None
         self.model_path = os.fspath(model_path)
         if session is None:
@@ -116,6 +117,8 @@ class ModelReplica:
 
     async def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one request through ``run_async``: awaiting the handle never blocks the event loop."""
+        if self.first_request_s is None:
+            self.first_request_s = time.perf_counter() - self.started
         outputs = await self.session.run_async(self._check(feeds))
         if self.first_response_s is None:
             self.first_response_s = time.perf_counter() - self.started
@@ -135,7 +138,8 @@ class ModelReplica:
     def status(self) -> dict[str, Any]:
         c = self.session.companion
         return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
-                "import_s": self.import_s, "session_s": self.session_s, "first_response_s": self.first_response_s,
+                "import_s": self.import_s, "session_s": self.session_s, "first_request_s": self.first_request_s,
+                "first_response_s": self.first_response_s,
                 "prepared": self._done.is_set(),
                 "prepared_s": self.prepared_s, "cache": None if c is None else c.path,
                 "cache_entries": None if c is None else len(c.entries()), "cache_written": self.flushed,
@@ -159,6 +163,7 @@ class OrtReplica:
         import onnxruntime as ort
 
         self.import_s = time.perf_counter() - self.started
+        self.first_request_s: float | None = None  # arrival of the first request, since construction start
         self.first_response_s: float | None = None
         self.model_path = os.fspath(model_path)
         so = ort.SessionOptions()
@@ -174,6 +179,8 @@ class OrtReplica:
     async def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import asyncio
 
+        if self.first_request_s is None:
+            self.first_request_s = time.perf_counter() - self.started
         outputs = await asyncio.to_thread(self.session.run, None, dict(feeds))
         if self.first_response_s is None:
             self.first_response_s = time.perf_counter() - self.started
@@ -184,7 +191,8 @@ class OrtReplica:
 
     def status(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
-                "import_s": self.import_s, "session_s": self.session_s, "first_response_s": self.first_response_s,
+                "import_s": self.import_s, "session_s": self.session_s, "first_request_s": self.first_request_s,
+                "first_response_s": self.first_response_s,
                 "prepared": True, "prepared_s": self.prepared_s,
                 "inputs": sorted(self.input_types), "outputs": self.output_names}
 
