@@ -1,11 +1,12 @@
 /* 2-D depthwise Conv (one input channel per group, any channel multiplier), NCHW float32, over the pool.
- * Output channel c*mult + j reads input channel c with weight row w[c][j][KH*KW]; pads are bounds on
- * each tap's valid output columns (no padded copy). Tasks are fixed blocks of output planes, so the
+ * Output channel c*mult + j reads input channel c with weight row w[c][j][KH*KW]; each plane is
+ * padded into per-thread scratch first (depthwise.inc). Tasks are fixed blocks of output planes, so the
  * result does not depend on the thread count. The planes are computed by depthwise.inc, built for
  * portable, AVX2 and AVX-512 (depthwise_isa.c) and chosen by the dispatch level. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "depthwise.h"
@@ -15,6 +16,20 @@
 static void (*g_planes)(const dw_job *, int) = dw_planes_portable; /* set per call under the GIL */
 
 static void dw_task(void *ctx, int t) { g_planes((const dw_job *)ctx, t); }
+
+static __thread float *dw_buf;
+static __thread size_t dw_cap;
+
+float *dw_scratch(size_t n)
+{
+    if (n > dw_cap) {
+        free(dw_buf);
+        dw_cap = n < 4096 ? 4096 : n;
+        dw_buf = (float *)malloc(dw_cap * sizeof(float));
+        if (!dw_buf) dw_cap = 0;
+    }
+    return dw_buf;
+}
 
 
 /* depthwise2d(x, w, b|None, y, dims int64[15]): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw */
@@ -37,7 +52,9 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const long long *d = (const long long *)bd.buf;
     dw_job j = {NULL, NULL, NULL, NULL, (long)d[0], (long)d[1], (long)d[2], (long)d[3], (long)d[4], (long)d[5],
                 (long)d[6], (long)d[7], (long)d[8], (long)d[9], (long)d[10], (long)d[11], (long)d[12],
-                (long)d[13], (long)d[14], 1};
+                (long)d[13], (long)d[14], 1, NULL};
+    int failed = 0;
+    j.failed = &failed;
     int bad = 0;
     for (int i = 0; i < 15; i++) bad |= d[i] < (i == 9 || i == 10 ? 0 : 1) || d[i] > (1LL << 30);
     bad |= d[6] > DW_MAX_KW;
@@ -67,13 +84,20 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     j.planes_per_task = per_plane >= (1 << 15) ? 1 : (1 << 15) / (per_plane ? per_plane : 1);
     const int ntasks = (int)((total + j.planes_per_task - 1) / j.planes_per_task);
     const int level = ext_isa_level();
-    g_planes = level >= 3 ? dw_planes_avx512 : level >= 1 ? dw_planes_avx2 : dw_planes_portable;
+    /* planes at most 8 wide run the 8-lane build at the AVX-512 level too (16 lanes: half of them wasted) */
+    g_planes = level >= 3 && j.OW > 8 ? dw_planes_avx512 : level >= 1 ? dw_planes_avx2 : dw_planes_portable;
     Py_BEGIN_ALLOW_THREADS
-    if (ntasks > 1 && nb_pool_get_threads() > 1)
+    /* below ~2^18 multiply-adds per call (a few tens of microseconds) waking the pool costs more than
+     * it saves */
+    if (ntasks > 1 && nb_pool_get_threads() > 1 && (double)total * (double)per_plane >= (double)(1 << 18))
         nb_pool_run(dw_task, &j, ntasks);
     else
         for (int t = 0; t < ntasks; t++) dw_task(&j, t);
     Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
     ret = Py_None;
     Py_INCREF(ret);
 done:

@@ -5,12 +5,26 @@
 #include <Python.h>
 
 enum { DW_MAX_KW = 64 }; /* widest kernel the native path takes (conv.py checks) */
+enum { DW_VL = 16 };      /* the widest level's output columns per vector (depthwise.inc's DW_VEC) */
 
 typedef struct {
     const float *x, *w, *b;
     float *y;
     long N, C, H, W, mult, KH, KW, OH, OW, pt, pl, sh, sw, dh, dw, planes_per_task;
+    int *failed; /* set by a task that could not get its scratch */
 } dw_job;
+
+/* rows of the padded input plane the output reads, and the width of one of its sw phase rows (with
+ * DW_VL columns of slack for the last run's full-width reads) */
+static inline long dw_padded_rows(const dw_job *j) { return (j->OH - 1) * j->sh + (j->KH - 1) * j->dh + 1; }
+static inline long dw_phase_width(const dw_job *j)
+{
+    const long span = (j->OW - 1) * j->sw + (j->KW - 1) * j->dw + 1;
+    return (span + j->sw - 1) / j->sw + DW_VL;
+}
+
+/* this thread's scratch of at least n floats (grows, kept), or NULL when out of memory */
+float *dw_scratch(size_t n);
 
 /* task t of a job: its block of output planes (depthwise.inc, one build per ISA) */
 void dw_planes_portable(const dw_job *j, int t);

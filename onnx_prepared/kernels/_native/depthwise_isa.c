@@ -2,30 +2,35 @@
 #include "depthwise.h"
 
 #define DW_ENTRY dw_planes_portable
+#define DW_VEC 4
 #define plane plane_portable
-#define ceil_div ceil_div_portable
+#define dw_vec dw_vec_portable
 #include "depthwise.inc"
 #undef DW_ENTRY
+#undef DW_VEC
 #undef plane
-#undef ceil_div
+#undef dw_vec
 
 #if defined(__x86_64__) || defined(_M_X64)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define DW_ENTRY dw_planes_avx2
+#define DW_VEC 8
 #define plane plane_avx2
-#define ceil_div ceil_div_avx2
+#define dw_vec dw_vec_avx2
 #include "depthwise.inc"
 #undef DW_ENTRY
+#undef DW_VEC
 #undef plane
-#undef ceil_div
+#undef dw_vec
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
 #define DW_ENTRY dw_planes_avx512
+#define DW_VEC 16
 #define plane plane_avx512
-#define ceil_div ceil_div_avx512
+#define dw_vec dw_vec_avx512
 #include "depthwise.inc"
 #pragma GCC pop_options
 #else

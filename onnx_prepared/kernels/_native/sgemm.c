@@ -49,7 +49,8 @@ static int sg_run(sg_job *j, long B)
     const int level = ext_isa_level();
     g_task = level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
     Py_BEGIN_ALLOW_THREADS
-    if (ntasks > 1 && nb_pool_get_threads() > 1)
+    /* below ~2^21 multiply-adds per call (tens of microseconds) waking the pool costs more than it saves */
+    if (ntasks > 1 && nb_pool_get_threads() > 1 && work * (double)B * (double)j->G >= (double)(1 << 21))
         nb_pool_run(sg_pool_task, j, (int)ntasks);
     else
         for (long t = 0; t < ntasks; t++) sg_pool_task(j, (int)t);
