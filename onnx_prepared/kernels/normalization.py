@@ -2,8 +2,10 @@
 SimplifiedLayerNormalization (RMS norm) and the com.microsoft Skip* fusions.
 
 All compute in float32 (stash_type=1, the only value onnxruntime's CPU kernels implement) and cast the
-result back to the input dtype. Statistics outputs have the input's leading dimensions and size 1 on the
-normalized axes, as onnxruntime returns them.
+result back to the input dtype. The RMS norms of an LLM (float32, last axis, a [n] scale, skip of the
+input's shape) take one native pass per row (``_native/llm_norm.c``), with the same float32 operations.
+Statistics outputs have the input's leading dimensions and size 1 on the normalized axes, as onnxruntime
+returns them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
 
@@ -26,7 +29,29 @@ def _stash(stash_type: int, op: str) -> None:
         raise KernelError(f"{op}: stash_type={stash_type} is not supported (only 1, float32)")
 
 
+def _native_rms(x: np.ndarray, scale: np.ndarray, epsilon: float, skip: np.ndarray | None = None,
+                bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """(y, inv_std_var [..., 1], sum or None) through the extension, or None when the call does not fit it
+    (no extension, another dtype, a scale that is not [n], a skip of another shape)."""
+    n = x.shape[-1] if x.ndim else 0
+    if (native._ext is None or not n or x.dtype != np.float32 or scale.dtype != np.float32 or scale.shape != (n,)
+            or (skip is not None and (skip.dtype != np.float32 or skip.shape != x.shape))
+            or (bias is not None and (bias.dtype != np.float32 or bias.shape != (n,)))):
+        return None
+    c = np.ascontiguousarray
+    y = np.empty(x.shape, np.float32)
+    inv = np.empty(x.shape[:-1] + (1,), np.float32)
+    h = None if skip is None else np.empty(x.shape, np.float32)
+    native._ext.rms_norm(c(x), None if skip is None else c(skip), None if bias is None else c(bias), c(scale), y, h,
+                         inv, x.size // n, n, float(epsilon))
+    return y, inv, h
+
+
 def _rms(x: np.ndarray, scale: np.ndarray, axes: tuple[int, ...], epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    if axes == (x.ndim - 1,):
+        got = _native_rms(x, scale, epsilon)
+        if got is not None:
+            return got[0], got[1]
     xf = x.astype(np.float32, copy=False)
     if axes == (xf.ndim - 1,) and xf.ndim:  # the LLM case: one fused dot per row, no squared temporary
         ms = np.vecdot(xf, xf)[..., None]
@@ -104,6 +129,11 @@ def skip_simplified_layer_normalization(
     input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, bias: np.ndarray | None = None, *, epsilon: float = 1e-12
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """RMS norm of ``input + skip (+ bias)``; outputs (output, mean (zeros, unused), inv_std_var, sum)."""
+    if input.ndim in (2, 3):
+        got = _native_rms(input, gamma, epsilon, skip, bias)
+        if got is not None:
+            y, inv, h = got
+            return y, np.zeros_like(inv), inv, h
     h = _skip_sum("SkipSimplifiedLayerNormalization", input, skip, bias)
     y, inv = _rms(h, gamma, (h.ndim - 1,), epsilon)
     return y.astype(input.dtype, copy=False), np.zeros_like(inv), inv, h.astype(input.dtype, copy=False)

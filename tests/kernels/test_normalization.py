@@ -1,13 +1,17 @@
-"""Layer/RMS normalizations and the com.microsoft Skip* fusions against onnxruntime and onnx.reference."""
+"""Layer/RMS normalizations and the com.microsoft Skip* fusions against onnxruntime and onnx.reference, on the
+numpy path and through the extension's RMS norm (llm_norm.c; one portable build, so one native path)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels import normalization as nm
 from onnx_prepared.kernels.registry import lookup
 
@@ -37,6 +41,35 @@ def _close(got, want, tol=1e-5):
 @pytest.fixture
 def rng():
     return np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True, params=["numpy", "native"] if native.available() else ["numpy"])
+def path(request, monkeypatch):
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "_ext", None)
+    return request.param
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from([(1, 1), (3, 7), (2, 5, 16), (1, 4, 1000), (130, 64), (0, 8)]),
+       skip=st.booleans(), bias=st.booleans(), eps=st.sampled_from([1e-6, 1e-12]), seed=st.integers(0, 99))
+def test_native_rms_matches_numpy_path(path, monkeypatch, shape, skip, bias, eps, seed):
+    r = np.random.default_rng(seed)
+    x = r.standard_normal(shape).astype(np.float32)
+    g = r.standard_normal(shape[-1]).astype(np.float32)
+    if skip:
+        s = r.standard_normal(shape).astype(np.float32)
+        b = r.standard_normal(shape[-1]).astype(np.float32) if bias else None
+        got = nm.skip_simplified_layer_normalization(x, s, g, b, epsilon=eps)
+    else:
+        got = nm.simplified_layer_normalization(x, g, epsilon=eps)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_ext", None)
+        want = (nm.skip_simplified_layer_normalization(x, s, g, b, epsilon=eps) if skip
+                else nm.simplified_layer_normalization(x, g, epsilon=eps))
+    for a, w in zip(got, want):
+        assert a.shape == w.shape and a.dtype == w.dtype
+        np.testing.assert_allclose(a, w, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("axis", [-1, 1])

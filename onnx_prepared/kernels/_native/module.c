@@ -16,6 +16,7 @@
 #include "act.h"
 #include "nms.h"
 #include "attention.h"
+#include "llm_norm.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -376,6 +377,7 @@ static PyMethodDef methods[] = {
     ACT_METHODS
     NMS_METHODS
     ATTENTION_METHODS
+    LLM_NORM_METHODS
     {NULL, NULL, 0, NULL},
 };
 
