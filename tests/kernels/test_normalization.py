@@ -148,3 +148,33 @@ def test_bad_skip_shape_raises_kernel_error(rng):
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)
     with pytest.raises(KernelError, match="skip shape"):
         nm.skip_simplified_layer_normalization(x, np.zeros((4, 8), np.float32), np.ones(8, np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 8, 15, 16, 17, 100, 896, 1003])
+@pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization"])
+def test_native_rms_norms_are_onnxruntimes_bits(path, op, n):
+    """The extension's norms use onnxruntime's float32 order (llm_norm.c): an int8 MatMulNBits after a norm
+    turns a last-bit difference into a rounding flip, so equal bits matter for whole-model agreement."""
+    if path == "numpy":
+        pytest.skip("the numpy path is close to onnxruntime, not bit-equal")
+    r = np.random.default_rng(n)
+    x = (r.standard_normal((2, 5, n)) * 3).astype(np.float32)
+    feeds = {"x": x}
+    if op.startswith("Skip"):
+        feeds["skip"] = r.standard_normal((2, 5, n)).astype(np.float32)
+    feeds["gamma"] = r.standard_normal(n).astype(np.float32)
+    if op.startswith("Skip"):
+        feeds["bias"] = r.standard_normal(n).astype(np.float32)
+    outs = ["y", "m", "inv", "sum"] if op.startswith("Skip") else ["y"]
+    node = helper.make_node(op, list(feeds), outs, domain="com.microsoft" if op.startswith("Skip") else "",
+                            epsilon=1e-6)
+    want = _ort(node, feeds, len(outs))
+    if op.startswith("Skip"):
+        got = nm.skip_simplified_layer_normalization(feeds["x"], feeds["skip"], feeds["gamma"], feeds["bias"],
+                                                     epsilon=1e-6)
+        pairs = [(got[0], want[0]), (got[3], want[3])]
+    else:
+        fn = nm.rms_normalization if op == "RMSNormalization" else nm.simplified_layer_normalization
+        pairs = [(fn(x, feeds["gamma"], epsilon=1e-6)[0], want[0])]
+    for g, w in pairs:
+        np.testing.assert_array_equal(g, w)
