@@ -16,38 +16,69 @@ if TYPE_CHECKING:
 
 
 class FeedBinder:
-    """Checks a run's feeds and places them in a fresh slot list (read-only after construction)."""
+    """Checks a run's feeds and places them in a fresh slot list (read-only after construction).
+
+    Each input's check is compiled once: a plain ndarray of the declared dtype, rank and fixed dims is
+    stored as is after a few comparisons; anything else goes through :func:`check_value`, which
+    converts it or raises the InvalidFeedError naming what is wrong.
+    """
 
     def __init__(self, execution: ExecutionPlan, graph: onnx.GraphProto, requirement_slots: tuple[int, ...]) -> None:
-        self._slot_of = {n: i for i, n in enumerate(execution.slot_names)}
+        slot_of = {n: i for i, n in enumerate(execution.slot_names)}
         self.required = [execution.slot_names[s] for s in execution.input_slots]
-        self._types = {i.name: i.type for i in graph.input}
         # slots holding prepared requirements: a feed there overrides an initializer-backed input
-        self._bit_of_slot = {s: b for b, s in enumerate(requirement_slots) if s >= 0}
-        # Values that are part of the plan itself, not weights: sparse initializers (inline, tiny).
+        bit_of_slot = {s: b for b, s in enumerate(requirement_slots) if s >= 0}
+        # name -> (slot, required, requirement bit or None, TypeProto, fast-path dtype or None, rank or -1,
+        # fixed dims)
+        required = set(self.required)
+        self._inputs: dict[str, tuple] = {}
+        for i in graph.input:
+            slot = slot_of[i.name]
+            self._inputs[i.name] = (slot, i.name in required, bit_of_slot.get(slot), i.type, *_fast_check(i.type))
+        # Values that are part of the plan itself, not weights: folded Constant nodes (ExecutionPlan.presets)
+        # and sparse initializers (inline, tiny).
         self._constants = execution.new_values()
         for sp in graph.sparse_initializer:
-            if sp.values.name in self._slot_of:
-                self._constants[self._slot_of[sp.values.name]] = sparse_to_dense(sp)
+            if sp.values.name in slot_of:
+                self._constants[slot_of[sp.values.name]] = sparse_to_dense(sp)
 
     def bind(self, feeds: Mapping[str, Any]) -> tuple[list, frozenset[int]]:
         """A fresh value list with the checked feeds, and the requirement bits the caller overrode."""
         values = list(self._constants)
-        types = self._types
-        for name in self.required:
-            if name not in feeds:
-                raise InvalidFeedError(f"missing input {name!r}; expected inputs: {self.required}")
+        inputs = self._inputs
         overridden = []
+        n_required = 0
         for name, v in feeds.items():
-            tp = types.get(name)
-            if tp is None:
+            spec = inputs.get(name)
+            if spec is None:
                 raise InvalidFeedError(f"unknown input {name!r}; expected inputs: {self.required}")
-            slot = self._slot_of[name]
-            values[slot] = check_value(name, tp, v)
-            b = self._bit_of_slot.get(slot)
-            if b is not None:  # an initializer-backed input the caller overrides
-                overridden.append(b)
+            slot, req, bit, tp, want, rank, fixed = spec
+            if (want is not None and type(v) is np.ndarray and v.dtype == want
+                    and (rank < 0 or (v.ndim == rank and all(v.shape[i] == d for i, d in fixed)))):
+                values[slot] = v
+            else:
+                values[slot] = check_value(name, tp, v)
+            n_required += req
+            if bit is not None:  # an initializer-backed input the caller overrides
+                overridden.append(bit)
+        if n_required != len(self.required):
+            for name in self.required:
+                if name not in feeds:
+                    raise InvalidFeedError(f"missing input {name!r}; expected inputs: {self.required}")
         return values, frozenset(overridden)
+
+
+def _fast_check(tp: onnx.TypeProto) -> tuple[np.dtype | None, int, tuple[tuple[int, int], ...]]:
+    """(dtype, rank or -1 without a shape, (axis, fixed dim) pairs) a tensor feed passes as is; dtype None
+    for anything that always takes :func:`check_value` (sequences, optionals, maps, untyped tensors)."""
+    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
+        return None, -1, ()
+    want = _np_dtype(tp.tensor_type.elem_type)
+    if not tp.tensor_type.HasField("shape"):
+        return want, -1, ()
+    dims = tp.tensor_type.shape.dim
+    fixed = tuple((i, d.dim_value) for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value >= 0)
+    return want, len(dims), fixed
 
 
 def type_string(tp: onnx.TypeProto) -> str:

@@ -120,3 +120,28 @@ def test_inputs_without_shape_show_an_empty_list():
                              [helper.make_tensor_value_info("y", F, None)]))
     assert ours.get_inputs()[0].shape == ref.get_inputs()[0].shape == []
     assert ours.get_outputs()[0].shape == ref.get_outputs()[0].shape == []
+
+
+def test_compiled_feed_checks_pass_exact_arrays_as_is_and_refuse_the_rest():
+    """The per-input check compiled at construction: a plain ndarray of the declared dtype, rank and fixed
+    dims is bound as is (no copy); everything else takes the full check, with its error."""
+    g = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", F, [2, "n", -1]), helper.make_tensor_value_info("b", F, [1])],
+        [helper.make_tensor_value_info("y", F, None)], [helper.make_tensor("b", F, [1], [1.0])])
+    rt = onnx_prepared.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).runtime
+    binder = rt._feeds
+    x = np.zeros((2, 3, 4), np.float32)
+    values, overridden = binder.bind({"x": x})
+    slot = rt.plan.execution.slot_names.index("x")
+    assert values[slot] is x and overridden == frozenset()
+    values, overridden = binder.bind({"x": x, "b": np.full(1, 2.0, np.float32)})  # overrides the initializer
+    assert len(overridden) == 1
+    converted, _ = binder.bind({"x": x.tolist()})  # a list: converted to the declared float32
+    assert converted[slot].dtype == np.float32 and converted[slot].shape == (2, 3, 4)
+    for bad, match in [({"x": x.astype(np.float64)}, "dtype float64"), ({"x": x[0]}, "rank 2"),
+                       ({"x": np.zeros((3, 3, 4), np.float32)}, "dimension 0"), ({}, "missing input 'x'"),
+                       ({"b": np.ones(1, np.float32)}, "missing input 'x'"), ({"x": x, "z": x}, "unknown input 'z'"),
+                       ({"x": np.zeros((2, 3, 4, 1), np.float32)}, "rank 4")]:
+        with pytest.raises(InvalidFeedError, match=match):
+            binder.bind(bad)
