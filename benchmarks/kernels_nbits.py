@@ -170,9 +170,9 @@ def run(repeat: int, shapes, rows) -> dict:
     res["loadavg_end"] = _loadavg()
     stats = getattr(getattr(native, "_ext", None), "pool_stats", None)
     if stats is not None:
-        jobs, declined, joined, wtasks, tasks = stats()
+        jobs, declined, joined, wtasks, tasks, solo = stats()
         res["pool"] = {"jobs": jobs, "declined": declined, "worker_joins": joined, "worker_tasks": wtasks,
-                       "tasks": tasks}
+                       "tasks": tasks, "solo": solo}
     return res
 
 
@@ -201,7 +201,8 @@ def print_table(res: dict) -> None:
         p = res["pool"]
         print(f"pool: {p['jobs']} pooled jobs, {p['declined']} declined by a worker woken on the caller's CPU (no idle "
               f"CPU at the time: those ran on one thread), workers joined {p['worker_joins']} and ran "
-              f"{p['worker_tasks']} of {p['tasks']} tasks")
+              f"{p['worker_tasks']} of {p['tasks']} tasks; {p['solo']} jobs ran on the caller alone (back-off: the "
+              f"workers had not shortened the last job)")
 
 
 def main(argv: list[str] | None = None) -> int:

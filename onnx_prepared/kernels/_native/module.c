@@ -166,8 +166,9 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
         const int T = nb_pool_get_threads();
         const double work = (double)M * (double)K * (double)N;
         const int par = T > 1 && work >= (double)(1 << 18);
-        /* phase 1: prepare A (rows split when there is enough of it) */
-        j.rc = M * K >= (1 << 15) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
+        /* phase 1: prepare A, split over the pool only when there is a lot of it (about 1-2 % of the call:
+         * a small pooled job would only wake the workers late and make the pool's back-off judge them) */
+        j.rc = M * K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
         j.nrc = (int)((M + j.rc - 1) / j.rc);
         nb_pool_run(prep_task, &j, j.nrc);
         /* phase 2: row chunks x panel chunks */
@@ -344,9 +345,9 @@ static PyObject *py_pool_stats(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    long long v[5];
+    long long v[6];
     nb_pool_stats(v);
-    return Py_BuildValue("(LLLLL)", v[0], v[1], v[2], v[3], v[4]);
+    return Py_BuildValue("(LLLLLL)", v[0], v[1], v[2], v[3], v[4], v[5]);
 }
 
 static PyObject *py_pool_stalls(PyObject *self, PyObject *unused)
@@ -367,7 +368,7 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
     {"pool_stalls", py_pool_stalls, METH_NOARGS, "jobs a worker declined (woken on the caller's CPU)"},
-    {"pool_stats", py_pool_stats, METH_NOARGS, "(pooled jobs, declined, worker joins, worker tasks, tasks)"},
+    {"pool_stats", py_pool_stats, METH_NOARGS, "(pooled jobs, declined, worker joins, worker tasks, tasks, solo jobs)"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     CONV_GEMM_METHODS

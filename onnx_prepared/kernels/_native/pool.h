@@ -16,7 +16,8 @@ void nb_pool_set_spin_us(int us);
 int nb_pool_default_threads(void);
 /* Jobs a worker declined so far because the scheduler woke it on the caller's CPU. */
 long long nb_pool_stalls(void);
-/* Diagnostics since import: pooled jobs, declined, worker joins, tasks run by workers, tasks of pooled jobs. */
-void nb_pool_stats(long long out[5]);
+/* Diagnostics since import: pooled jobs, declined, worker joins, tasks run by workers, tasks of pooled jobs,
+ * jobs run by the caller alone during a back-off (pool.c). */
+void nb_pool_stats(long long out[6]);
 
 #endif
