@@ -507,13 +507,12 @@ class PreparedModelStore:
                     tmp = None
                     io.fsync_dir(self.folder)
                     io.checkpoint("data_published")
-                self._publish(new, digests)
-                # Without locks a concurrent publication may have replaced ours: merge again until the
-                # index holds our entries (bounded; an entry still lost is a miss, never a corrupt one).
-                for _ in range(0 if self.locking else _LOCKLESS_REPUBLISH):
-                    if self._published(new):
+                # Without locks another writer may replace the index between our read and our rename (we
+                # then merge again) or right after it (then our entries are gone: merge again until the index
+                # holds them). Bounded: an entry still lost is a miss, never a corrupt one.
+                for _ in range(1 if self.locking else 1 + _LOCKLESS_REPUBLISH):
+                    if self._publish(new, digests) and (self.locking or self._published(new)):
                         break
-                    self._publish(new, digests)
         finally:
             if tmp_fd is not None:
                 os.close(tmp_fd)
@@ -530,9 +529,10 @@ class PreparedModelStore:
             return not new
         return all(n in disk.entries and disk.entries[n].lineage_digest == e.lineage_digest for n, e in new.items())
 
-    def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> None:
-        """Merge ``new`` into the companion index on disk and replace it. Caller holds the exclusive lock."""
-        disk, _ = io.read_index(self.path)
+    def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> bool:
+        """Merge ``new`` into the companion index on disk and replace it; True. Caller holds the exclusive
+        lock; without locks, False when another writer replaced the index meanwhile (nothing changed)."""
+        disk, ino = io.read_index(self.path)
         kept: dict[str, CacheEntry] = {}
         src, stamps, gen = {}, {}, 0
         if disk is not None and _stale_reason(disk, self.source_digest) is None:
@@ -551,11 +551,15 @@ class PreparedModelStore:
         merged = {n: e for n, e in {**kept, **new}.items() if n not in invalid}  # lost files: dropped
         meta = {SOURCE_MODEL_KEY: self.source_digest, ABI_KEY: self.kernel_abi, GENERATION_KEY: str(gen + 1)}
         model = encode(meta, list(merged.values()), src, stamps)
+        unchanged = None if self.locking else (lambda: io.inode(self.path) == ino)
         try:
-            io.write_atomic(self.path, model.SerializeToString(), self.root)
+            replaced = io.write_atomic(self.path, model.SerializeToString(), self.root, unchanged=unchanged)
         except BaseException:
             io.close_all(fds)
             raise
+        if not replaced:
+            io.close_all(fds)
+            return False
         io.checkpoint("manifest_replaced")
         io.cleanup(self.folder, self.root, {e.location for e in merged.values()},
                    min_age=0.0 if self.locking else io.LOCKLESS_GRACE_S)
@@ -574,6 +578,7 @@ class PreparedModelStore:
                         self._stamps[n] = stamps[n]
             self.stale_reason = None
             self.generation = gen + 1
+        return True
 
     # ---- lifetime ----
     def close(self) -> None:

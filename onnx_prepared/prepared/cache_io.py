@@ -19,9 +19,11 @@ EOPNOTSUPP, as on some network filesystems) correctness rests on what every such
 unique file names (random generation ids, ``O_EXCL``), data written and fsync-ed before it is renamed
 into place, and an atomic ``os.replace`` of the index, so a reader sees one complete generation or the
 next. What locking added is then weakened, never turned into corruption: two writers publishing at once
-may drop one's entries from the index (the writer re-reads after publishing and merges again, a bounded
-number of times; what is still lost is a miss for the next replica), and step 3 removes only files older
-than ``LOCKLESS_GRACE_S``, since a fresh unreferenced file may belong to a writer that has not published yet.
+may drop one's entries from the index (a writer replaces the index only if it is still the one it merged
+with, checked right before the rename, and re-reads after publishing and merges again, a bounded number
+of times; what a race inside that last instant still loses is a miss for the next replica), and step 3
+removes only files older than ``LOCKLESS_GRACE_S``, since a fresh unreferenced file may belong to a writer
+that has not published yet.
 
 ``checkpoint`` marks each step for the crash tests (tests/prepared/test_cache_processes.py); it does
 nothing otherwise.
@@ -35,7 +37,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -187,8 +189,12 @@ def fsync_dir(folder: str) -> None:
             os.close(fd)
 
 
-def write_atomic(path: str, data: bytes, root: str) -> None:
-    """Replace ``path`` by ``data``: temporary file, fsync, ``os.replace``, fsync the folder."""
+def write_atomic(path: str, data: bytes, root: str, *, unchanged: Callable[[], bool] | None = None) -> bool:
+    """Replace ``path`` by ``data``: temporary file, fsync, ``os.replace``, fsync the folder; True.
+
+    ``unchanged`` (without locks): asked right before the replace; False drops the temporary file and
+    returns False, leaving ``path`` as it is (another writer replaced it since the caller read it).
+    """
     folder = os.path.dirname(path)
     tmp = os.path.join(folder, f".{root}.{new_id()}.onnx.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -201,12 +207,16 @@ def write_atomic(path: str, data: bytes, root: str) -> None:
         finally:
             os.close(fd)
         checkpoint("manifest_written")
+        if unchanged is not None and not unchanged():
+            os.unlink(tmp)
+            return False
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     fsync_dir(folder)
+    return True
 
 
 def open_payload_file(file: str) -> tuple[int | None, int, str]:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_prepared.errors import InvalidOptionError, MissingDependencyError, OnnxPreparedError
+from onnx_prepared.prepared.cache_io import LOCKING_ENV
 from onnx_prepared.serve import codec
 from onnx_prepared.serve.replica import RUNTIMES, open_replica
 from onnx_prepared.serve.text import TextReplica, is_genai_folder
@@ -41,7 +42,7 @@ except ImportError:
 __all__ = ["PreparedModelDeployment", "build_app"]
 
 #: build_app's arguments besides the replica's own (model_path, cache_path, options, runtime).
-APP_ARGS = ("num_replicas", "num_cpus", "max_ongoing_requests", "name")
+APP_ARGS = ("num_replicas", "num_cpus", "max_ongoing_requests", "name", "cache_locking")
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1})
@@ -128,7 +129,9 @@ def build_app(args: Mapping[str, Any]) -> Any:
     ``args``: ``model_path`` (an ``.onnx`` file or a genai folder; required), ``cache_path`` (the shared
     prepared cache: a folder, or the companion ``.onnx`` itself; None: no shared cache), ``options``
     (SessionOptions fields, a mapping or its JSON text), ``runtime`` (``onnx_prepared`` or ``onnxruntime``),
-    ``num_replicas`` (default 1), ``num_cpus`` per replica (default 1), ``max_ongoing_requests``, ``name``.
+    ``num_replicas`` (default 1), ``num_cpus`` per replica (default 1), ``max_ongoing_requests``, ``name``,
+    ``cache_locking`` (False: the share has no usable flock; sets ``ONNX_PREPARED_CACHE_LOCKING=0`` in the
+    replicas' environment; default: locks, off by themselves where flock fails).
     """
     args = dict(args)
     if "model_path" not in args:
@@ -150,6 +153,14 @@ def build_app(args: Mapping[str, Any]) -> Any:
     cache_path = None if cache_path in (None, "") else os.path.abspath(os.fspath(cache_path))
     extra: dict[str, Any] = {"num_replicas": int(args.get("num_replicas", 1)),
                              "ray_actor_options": {"num_cpus": float(args.get("num_cpus", 1))}}
+    locking = args.get("cache_locking")
+    if locking is not None:
+        if isinstance(locking, str):
+            if locking.strip().lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+                raise InvalidOptionError("cache_locking", locking, "true or false")
+            locking = locking.strip().lower() in ("1", "true", "yes", "on")
+        env = {LOCKING_ENV: "1" if locking else "0"}
+        extra["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     if args.get("max_ongoing_requests") is not None:
         extra["max_ongoing_requests"] = int(args["max_ongoing_requests"])
     if args.get("name"):

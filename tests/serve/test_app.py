@@ -29,6 +29,8 @@ def test_build_app_takes_serve_run_arguments():
     model, cache, options, runtime = d.init_args
     assert model.endswith("/m.onnx") and cache == "/shared" and options == {"intra_op_num_threads": 1}
     assert runtime == "onnx_prepared"
+    d = build_app({"model_path": "m.onnx", "cache_locking": "false"})._bound_deployment
+    assert d.ray_actor_options["runtime_env"] == {"env_vars": {"ONNX_PREPARED_CACHE_LOCKING": "0"}}
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -36,6 +38,7 @@ def test_build_app_takes_serve_run_arguments():
     ({"model_path": "m.onnx", "replicas": 2}, "replicas"),
     ({"model_path": "m.onnx", "runtime": "tensorrt"}, "runtime"),
     ({"model_path": "m.onnx", "options": "{not json"}, "options"),
+    ({"model_path": "m.onnx", "cache_locking": "maybe"}, "cache_locking"),
 ])
 def test_build_app_names_a_bad_argument(args, match):
     from onnx_prepared.serve import build_app

@@ -153,3 +153,45 @@ def test_no_locks_cleanup_keeps_young_files_and_a_failing_flock_turns_locking_of
     assert store.locking is False
     assert [x.category for x in w] == [CacheWarning] and "does not support flock" in str(w[0].message)
     store.close()
+
+
+def test_no_locks_a_writer_whose_index_was_replaced_meanwhile_merges_again(tmp_path, monkeypatch):
+    """Without locks, A merged with the index, then B published before A's rename: A merges again."""
+    import hashlib
+    import threading
+
+    from onnx_prepared.resolve.keys import PreparedKey
+
+    src = hashlib.sha256(b"model").hexdigest()
+    path = str(tmp_path / "m.prepared.onnx")
+    reached, go = threading.Event(), threading.Event()
+
+    def checkpoint(stage):
+        if stage == "manifest_written" and threading.current_thread().name == "A" and not go.is_set():
+            reached.set()
+            assert go.wait(GATE_LIMIT)
+
+    monkeypatch.setattr(cache_io, "checkpoint", checkpoint)
+
+    def store(name, seed):
+        s = PreparedModelStore(path, source_digest=src, policy="build_if_missing", locking=False)
+        key = PreparedKey((name,), "L", "cpu", hashlib.sha256(name.encode()).hexdigest())
+        s.put(key, np.random.default_rng(seed).integers(0, 256, 5000, dtype=np.uint8))
+        return s
+
+    a, b = store("a", 1), store("b", 2)
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(a.flush()), name="A")
+    t.start()
+    assert reached.wait(GATE_LIMIT)  # A has written its merged index, not renamed it yet
+    assert b.flush() == 1             # B publishes meanwhile
+    go.set()
+    t.join(GATE_LIMIT)
+    assert errors == [1]
+    a.close()
+    b.close()
+    assert verify(path) == []
+    got = PreparedModelStore(path, source_digest=src, policy="read_only", locking=False)
+    assert sorted(e.lineage[0] for e in got.entries().values()) == ["a", "b"]  # B's entry survived A's publish
+    got.close()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".onnx.tmp")]  # A's dropped index is gone
