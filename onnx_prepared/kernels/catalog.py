@@ -23,6 +23,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "channel_norm": ("BatchNormalization", "InstanceNormalization"),
     "conv": ("Conv",),
     "conv_prepacked": ("Conv",),
+    "conv_fused": ("onnx_prepared:FusedConv",),
     "conv_transpose": ("ConvTranspose",),
     "detection": ("NonMaxSuppression", "TopK"),
     "dq_matmul": ("onnx_prepared:DequantizeMatMul",),

@@ -28,9 +28,9 @@ _DTYPES = frozenset({"float16", "float32", "float64"})
 
 def conv_packed(packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, kshape: tuple[int, ...],
                 auto_pad: str = "NOTSET", dilations=None, group: int = 1, pads=None, strides=None,
-                panel_rows: int | None = None) -> tuple:
+                panel_rows: int | None = None, lo: float = -np.inf, hi: float = np.inf, act: int = 0) -> tuple:
     return (conv_core(x, packed, b, kshape, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads,
-                      strides=strides, panel_rows=panel_rows),)
+                      strides=strides, panel_rows=panel_rows, lo=lo, hi=hi, act=act),)
 
 
 def pack_panels(w: np.ndarray, *, group: int) -> np.ndarray:

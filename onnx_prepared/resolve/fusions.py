@@ -1,9 +1,13 @@
 """Graph rewrites applied to the resolver's copy of the graph before kernels are chosen.
 
-One rewrite today, the one onnxruntime performs for weight-only INT4 QDQ models: a blocked INT4
-``DequantizeLinear`` of initializers whose only consumers are MatMuls reading it as B becomes, per
-MatMul, one ``onnx_prepared::DequantizeMatMul`` node (kernels/dq_matmul.py), which the prepack rule
-binds to the native MatMulNBits path. Anything that does not match exactly is left as written.
+- the one onnxruntime performs for weight-only INT4 QDQ models: a blocked INT4 ``DequantizeLinear`` of
+  initializers whose only consumers are MatMuls reading it as B becomes, per MatMul, one
+  ``onnx_prepared::DequantizeMatMul`` node (kernels/dq_matmul.py), which the prepack rule binds to the
+  native MatMulNBits path;
+- a float32 Conv with a constant weight whose only consumer is a Relu or a HardSwish becomes one
+  ``onnx_prepared::FusedConv`` (kernels/conv_fused.py): the activation runs in the conv kernel's epilogue.
+
+Anything that does not match exactly is left as written.
 """
 
 from __future__ import annotations
@@ -94,3 +98,58 @@ def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], in
 def _reads_as_b(node: onnx.NodeProto, name: str) -> bool:
     return (node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2
             and node.input[1] == name and node.input[0] != name)
+
+
+#: activations fused into a Conv's epilogue: op -> (lo, hi, act) of kernels/conv_fused.py
+_CONV_EPILOGUES = {"Relu": (0.0, float("inf"), 0), "HardSwish": (float("-inf"), float("inf"), 1)}
+_CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+
+
+def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) whose output feeds
+    exactly one Relu or HardSwish and nothing else (not a graph output) into one FusedConv writing the
+    activation's output; returns how many were fused."""
+    consumers: dict[str, list[int]] = {}
+    for idx, node in enumerate(graph.node):
+        for name in node.input:
+            if name:
+                consumers.setdefault(name, []).append(idx)
+    outputs = {o.name for o in graph.output}
+    replace: dict[int, onnx.NodeProto] = {}
+    drop: set[int] = set()
+    for idx, node in enumerate(graph.node):
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        if len(node.input) < 2 or node.input[1] not in weights or weights[node.input[1]].dtype != "float32":
+            continue
+        if any(a.name not in _CONV_ATTRS for a in node.attribute) or node.output[0] in outputs:
+            continue
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1 or users[0] in drop:
+            continue
+        act = graph.node[users[0]]
+        if act.op_type not in _CONV_EPILOGUES or act.domain not in ("", "ai.onnx") or len(act.output) != 1:
+            continue
+        lo, hi, code = _CONV_EPILOGUES[act.op_type]
+        fused = onnx.NodeProto(op_type=_conv_fused().FUSED_OP, input=list(node.input), output=list(act.output),
+                               name=node.name, domain=_conv_fused().FUSED_DOMAIN)
+        fused.attribute.extend(node.attribute)
+        fused.attribute.add(name="activation_lo", type=onnx.AttributeProto.FLOAT, f=lo)
+        fused.attribute.add(name="activation_hi", type=onnx.AttributeProto.FLOAT, f=hi)
+        fused.attribute.add(name="activation_act", type=onnx.AttributeProto.INT, i=code)
+        replace[idx] = fused
+        drop.add(users[0])
+    if not replace:
+        return 0
+    nodes = [replace.get(i, n) for i, n in enumerate(graph.node) if i not in drop]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace)
+
+
+def _conv_fused():
+    """kernels/conv_fused.py, imported only when a model has a Conv to fuse (as _dq_matmul)."""
+    catalog.ensure_loaded("onnx_prepared", "FusedConv")
+    from onnx_prepared.kernels import conv_fused
+
+    return conv_fused

@@ -74,7 +74,7 @@ def test_sgemm_packed_is_thread_count_independent(level):
 def test_sgemm_packed_rejects_short_buffers():
     with pytest.raises(ValueError, match="smaller than its shape"):
         native._ext.sgemm_packed(np.zeros(16, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32), None,
-                                 np.array([1, 2, 2, 2, 1], np.int64), 0.0, 1.0)
+                                 np.array([1, 2, 2, 2, 1], np.int64), 0.0, 1.0, 0)
 
 
 def _conv_model(xs, ws, attrs, bias):

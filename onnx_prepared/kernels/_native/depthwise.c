@@ -32,12 +32,20 @@ float *dw_scratch(size_t n)
 }
 
 
-/* depthwise2d(x, w, b|None, y, dims int64[15]): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw */
+/* depthwise2d(x, w, b|None, y, dims int64[15], lo, hi, act): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw;
+ * the output is clipped to [lo, hi], then HardSwish'd when act is 1 */
 PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "depthwise2d takes 5 positional arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "depthwise2d takes 8 positional arguments");
+        return NULL;
+    }
+    const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
+    const long act = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (act < 0 || act > 1) {
+        PyErr_SetString(PyExc_ValueError, "depthwise2d: act is 0 or 1");
         return NULL;
     }
     Py_buffer bd, bx, bw, bb, by;
@@ -55,6 +63,9 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                 (long)d[13], (long)d[14], 1, NULL};
     int failed = 0;
     j.failed = &failed;
+    j.lo = (float)lo;
+    j.hi = (float)hi;
+    j.act = (int)act;
     int bad = 0;
     for (int i = 0; i < 15; i++) bad |= d[i] < (i == 9 || i == 10 ? 0 : 1) || d[i] > (1LL << 30);
     bad |= d[6] > DW_MAX_KW;

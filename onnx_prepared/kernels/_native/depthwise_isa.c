@@ -5,11 +5,15 @@
 #define DW_VEC 4
 #define plane plane_portable
 #define dw_vec dw_vec_portable
+#define dw_ivec dw_ivec_portable
+#define dw_select dw_select_portable
 #include "depthwise.inc"
 #undef DW_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
+#undef dw_ivec
+#undef dw_select
 
 #if defined(__x86_64__) || defined(_M_X64)
 #pragma GCC push_options
@@ -18,11 +22,15 @@
 #define DW_VEC 8
 #define plane plane_avx2
 #define dw_vec dw_vec_avx2
+#define dw_ivec dw_ivec_avx2
+#define dw_select dw_select_avx2
 #include "depthwise.inc"
 #undef DW_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
+#undef dw_ivec
+#undef dw_select
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -31,6 +39,8 @@
 #define DW_VEC 16
 #define plane plane_avx512
 #define dw_vec dw_vec_avx512
+#define dw_ivec dw_ivec_avx512
+#define dw_select dw_select_avx512
 #include "depthwise.inc"
 #pragma GCC pop_options
 #else

@@ -58,16 +58,21 @@ static int sg_run(sg_job *j, long B)
     return 0;
 }
 
-/* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi) */
+/* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi, act) */
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "sgemm_packed takes 7 positional arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "sgemm_packed takes 8 positional arguments");
         return NULL;
     }
     const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
+    const long act = PyLong_AsLong(args[7]);
     if (PyErr_Occurred()) return NULL;
+    if (act < 0 || act > 1) {
+        PyErr_SetString(PyExc_ValueError, "sgemm_packed: act is 0 or 1");
+        return NULL;
+    }
     Py_buffer bd, ba, bx, by, bb;
     memset(&bb, 0, sizeof bb);
     if (PyObject_GetBuffer(args[4], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -91,6 +96,7 @@ PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t narg
     j.N = (long)d[3];
     j.lo = (float)lo;
     j.hi = (float)hi;
+    j.act = (int)act;
     const long B = (long)d[4];
     j.P = ceil_div(j.M, SG_PANEL);
     if (PyObject_GetBuffer(args[0], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;

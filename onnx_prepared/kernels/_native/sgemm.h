@@ -17,6 +17,7 @@ typedef struct {
     long mchunk, nchunk; /* panels (even) and columns (multiple of 12) per task */
     long nmc, nnc;       /* tasks along the panels and along the columns, per (b, g) */
     float lo, hi;        /* the epilogue's clip (-inf, +inf: none) */
+    int act;             /* then 0: nothing, 1: HardSwish (v * clip(v / 6 + 1/2, 0, 1)) */
 } sg_job;
 
 /* task t of a job (sgemm_isa.c, one build per ISA) */
