@@ -112,6 +112,22 @@ def test_shared_buffer_and_repeat_runs_are_bit_identical(level):
         assert np.array_equal(x, y)
 
 
+def test_result_does_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(8)
+    feeds = _feeds(rng, 2, 40, 0, 8, 2, 64, True, True)  # large enough for the pool
+    attrs = {"num_heads": 8, "kv_num_heads": 2, "do_rotary": 1}
+    before = native.get_num_threads()
+    try:
+        native.set_num_threads(1)
+        one = _run(feeds, **attrs)
+        native.set_num_threads(2)
+        two = _run(feeds, **attrs)
+    finally:
+        native.set_num_threads(before)
+    for x, y in zip(one, two):
+        assert np.array_equal(x, y)
+
+
 def test_bad_lengths_and_positions_raise_kernel_error():
     rng = np.random.default_rng(4)
     feeds = _feeds(rng, 1, 1, 5, 4, 2, 16, True, True)

@@ -167,8 +167,9 @@ PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     norm_job j = {(const float *)b[0].buf, (const float *)b[1].buf, (const float *)b[2].buf, (const float *)b[3].buf,
                   (float *)b[4].buf, (float *)b[5].buf, (float *)b[6].buf, rows, n, rows, (float)eps};
-    /* 64 Ki elements per task: a pool hand-off costs about what a small row block does */
-    const long per = (1L << 16) / n > 4 ? (1L << 16) / n / 4 * 4 : 4;
+    /* 16 Ki elements per task (4 rows of 4096): a hand-off costs about what such a block does, and small
+     * tasks keep the caller busy when a worker is late (a shared machine) */
+    const long per = (1L << 14) / n > 4 ? (1L << 14) / n / 4 * 4 : 4;
     const int ntasks = (int)((rows + per - 1) / per);
     j.rows_per_task = per;
     Py_BEGIN_ALLOW_THREADS
