@@ -1,4 +1,4 @@
-"""If and Loop of our own: their bodies run on ExecutionPlans built once per node, at binding.
+"""If, Loop and Scan of our own: their bodies run on ExecutionPlans built once per node, at binding.
 
 Each body becomes the graph's subgraph evaluator (:class:`~onnx_prepared.bind.graph.SubgraphEvaluator`,
 reached through the :class:`FallbackEnv`'s subgraph factory, so this module needs nothing from
@@ -14,6 +14,9 @@ Semantics follow onnxruntime (and the reference op patches they replace, referen
   ``M``'s dtype), the current condition and the loop-carried values, and returns the next condition,
   the carried values and its scan outputs, which are stacked along a new axis 0 (``[0, *dims]`` of
   the declared type when no iteration ran). Cancellation is checked once per body evaluation.
+* Scan (opset 9+): the states carry over; each step reads the scan inputs' slice along their axes
+  (from the end for direction 1); the scan outputs stack along their output axes (in reverse step
+  order for direction 1). Scan-8 (batch axis, ``sequence_lens``) stays on the reference fallback.
 
 Bodies whose nodes take attributes by reference (function bodies) stay on the reference fallback.
 """
@@ -29,12 +32,14 @@ from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.fallback_env import FallbackEnv, references_attributes
 
 #: default-domain ops this module binds
-CONTROL_FLOW = frozenset({"If", "Loop"})
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
-def bind_control_flow(node: onnx.NodeProto, env: FallbackEnv, implicit: tuple[str, ...]) -> Callable | None:
-    """The native call of an If/Loop node, ``call(*inputs, *implicit_values) -> tuple``; None when the
-    node is not one, or a body must stay with the reference (no subgraph factory, attribute references)."""
+def bind_control_flow(node: onnx.NodeProto, env: FallbackEnv, implicit: tuple[str, ...],
+                      opset: int) -> Callable | None:
+    """The native call of an If/Loop/Scan node, ``call(*inputs, *implicit_values) -> tuple``; None when
+    the node is not one, or must stay with the reference (no subgraph factory, attribute references,
+    Scan-8's batch axis)."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in CONTROL_FLOW or env.subgraph_factory is None:
         return None
     graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
@@ -47,11 +52,64 @@ def bind_control_flow(node: onnx.NodeProto, env: FallbackEnv, implicit: tuple[st
     if set(graphs) != {"body"}:
         return None
     body = graphs["body"]
+    if node.op_type == "Scan":
+        return _bind_scan(node, body, env, implicit) if opset >= 9 else None
     n_carried = len(node.input) - 2
     if n_carried < 0 or len(body.input) != n_carried + 2 or len(body.output) < n_carried + 1:
         return None  # malformed: the reference's error names it
     empties = tuple(_empty_scan(o.type) for o in body.output[1 + n_carried:])
     return _bind_loop(_runner(body, env, implicit), len(node.input), n_carried, empties)
+
+
+def _bind_scan(node: onnx.NodeProto, body: onnx.GraphProto, env: FallbackEnv,
+               implicit: tuple[str, ...]) -> Callable | None:
+    """Scan-9+: N states and M scan inputs sliced along their axes (reversed for direction 1); the K
+    per-step outputs are stacked along their output axes (in reverse step order for direction 1)."""
+    attrs = {a.name: a for a in node.attribute}
+    m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+    n_in = len(node.input)
+    n_state = n_in - m
+    n_scan_out = len(body.output) - n_state
+    if m < 1 or n_state < 0 or n_scan_out < 0 or len(body.input) != n_in:
+        return None  # malformed: the reference's error names it
+
+    def ints(name: str, n: int) -> list[int]:
+        v = list(attrs[name].ints) if name in attrs else []
+        return v if v else [0] * n
+
+    in_axes, in_dirs = ints("scan_input_axes", m), ints("scan_input_directions", m)
+    out_axes, out_dirs = ints("scan_output_axes", n_scan_out), ints("scan_output_directions", n_scan_out)
+    if not (len(in_axes) == len(in_dirs) == m and len(out_axes) == len(out_dirs) == n_scan_out):
+        return None
+    run = _runner(body, env, implicit)
+    empties = tuple(_empty_scan(o.type) for o in body.output[n_state:])
+
+    def scan(*args: Any) -> tuple:
+        states, seqs, outer = list(args[:n_state]), args[n_state:n_in], args[n_in:]
+        axes = [a + s.ndim if a < 0 else a for a, s in zip(in_axes, seqs)]
+        lengths = {s.shape[a] for s, a in zip(seqs, axes)}
+        if len(lengths) != 1:
+            raise ValueError(f"Scan inputs have different sequence lengths {sorted(lengths)}")
+        (length,) = lengths
+        steps: list[list] = [[] for _ in range(n_scan_out)]
+        for t in range(length):
+            sliced = [np.take(s, length - 1 - t if d else t, axis=a) for s, a, d in zip(seqs, axes, in_dirs)]
+            out = run((*states, *sliced), outer)
+            states = out[:n_state]
+            for k in range(n_scan_out):
+                steps[k].append(out[n_state + k])
+        results = []
+        for k in range(n_scan_out):
+            if not steps[k]:
+                results.append(empties[k].copy())
+                continue
+            vals = steps[k][::-1] if out_dirs[k] else steps[k]
+            stacked = np.stack(vals)
+            axis = out_axes[k] + stacked.ndim if out_axes[k] < 0 else out_axes[k]
+            results.append(np.moveaxis(stacked, 0, axis) if axis else stacked)
+        return (*states, *results)
+
+    return scan
 
 
 def _empty_scan(tp: onnx.TypeProto) -> np.ndarray:

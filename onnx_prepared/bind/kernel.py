@@ -68,7 +68,7 @@ def bind_kernel(
             call = functools.partial(spec.fn, **attrs) if attrs else spec.fn
             return BoundKernel(call, spec.name, False)
     if spec is None:
-        call = bind_control_flow(node, env, implicit)  # If/Loop: bodies on their own ExecutionPlans
+        call = bind_control_flow(node, env, implicit, opset)  # If/Loop/Scan: bodies on their own plans
         if call is not None:
             return BoundKernel(call, f"control:{domain or 'ai.onnx'}::{node.op_type}-{opset}", False, implicit)
     try:

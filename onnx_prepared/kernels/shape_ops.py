@@ -20,6 +20,8 @@ from onnx_prepared.kernels.registry import kernel
 def _ints(v: np.ndarray | list | None) -> list[int]:
     if v is None:
         return []
+    if type(v) is np.ndarray and v.dtype.kind in "iu":
+        return v.ravel().tolist()  # already Python ints
     return [int(i) for i in (v.ravel().tolist() if isinstance(v, np.ndarray) else v)]
 
 

@@ -229,21 +229,18 @@ def test_ai_onnx_ml_op_runs_through_the_fallback():
 
 
 def test_fallback_is_named_and_counted():
-    """Scan (still on the reference) reading an outer value; If and Loop are native and not counted."""
-    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_mid"]),
-                              helper.make_node("Add", ["s_mid", "w"], ["s_out"]),
-                              helper.make_node("Identity", ["s_out"], ["y_t"])],
-                             "body", [_vi("s_in", F, [2]), _vi("x_t", F, [2])],
-                             [_vi("s_out", F, [2]), _vi("y_t", F, [2])])
-    node = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)
+    """SequenceMap (still on the reference) reading an outer value; If, Loop and Scan are native and
+    not counted."""
+    body = helper.make_graph([helper.make_node("Add", ["x_t", "w"], ["y_t"])], "body", [_vi("x_t", F, [2])],
+                             [_vi("y_t", F, [2])])
+    node = helper.make_node("SequenceMap", ["xs"], ["ys"], body=body)
     bound = bind_node(node, {"": 17})
-    assert bound.is_fallback and bound.name == "fallback:ai.onnx::Scan-17"
+    assert bound.is_fallback and bound.name == "fallback:ai.onnx::SequenceMap-17"
     assert bound.implicit_inputs == ("w",)
-    before = FALLBACK_CALLS["ai.onnx::Scan"]
-    s, ys = bound.call(np.zeros(2, np.float32), np.ones((3, 2), np.float32), np.full(2, 0.5, np.float32))
-    np.testing.assert_array_equal(s, [4.5, 4.5])
-    np.testing.assert_array_equal(ys, [[1.5, 1.5], [3.0, 3.0], [4.5, 4.5]])
-    assert FALLBACK_CALLS["ai.onnx::Scan"] == before + 1
+    before = FALLBACK_CALLS["ai.onnx::SequenceMap"]
+    (ys,) = bound.call([np.zeros(2, np.float32), np.ones(2, np.float32)], np.full(2, 0.5, np.float32))
+    np.testing.assert_array_equal(np.stack(ys), [[0.5, 0.5], [1.5, 1.5]])
+    assert FALLBACK_CALLS["ai.onnx::SequenceMap"] == before + 1
     then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["r"])], "then", [], [_vi("r", F, [2])])
     native_if = bind_node(helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=then_g), {"": 17})
     assert not native_if.is_fallback and native_if.name == "control:ai.onnx::If-17"
