@@ -43,6 +43,7 @@ static struct {
     atomic_llong solo;  /* diagnostics: jobs the caller ran alone because the workers had not helped lately */
     long long solo_until; /* back-off (caller side, under busy): run jobs alone until this time (ns) */
     int streak;           /* consecutive judged jobs the workers did not shorten */
+    long long last_bad;   /* when the last such job ended (ns) */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
 
 /* NOTE: a worker woken while every other CPU is busy (another process, another library's spinning
@@ -159,7 +160,8 @@ static void start_workers(void)
  * 2040 us on one). So the caller judges each job of at least JUDGE_NS (estimated on one thread): the
  * workers helped if the job ended in less than 0.9x the caller's own time per task times all tasks. After a
  * job they did not shorten, jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms),
- * then one job probes again; a job they shortened ends the back-off. A quiet machine keeps every thread; a
+ * then one job probes again; a job they shortened ends the back-off, and so does a miss 128 ms after the
+ * last one (the streak starts again at 0.5 ms: another process's load comes and goes). A quiet machine keeps every thread; a
  * busy one loses at most one probe job per 64 ms, and idle workers sleep meanwhile (no spinning). */
 #define JUDGE_NS 30000LL
 #define BACKOFF_NS 500000LL
@@ -177,7 +179,9 @@ static void judge(long long t0, long long t1, long long t2, int mine, int ntasks
         P.streak = 0;
         return;
     }
+    if (t0 - P.last_bad > (BACKOFF_NS << MAX_STREAK)) P.streak = 0; /* the last miss is old: load changes */
     if (P.streak < MAX_STREAK) P.streak++;
+    P.last_bad = t2;
     P.solo_until = t2 + (BACKOFF_NS << (P.streak - 1));
 }
 
