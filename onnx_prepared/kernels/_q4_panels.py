@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
 
 #: bumped whenever the bytes of this layout change (part of every layout key)
@@ -112,7 +113,8 @@ def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *
     words = np.ascontiguousarray(B).reshape(N, -1).view("<u4")  # [N, kc]
     qw = data[:nq].view("<u4").reshape(P, -1, 16)
     if npad == N:
-        qw[...] = words.reshape(P, 16, -1).transpose(0, 2, 1)
+        if not native.panel16_u32(words, qw):
+            qw[...] = words.reshape(P, 16, -1).transpose(0, 2, 1)
     else:
         qw[...] = 0
         for p in range(P):

@@ -10,6 +10,7 @@
 #include "nbits.h"
 #include "pool.h"
 #include "rnn_module.h"
+#include "prep_panels.h"
 #include "conv_gemm.h"
 #include "depthwise.h"
 #include "sgemm.h"
@@ -379,6 +380,7 @@ static PyMethodDef methods[] = {
     NMS_METHODS
     ATTENTION_METHODS
     LLM_NORM_METHODS
+    PREP_PANELS_METHODS
     {NULL, NULL, 0, NULL},
 };
 
