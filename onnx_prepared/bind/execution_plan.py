@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 import numpy as np
 
 from onnx_prepared.bind.kernel import BoundKernel
 from onnx_prepared.errors import KernelError
+from onnx_prepared.records import record
 
 #: Slot that reads as None (omitted optional inputs; omitted outputs are written here and cleared).
 NONE_SLOT = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ExecuteAction:
     """Run one node, then release the slots whose last reader it was."""
 
@@ -38,7 +39,7 @@ class ExecuteAction:
     release: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ExecutionPlan:
     """Slots, constants and the ordered action list of one graph (immutable; shared by runs)."""
 

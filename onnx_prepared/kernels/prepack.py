@@ -13,19 +13,19 @@ inputs in order with the packed source positions removed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from onnx_prepared.kernels import catalog
 from onnx_prepared.kernels.registry import normalize_domain
+from onnx_prepared.records import record
 
 #: Version of the packed byte formats this build writes; part of every persisted entry's identity.
 KERNEL_ABI = "onnx-prepared-cpu-v1"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PrepackSpec:
     """How one node consumes a prepared object built from some of its constant inputs."""
 

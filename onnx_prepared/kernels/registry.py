@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from onnx_prepared.kernels import catalog
+from onnx_prepared.records import record
 
 KernelFn = Callable[..., tuple]
 
@@ -31,7 +31,7 @@ def normalize_domain(domain: str) -> str:
     return "" if domain in DEFAULT_DOMAINS else domain
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KernelSpec:
     """One registered implementation, valid for opsets in [since, until)."""
 

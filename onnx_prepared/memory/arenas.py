@@ -14,17 +14,18 @@ the allocation and the bytes. Work that may wait for memory waits *before* it al
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.memory.domains import Domain
+from onnx_prepared.records import record
 
 
 class ArenaLimitError(OnnxPreparedError, MemoryError):
     """An allocation would exceed an arena's limit."""
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Allocation:
     """Bytes charged to one arena until :meth:`release` (idempotent) returns them."""
 
@@ -122,7 +123,7 @@ _NAMES = {Domain.PREPARATION: "PreparationArena", Domain.PREPARED: "PreparedAren
           Domain.EXECUTION: "ExecutionArena", Domain.IO: "IOArena"}
 
 
-@dataclass
+@record
 class Arenas:
     """The session's four domains: PreparationArena, PreparedArena, ExecutionArena, IOArena.
 

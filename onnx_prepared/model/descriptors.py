@@ -8,11 +8,12 @@ byte, INT2/UINT2 four per byte, FLOAT6 four per three bytes, as ``onnx.numpy_hel
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
+from onnx_prepared.records import record
 
 _T = onnx.TensorProto
 
@@ -77,7 +78,7 @@ def is_packed(elem_type: int) -> bool:
     return elem_type in _PACKED_BITS
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ExternalPayload:
     """Bytes of one tensor inside an external data file (path validated and absolute, bounds checked)."""
 
@@ -90,14 +91,14 @@ class ExternalPayload:
     fingerprint: str | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class InlinePayload:
     """Bytes already inside the model protobuf (``raw_data`` or the typed ``*_data`` fields)."""
 
     tensor: onnx.TensorProto
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class WeightDescriptor:
     """One initializer: name, ONNX element type, dims and payload. Reading it is the reader's job.
 

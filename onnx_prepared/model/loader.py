@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 
 from google.protobuf.message import Error as ProtobufError
@@ -34,6 +34,7 @@ from onnx_prepared.model.safe_open import NotRegularFile, read_regular
 from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.model.types import check_types
 from onnx_prepared.model.versions import check_versions
+from onnx_prepared.records import record
 
 __all__ = [
     "LoadedModel",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NestedExternal:
     """An external tensor outside ``graph.initializer``: a subgraph initializer, a node attribute or part
     of a sparse initializer. Validated like the others; ``inline_nested_external`` reads it on request."""
@@ -57,7 +58,7 @@ class NestedExternal:
     desc: WeightDescriptor
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LoadedModel:
     """A parsed model whose external weights are described, not read.
 

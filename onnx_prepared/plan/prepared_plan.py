@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.options import PreparedModelPolicy
+from onnx_prepared.records import record
 from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
 
 
@@ -44,7 +45,7 @@ class TaskKind(enum.Enum):
     EXECUTE = "execute"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TaskDescriptor:
     id: str
     scope: TaskScope
@@ -61,7 +62,7 @@ class TaskDescriptor:
     result: str = ""  # human description for `inspect --plan`
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PreparedExecutionPlan:
     resolved: ResolvedModel
     tasks: tuple[TaskDescriptor, ...]

@@ -25,14 +25,14 @@ bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from onnx_prepared.options import EvictionPolicy
 from onnx_prepared.prepared.store import EntryState, PreparedObjectStore
+from onnx_prepared.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ResidencyPolicy:
     """Decides admission shortfalls and eviction victims (read-only; thread-safe)."""
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from onnx_prepared.errors import InternalError
 from onnx_prepared.memory import Allocation
+from onnx_prepared.records import record
 
 
 class EntryState(enum.Enum):
@@ -55,7 +55,7 @@ _ALLOWED: dict[EntryState, frozenset[EntryState]] = {
     EntryState.FAILED: frozenset({EntryState.LOADING}),
 }
 
-@dataclass(eq=False)
+@record(eq=False)
 class ReadEntry:
     """One in-flight or buffered read of a source payload, shared by the generations attached to it.
 
@@ -69,7 +69,7 @@ class ReadEntry:
     task: Any = None  # the scheduler's task for this read (the session layer's business)
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class PreparedEntry:
     """The generation record of one key. Written only by :class:`PreparedObjectStore`, under its lock."""
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from onnx_prepared.records import record
 
 #: Layout of a prepared object that is the source tensor itself (read -> publish, no prepack).
 RAW = "raw"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PreparedKey:
     """(ordered source lineage, layout, device): identical requests share one key.
 

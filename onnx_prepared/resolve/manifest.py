@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -11,9 +11,10 @@ import numpy as np
 
 from onnx_prepared.errors import ManifestError
 from onnx_prepared.model import ExternalDataReader, WeightDescriptor
+from onnx_prepared.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ManifestEntry:
     """One payload the plan may read, and why."""
 
@@ -25,7 +26,7 @@ class ManifestEntry:
     rows: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PayloadManifest:
     """Active entries may be read; dormant ones are fallbacks kept addressable; dead ones are absent."""
 

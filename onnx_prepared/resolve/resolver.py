@@ -10,7 +10,7 @@ requests sharing one key) and freezes the minimal payload manifest. The plan, th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -20,13 +20,14 @@ from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
 from onnx_prepared.options import PreparedModelPolicy
+from onnx_prepared.records import record
 from onnx_prepared.resolve.fusions import fuse_conv_activation, fuse_dequantize_matmul
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ReadPackedPayload:
     """Recipe: read the packed bytes from the companion prepared model (no source read, no prepack)."""
 
@@ -34,7 +35,7 @@ class ReadPackedPayload:
     entry: Any  # the companion store's CacheEntry
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ReadSourceAndPrepack:
     """Recipe: read the source payloads, prepack them (identity for raw objects), publish."""
 
@@ -45,7 +46,7 @@ class ReadSourceAndPrepack:
 Recipe = ReadPackedPayload | ReadSourceAndPrepack
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PreparedRequirement:
     """One prepared object the plan must materialize, its sources and who consumes it.
 
@@ -73,13 +74,13 @@ class PreparedRequirement:
         return self.source_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodePrepack:
     key: PreparedKey
     spec: prepack_mod.PrepackSpec
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ResolvedModel:
     """The frozen result of resolution: mutation raises ``FrozenInstanceError``.
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from onnx_prepared.model import ExternalDataReader, WeightDescriptor
+from onnx_prepared.records import record
 
 #: Smaller tables are read whole: one read is cheaper than a few row reads.
 MIN_TABLE_BYTES = 1 << 20
@@ -43,7 +43,7 @@ MIN_TABLE_BYTES = 1 << 20
 _ROW_OPS = {("", "Gather"): ((0,), 1), ("com.microsoft", "GatherBlockQuantized"): ((0, 2, 3), 1)}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class RowTable:
     """One constant table read by rows: which consumers read rows, which need the whole tensor."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from onnx_prepared.kernels import threads
@@ -19,6 +18,7 @@ from onnx_prepared.model import ExternalDataReader, LoadedModel, load_model, ver
 from onnx_prepared.model.loader import inline_nested_external
 from onnx_prepared.options import PreparedModelPolicy, SessionOptions, as_session_options
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
+from onnx_prepared.records import record
 from onnx_prepared.resolve import ManifestReader, ResolvedModel, resolve_model
 from onnx_prepared.runtime.feeds import FeedBinder
 from onnx_prepared.runtime.producers import Producers
@@ -48,7 +48,7 @@ def default_scheduler() -> RuntimeScheduler:
         return _DEFAULT
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class SessionParts:
     """What construction produced, handed to the session as a whole (the session owns every part)."""
 

@@ -17,16 +17,17 @@ submission holds its context until it is terminal.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from onnx_prepared.errors import InvalidFeedError
+from onnx_prepared.records import record
 
 if TYPE_CHECKING:
     from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class RuntimeContext:
     """Inputs the caller owns across runs, and which outputs replace them after each successful run."""
 

@@ -23,16 +23,17 @@ run exactly when its activation peak would exceed it, on either path, with the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from onnx_prepared.bind import ExecutionPlan
 from onnx_prepared.memory import Allocation, Arena
+from onnx_prepared.records import record
 from onnx_prepared.resolve import PreparedKey
 from onnx_prepared.runtime.context import RuntimeContext
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class ExecutionFrame:
     """Values, allocations and program counter of one run. Not thread-safe: one task uses it at a time."""
 

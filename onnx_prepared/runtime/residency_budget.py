@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from onnx_prepared.memory import Arena
 from onnx_prepared.options import EvictionPolicy
 from onnx_prepared.prepared import EntryState, PreparedObjectStore
 from onnx_prepared.prepared.residency import ResidencyPolicy
+from onnx_prepared.records import record
 
 
-@dataclass
+@record
 class ResidencyLog:
     """What the budget did, in order (tests assert the spec's offloading sequence from it)."""
 

@@ -11,7 +11,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ import numpy as np
 from onnx_prepared.memory import Arenas
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import EntryState, PreparedObjectStore, ReadEntry
+from onnx_prepared.records import record
 from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
 from onnx_prepared.resolve.resolver import source_checksum
@@ -202,7 +203,7 @@ class PreparedExecutionState:
         self.store.detach_reads(entries)
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class SessionTaskInstances:
     """One generation of one prepared object: the shared reads its session tasks consume."""
 

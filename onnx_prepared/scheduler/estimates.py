@@ -6,13 +6,13 @@ charges and releases the budget) in :mod:`onnx_prepared.scheduler.admission`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from onnx_prepared.memory import Domain
+from onnx_prepared.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class MemoryEstimate:
     """Bytes a task needs, charged to ``domain`` before it is dispatched.
 

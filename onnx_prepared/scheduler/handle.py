@@ -14,11 +14,11 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from onnx_prepared.errors import CancelledError, InternalError
+from onnx_prepared.records import record
 from onnx_prepared.scheduler.task import Task
 from onnx_prepared.scheduler.workers import current_pool
 
@@ -51,7 +51,7 @@ _ALLOWED: dict[HandleState, frozenset[HandleState]] = {
 _DONE = frozenset({H.SUCCEEDED, H.FAILED, H.CANCELLED})
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Diagnostics:
     """What happened to one submission (a snapshot; complete once the handle is done)."""
 

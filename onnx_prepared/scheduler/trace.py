@@ -10,14 +10,15 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from onnx_prepared.records import record
 
 _PRIORITY = ("critical", "prefetch", "background")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TraceRecord:
     """One run segment of a task; times are ``time.perf_counter()`` seconds."""
 
