@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from onnx_prepared.errors import InvalidOptionError, MissingDependencyError, OnnxPreparedError
+from onnx_prepared.errors import InvalidFeedError, InvalidOptionError, MissingDependencyError, OnnxPreparedError
 from onnx_prepared.prepared.cache_io import LOCKING_ENV
 from onnx_prepared.serve import codec
 from onnx_prepared.serve.replica import RUNTIMES, open_replica
@@ -70,8 +70,10 @@ class PreparedModelDeployment:
             if route == "generate":
                 return await self._generate(await request.body())
             return await self._infer(request.headers.get("content-type", ""), await request.body())
-        except OnnxPreparedError as e:  # bad input: a clear message, the replica stays healthy
+        except (InvalidFeedError, InvalidOptionError) as e:  # bad input: a clear message, the replica stays healthy
             return _error(400, str(e))
+        except OnnxPreparedError as e:  # the model failed on this input (a kernel, a corrupt cache entry)
+            return _error(500, f"{type(e).__name__}: {e}")
 
     async def _infer(self, content_type: str, body: bytes) -> Response:
         npz = content_type.startswith((codec.NPZ, "application/octet-stream"))
