@@ -8,7 +8,7 @@
 #define NB_AVXVNNI 0
 #include "nbits_avx2.inc"
 
-const nb_isa nb_isa_avx2 = {"avx2", nb_prep_rows, gemm_avx2};
+const nb_isa nb_isa_avx2 = {"avx2", prep_avx2, gemm_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

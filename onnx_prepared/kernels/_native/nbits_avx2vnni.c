@@ -8,7 +8,7 @@
 #define NB_AVXVNNI 1
 #include "nbits_avx2.inc"
 
-const nb_isa nb_isa_avx2vnni = {"avx2vnni", nb_prep_rows, gemm_avx2};
+const nb_isa nb_isa_avx2vnni = {"avx2vnni", prep_avx2, gemm_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop
