@@ -25,6 +25,8 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
     MatMuls were fused."""
     if opsets.get("", opsets.get("ai.onnx", 0)) < 21:  # block_size exists from DequantizeLinear-21
         return 0
+    if not any(n.op_type == "DequantizeLinear" for n in graph.node):  # the usual case: no consumer map
+        return 0
     consumers: dict[str, list[int]] = {}
     for idx, node in enumerate(graph.node):
         for name in set(node.input):
