@@ -4,8 +4,8 @@ Three variants, chosen per call from shapes only:
 
 - pointwise (1x1 kernel, stride 1, no pads): a pure GEMM on the input reshaped to [N, g, C/g, P];
 - depthwise (one input channel per group): a multiply-add per kernel tap on strided views, no im2col;
-- general: the window view ``[N, C, *out, *k]`` copied once to columns ``[N, g, C/g*K, P]``, then
-  ``W[g, M/g, C/g*K] @ cols`` (numpy's matmul loops BLAS over batch and groups).
+- general: columns ``[N, g, C/g*K, P]`` (1-D/2-D float32: ``native.im2col2d``; otherwise the window
+  view ``[N, C, *out, *k]`` copied once), then ``W[g, M/g, C/g*K] @ cols``.
 
 The weight is used as the matrix ``[g, M/g, C/g*prod(k)]``; :mod:`conv_prepacked` stores that matrix, or
 for float32 its 16-row panels (``panel_rows``), which ``native.sgemm_packed`` multiplies without
@@ -81,6 +81,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
         y = gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else gemm(wm, cols)
     elif cg == 1:
         y = _depthwise(xw, wm, kshape, begins, ends, out, strides, dilations)
+    elif nd <= 2 and xw.dtype == np.float32 and native.available():
+        y = gemm(wm, native.im2col2d(xw, g, kshape, out, begins, strides, dilations, merge))
     else:
         xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)
         win = sp.windows(xp, out, kshape, strides, dilations)  # [N, C, *out, *k]

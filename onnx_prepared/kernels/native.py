@@ -294,6 +294,25 @@ def sgemm_packed(packed: np.ndarray, m: int, x: np.ndarray, bias: np.ndarray | N
     return y
 
 
+def im2col2d(x: np.ndarray, group: int, kshape, out, begins, strides, dilations, merge: bool) -> np.ndarray | None:
+    """The Conv GEMM's column matrices of float32 ``x [N, C, *S]`` (1-D or 2-D): ``[N, g, C/g*K, P]``, or
+    with ``merge`` ``[1, g, C/g*K, N*P]`` (the images side by side); None without the extension
+    (``im2col.c``, over the pool). Pads are given by their begins, the output size fixes the ends."""
+    if _ext is None:
+        return None
+    n, c = x.shape[:2]
+    if x.ndim == 3:
+        hw, ks, oo, bb, ss, dd = (1, x.shape[2]), (1, kshape[0]), (1, out[0]), (0, begins[0]), (1, strides[0]), \
+            (1, dilations[0])
+    else:
+        hw, ks, oo, bb, ss, dd = x.shape[2:], kshape, out, begins, strides, dilations
+    k, p = c // group * ks[0] * ks[1], oo[0] * oo[1]
+    cols = np.empty((1, group, k, n * p) if merge else (n, group, k, p), np.float32)
+    dims = np.array([n, c, *hw, group, *ks, *oo, *bb, *ss, *dd, int(merge)], np.int64)
+    _ext.im2col2d(np.ascontiguousarray(x), cols, dims)
+    return cols
+
+
 def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[int, int], begins, strides,
                 dilations, kshape, lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray | None:
     """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias, then :func:`epilogue`),

@@ -136,3 +136,26 @@ def test_prepacked_conv_hypothesis(nd, n, cg, g, mg, k, s, d, p, extra, bias, le
     else:
         with native.forced_level(level):
             _check_model(model, xs)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+@pytest.mark.parametrize(("xs", "k", "group", "attrs"), [
+    ((2, 6, 7, 9), (3, 2), 2, {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2]}),
+    ((3, 4, 5, 5), (3, 3), 1, {"pads": [4, 4, 4, 4]}),  # pads wider than the kernel
+    ((1, 4, 11), (3,), 2, {"strides": [3], "pads": [2, 1], "dilations": [2]}),  # 1-D
+])
+@pytest.mark.parametrize("merge", [False, True])
+def test_im2col_matches_the_window_view(xs, k, group, attrs, merge):
+    from onnx_prepared.kernels import _spatial as sp
+
+    x = RNG.standard_normal(xs).astype(np.float32)
+    nd = len(k)
+    strides, dil = attrs.get("strides", [1] * nd), attrs.get("dilations", [1] * nd)
+    begins, ends, out = sp.geometry("Conv", xs[2:], k, auto_pad="NOTSET", pads=attrs["pads"], strides=strides,
+                                    dilations=dil)
+    win = sp.windows(sp.pad_input(x, begins, ends, out, k, strides, dil, 0), out, k, strides, dil)
+    n, p = xs[0], int(np.prod(out))
+    ref = win.transpose(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd)).reshape(n, group, -1, p)
+    if merge:
+        ref = ref.transpose(1, 2, 0, 3).reshape(1, group, -1, n * p)
+    np.testing.assert_array_equal(native.im2col2d(x, group, k, out, begins, strides, dil, merge), ref)

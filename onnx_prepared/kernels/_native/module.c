@@ -14,6 +14,7 @@
 #include "conv_gemm.h"
 #include "depthwise.h"
 #include "sgemm.h"
+#include "im2col.h"
 #include "act.h"
 #include "nms.h"
 #include "attention.h"
@@ -375,6 +376,7 @@ static PyMethodDef methods[] = {
     CONV_GEMM_METHODS
     DEPTHWISE_METHODS
     SGEMM_METHODS
+    IM2COL_METHODS
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
     NMS_METHODS

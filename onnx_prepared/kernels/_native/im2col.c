@@ -1,0 +1,118 @@
+/* 2-D im2col for Conv's GEMM (sgemm.c reads the result in place), over the extension's pool.
+ *
+ * The column matrix of group g is [K = C/g * KH * KW][columns], k = (c, kh, kw); its columns are one
+ * image's output positions (layout [nimg][G][K][OH*OW]) or, with merge, every image's side by side
+ * ([G][K][nimg * OH*OW]: late layers have few positions per image). Each (image, channel, tap) row is
+ * written as OH stretches of OW: zero where the tap falls in the padding, the input row otherwise (a
+ * memcpy at stride 1). Tasks are fixed blocks of (image, channel) planes; the values do not depend on
+ * the thread count (it is a copy). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "im2col.h"
+#include "pool.h"
+
+typedef struct {
+    const float *x;
+    float *cols;
+    long nimg, C, H, W, G, KH, KW, OH, OW, pt, pl, sh, sw, dh, dw, merge, per_task;
+} i2c_job;
+
+static long ceil_div(long a, long b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+static void i2c_task(void *ctx, int t)
+{
+    const i2c_job *j = (const i2c_job *)ctx;
+    const long total = j->nimg * j->C, p0 = (long)t * j->per_task;
+    const long p1 = p0 + j->per_task < total ? p0 + j->per_task : total;
+    const long cg = j->C / j->G, K = cg * j->KH * j->KW, P = j->OH * j->OW, OW = j->OW;
+    for (long p = p0; p < p1; p++) {
+        const long img = p / j->C, gc = p % j->C, g = gc / cg, c = gc % cg;
+        const float *src = j->x + ((size_t)img * j->C + gc) * j->H * j->W;
+        for (long kh = 0; kh < j->KH; kh++)
+            for (long kw = 0; kw < j->KW; kw++) {
+                const long k = (c * j->KH + kh) * j->KW + kw;
+                float *dst = j->merge ? j->cols + (((size_t)g * K + k) * j->nimg + img) * P
+                                      : j->cols + (((size_t)img * j->G + g) * K + k) * P;
+                /* output columns whose input column iw = ow * sw + off is inside the row: [lo, hi) */
+                const long off = kw * j->dw - j->pl;
+                long lo = ceil_div(-off, j->sw), hi = ceil_div(j->W - off, j->sw);
+                lo = lo < 0 ? 0 : lo > OW ? OW : lo;
+                hi = hi < lo ? lo : hi > OW ? OW : hi;
+                for (long oh = 0; oh < j->OH; oh++, dst += OW) {
+                    const long ih = oh * j->sh - j->pt + kh * j->dh;
+                    if (ih < 0 || ih >= j->H) {
+                        memset(dst, 0, (size_t)OW * sizeof(float));
+                        continue;
+                    }
+                    const float *row = src + (size_t)ih * j->W + off;
+                    for (long ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
+                    if (j->sw == 1) {
+                        if (hi > lo) memcpy(dst + lo, row + lo, (size_t)(hi - lo) * sizeof(float));
+                    } else {
+                        for (long ow = lo; ow < hi; ow++) dst[ow] = row[ow * j->sw];
+                    }
+                    for (long ow = hi; ow < OW; ow++) dst[ow] = 0.0f;
+                }
+            }
+    }
+}
+
+/* im2col2d(x, cols, dims int64[16] = nimg C H W G KH KW OH OW pt pl sh sw dh dw merge) */
+PyObject *py_im2col2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "im2col2d takes 3 positional arguments");
+        return NULL;
+    }
+    Py_buffer bd, bx, bc;
+    if (PyObject_GetBuffer(args[2], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *ret = NULL;
+    int have_x = 0, have_c = 0;
+    if (bd.len < 16 * 8) {
+        PyErr_SetString(PyExc_ValueError, "im2col2d: dims needs 16 int64 values");
+        goto done;
+    }
+    const long long *d = (const long long *)bd.buf;
+    int bad = 0;
+    for (int i = 0; i < 16; i++) bad |= d[i] < (i == 9 || i == 10 || i == 15 ? 0 : 1) || d[i] > (1LL << 30);
+    if (!bad) bad = d[1] % d[4] != 0;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "im2col2d: bad dims");
+        goto done;
+    }
+    i2c_job j = {NULL, NULL, (long)d[0], (long)d[1], (long)d[2], (long)d[3], (long)d[4], (long)d[5], (long)d[6],
+                 (long)d[7], (long)d[8], (long)d[9], (long)d[10], (long)d[11], (long)d[12], (long)d[13],
+                 (long)d[14], (long)d[15], 1};
+    if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_x = 1;
+    if (PyObject_GetBuffer(args[1], &bc, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    have_c = 1;
+    const double taps = (double)j.KH * j.KW, planes = (double)j.nimg * j.C, P = (double)j.OH * j.OW;
+    if (bx.len < 4 * planes * j.H * j.W || bc.len < 4 * planes * taps * P) {
+        PyErr_SetString(PyExc_ValueError, "im2col2d: a buffer is smaller than its shape");
+        goto done;
+    }
+    j.x = (const float *)bx.buf;
+    j.cols = (float *)bc.buf;
+    /* about 2^15 floats written per task, fixed by the shape */
+    const double per_plane = taps * P;
+    j.per_task = per_plane >= (1 << 15) ? 1 : (long)((1 << 15) / per_plane);
+    const long total = j.nimg * j.C, ntasks = (total + j.per_task - 1) / j.per_task;
+    Py_BEGIN_ALLOW_THREADS
+    if (ntasks > 1 && nb_pool_get_threads() > 1 && planes * per_plane >= (double)(1 << 16))
+        nb_pool_run(i2c_task, &j, (int)ntasks);
+    else
+        for (long t = 0; t < ntasks; t++) i2c_task(&j, (int)t);
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    if (have_c) PyBuffer_Release(&bc);
+    if (have_x) PyBuffer_Release(&bx);
+    PyBuffer_Release(&bd);
+    return ret;
+}

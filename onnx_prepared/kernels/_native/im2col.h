@@ -1,0 +1,12 @@
+/* Entry point of im2col.c for module.c's method table. */
+#ifndef ONNX_PREPARED_IM2COL_H
+#define ONNX_PREPARED_IM2COL_H
+
+#include <Python.h>
+
+PyObject *py_im2col2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#define IM2COL_METHODS \
+    {"im2col2d", (PyCFunction)(void (*)(void))py_im2col2d, METH_FASTCALL, "2-D im2col for Conv, over the pool"},
+
+#endif
