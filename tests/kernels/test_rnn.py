@@ -214,3 +214,24 @@ def test_weights_are_derived_once_when_read_only_and_again_when_writeable(op):
     ins[2] *= 0.5  # a writeable R changed in place: the next call sees the new values
     changed = fn(*ins, direction="bidirectional", **attrs)
     assert len(rnn._NATIVE_WEIGHTS) == 1 and not np.array_equal(changed[0], fresh[0])
+
+
+@needs_ext
+@pytest.mark.parametrize("level", native.supported_levels())
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_native_activations_saturate_and_propagate_nan_like_the_numpy_path(level, op, monkeypatch):
+    """The recurrence's own exp (vectorized, ~2e-7 relative) at the extremes: gates saturate to exactly
+    0/1 and tanh to +-1 for huge pre-activations, NaN stays NaN, as numpy's sigmoid/tanh do."""
+    ins = _inputs(op, "bidirectional", seq=4, batch=3, init=True)
+    ins[0][0, 0] = 1e4
+    ins[0][1, 1] = -1e4
+    ins[0][2, 2, 0] = np.nan
+    n = 3 if op == "LSTM" else 2
+    with native.forced_level(level):
+        fast = run_ours(op, ins, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional")
+    monkeypatch.setattr(_rnn_native, "usable", lambda wd: False)
+    with np.errstate(all="ignore"):
+        slow = run_ours(op, ins, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional")
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
