@@ -40,8 +40,9 @@ static void gqa_pool_task(void *ctx, int t)
 
 enum { NBUF = 13, NINT = 15, NFLT = 2, NARGS = NBUF + NINT + NFLT };
 
-/* Below this many multiply-adds a call runs on the calling thread (a pool hand-off costs more). */
-#define GQA_POOL_MIN_MACS (1L << 18)
+/* Below this much work (multiply-adds plus floats of KV cache copied) a call runs on the calling thread
+ * (a pool hand-off costs more). */
+#define GQA_POOL_MIN_WORK (1L << 18)
 
 static int get(PyObject *o, Py_buffer *v, int writable, Py_ssize_t need, const char *name)
 {
@@ -155,9 +156,9 @@ PyObject *py_gqa(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const int level = ext_isa_level();
     gqa_call call = {&J, level >= 3 ? gqa_task_avx512 : level >= 1 ? gqa_task_avx2 : gqa_task_portable};
     const int ntasks = (int)(J.B * J.kvh);
-    const double macs = 2.0 * (double)J.B * J.nh * J.S * kmax_all * J.H;
+    const double work = 2.0 * (double)J.B * J.nh * J.S * kmax_all * J.H + 2.0 * (double)J.B * J.kvh * J.P * J.H;
     Py_BEGIN_ALLOW_THREADS
-    if (ntasks > 1 && macs >= (double)GQA_POOL_MIN_MACS)
+    if (ntasks > 1 && work >= (double)GQA_POOL_MIN_WORK)
         nb_pool_run(gqa_pool_task, &call, ntasks);
     else
         for (int t = 0; t < ntasks; t++) call.task(&J, t);
