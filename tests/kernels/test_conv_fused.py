@@ -116,3 +116,21 @@ def test_native_epilogues_match_numpy(path, lo, hi, act):
     plain = native.depthwise2d(*args)
     np.testing.assert_allclose(native.depthwise2d(*args, lo, hi, act), native.epilogue(plain, lo, hi, act),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_fused_conv_weights_round_trip_through_the_companion(tmp_path):
+    p, xs = _model(tmp_path, ["Relu", "HardSwish"])
+    x = RNG.standard_normal(xs).astype(np.float32)
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "c.onnx")}
+    with RuntimeSession(p, opts) as s:
+        assert [k for k in s.resolved.kernel_choices if k.startswith("prepacked:")] == [
+            "prepacked:conv-w-p16-float32-as-float32-g1-m24-ck72-k3x3",
+            "prepacked:conv-w-p16-float32-as-float32-g1-m24-ck216-k3x3"]
+        s.prepare()
+        (y,) = s.run({"x": x})
+        assert sum(1 for k in s.state.counters if k.startswith("prepack:")) == 2
+    with RuntimeSession(p, {**opts, "prepared_model_policy": "read_only"}) as s:
+        assert all(r.cached for r in s.resolved.requirements if not r.key.is_raw)
+        (y2,) = s.run({"x": x})
+        assert not any(k.startswith("prepack:") for k in s.state.counters)
+    np.testing.assert_array_equal(y2, y)
