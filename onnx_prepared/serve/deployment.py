@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_prepared.errors import InvalidFeedError, InvalidOptionError, MissingDependencyError, OnnxPreparedError
-from onnx_prepared.prepared.cache_io import LOCKING_ENV
 from onnx_prepared.serve import codec
 from onnx_prepared.serve.replica import RUNTIMES, open_replica
 from onnx_prepared.serve.text import TextReplica, is_genai_folder
@@ -161,6 +160,8 @@ def build_app(args: Mapping[str, Any]) -> Any:
             if locking.strip().lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
                 raise InvalidOptionError("cache_locking", locking, "true or false")
             locking = locking.strip().lower() in ("1", "true", "yes", "on")
+        from onnx_prepared.prepared.cache_io import LOCKING_ENV  # here: the replica's class loads no runtime
+
         env = {LOCKING_ENV: "1" if locking else "0"}
         extra["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     if args.get("max_ongoing_requests") is not None:

@@ -45,3 +45,16 @@ def test_build_app_names_a_bad_argument(args, match):
 
     with pytest.raises(InvalidOptionError, match=match):
         build_app(args)
+
+
+def test_the_deployment_class_loads_no_runtime():
+    """A replica process imports the deployment's module before its constructor: the runtime loads in the
+    constructor (the replica's measured import phase), and only there."""
+    import subprocess
+    import sys
+
+    code = ("import sys, onnx_prepared.serve.deployment\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('onnx_prepared.runtime', 'onnx_prepared.model',"
+            " 'onnx_prepared.prepared'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
