@@ -49,7 +49,7 @@ def invalid_string_field(message: Message, root: str = "model") -> str | None:
     None. Iterative (subgraphs nest arbitrarily deep); visits only the fields that are set, and skips
     bytes and numeric fields, so bulk tensor data costs nothing. A message's place is kept as a linked
     (parent, field, index) tuple and spelt out only for the answer: building every path string up front
-    cost more than the walk itself (parse time of a 200-node model: ~11 ms -> ~2 ms)."""
+    cost more than the walk itself (medium tiny-llm, 2,500 messages, machine load ~13: 11-48 ms -> 2.5-8 ms)."""
     stack: list[tuple[Message, tuple | None]] = [(message, None)]
     pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
