@@ -174,6 +174,10 @@ def split_18(
 
 
 def _slice(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> np.ndarray:
+    return x[_slice_index(x, starts, ends, axes, steps)]
+
+
+def _slice_index(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> tuple:
     """Python slicing already clamps like ONNX (negative values count from the end) with one exception:
     a negative step whose start lies before ``-dim``, which ONNX clamps to 0 (element 0 included) and
     Python to "before 0" (nothing)."""
@@ -187,7 +191,7 @@ def _slice(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int], s
         if step < 0 and start < -x.shape[axis]:
             start = 0
         index[axis] = slice(start, end, step)
-    return x[tuple(index)]
+    return tuple(index)
 
 
 @kernel("Slice", since=1)
@@ -204,7 +208,23 @@ def slice_10(
     axes: np.ndarray | None = None,
     steps: np.ndarray | None = None,
 ) -> tuple[np.ndarray]:
+    params = (starts, ends, axes, steps)
+    if all(p is None or (type(p) is np.ndarray and not p.flags.writeable) for p in params):
+        # constant parameters (initializers, folded Constants are read-only): the index once per shape
+        key = (x.shape, *map(id, params))
+        hit = _SLICES.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], params)):
+            return (x[hit[1]],)
+        index = _slice_index(x, _ints(starts), _ints(ends), _ints(axes), _ints(steps))
+        if len(_SLICES) >= 512:
+            _SLICES.clear()
+        _SLICES[key] = (params, index)  # holds the parameters: their ids stay theirs
+        return (x[index],)
     return (_slice(x, _ints(starts), _ints(ends), _ints(axes), _ints(steps)),)
+
+
+#: (input shape, ids of starts/ends/axes/steps) -> (those arrays, the index tuple) for read-only parameters
+_SLICES: dict[tuple, tuple] = {}
 
 
 # **** Shape, Size, Where, Range ****

@@ -345,3 +345,27 @@ def test_constant_of_shape(shape, value):
 def test_trilu(upper, k, shape):
     inputs = [_rand(*shape)] + ([] if k is None else [np.array(k, I64)])
     check("Trilu", inputs, opset=14, upper=upper)
+
+
+def test_slice_with_constant_parameters_computes_its_index_once_per_shape():
+    """Read-only parameters (initializers, folded Constants) memoize the index per input shape; a
+    writeable one (a feed) is read again each call, so changing it in place is seen."""
+    from onnx_prepared.kernels import shape_ops
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    params = [np.array([1, -1], np.int64), np.array([3, -4], np.int64), np.array([2, 1], np.int64),
+              np.array([1, -1], np.int64)]
+    frozen = [p.copy() for p in params]
+    for p in frozen:
+        p.flags.writeable = False
+    shape_ops._SLICES.clear()
+    expected = x[:, -1:-4:-1, 1:3]
+    for _ in range(2):
+        np.testing.assert_array_equal(shape_ops.slice_10(x, *frozen)[0], expected)
+    assert len(shape_ops._SLICES) == 1
+    np.testing.assert_array_equal(shape_ops.slice_10(x[:1], *frozen)[0], x[:1, -1:-4:-1, 1:3])  # another shape
+    assert len(shape_ops._SLICES) == 2
+    np.testing.assert_array_equal(shape_ops.slice_10(x, *params)[0], expected)
+    params[1][0] = 2  # a writeable end changed in place
+    np.testing.assert_array_equal(shape_ops.slice_10(x, *params)[0], x[:, -1:-4:-1, 1:2])
+    assert len(shape_ops._SLICES) == 2
