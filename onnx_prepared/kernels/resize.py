@@ -14,6 +14,8 @@ only then); onnxruntime follows the same filter.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from onnx_prepared.errors import KernelError
@@ -97,24 +99,38 @@ def _table(mode, x, n_in, *, nearest_mode, down, cubic_coeff_a, exclude_outside)
     raise KernelError(f"Resize: unknown mode {mode!r}")
 
 
-def _resize_axis(y: np.ndarray, axis: int, n_out: int, scale: float, roi, p: dict, length: float) -> np.ndarray:
-    n_in = y.shape[axis]
-    x = _coords(p["ctm"], n_out, n_in, scale, roi, length)
-    idx, w = _table(p["mode"], x, n_in, nearest_mode=p["nearest_mode"], down=scale < 1,
-                    cubic_coeff_a=p["cubic_coeff_a"], exclude_outside=p["exclude_outside"])
-    shape = [1] * y.ndim
+@functools.lru_cache(maxsize=512)
+def _axis_table(dtype: np.dtype, ndim: int, axis: int, n_in: int, n_out: int, scale: float, roi, length: float,
+                ctm: str, mode: str, nearest_mode: str, cubic_coeff_a: float, exclude_outside: int):
+    """(tap indices, tap weights shaped to broadcast along ``axis`` or None, outside mask or None) of one
+    axis; cached: a model resizes the same shapes on every run (the table cost ~10 numpy calls per axis)."""
+    x = _coords(ctm, n_out, n_in, scale, roi, length)
+    idx, w = _table(mode, x, n_in, nearest_mode=nearest_mode, down=scale < 1, cubic_coeff_a=cubic_coeff_a,
+                    exclude_outside=exclude_outside)
+    shape = [1] * ndim
     shape[axis] = n_out
-    if w is not None:
-        w = w.astype(y.dtype)
-    if w is None:
-        out = np.take(y, idx[:, 0], axis=axis)
+    taps = tuple(np.ascontiguousarray(idx[:, t]) for t in range(idx.shape[1]))
+    weights = None if w is None else tuple(np.ascontiguousarray(w[:, t].astype(dtype)).reshape(shape)
+                                           for t in range(w.shape[1]))
+    outside = ((x < 0) | (x > n_in - 1)).reshape(shape) if roi is not None else None
+    for a in (*taps, *(weights or ()), *((outside,) if outside is not None else ())):
+        a.flags.writeable = False
+    return taps, weights, outside
+
+
+def _resize_axis(y: np.ndarray, axis: int, n_out: int, scale: float, roi, p: dict, length: float) -> np.ndarray:
+    taps, weights, outside = _axis_table(y.dtype, y.ndim, axis, y.shape[axis], n_out, float(scale), roi,
+                                         float(length), p["ctm"], p["mode"], p["nearest_mode"],
+                                         float(p["cubic_coeff_a"]), int(p["exclude_outside"]))
+    if weights is None:
+        out = np.take(y, taps[0], axis=axis)
     else:
         out = None
-        for t in range(idx.shape[1]):
-            term = np.take(y, idx[:, t], axis=axis) * w[:, t].reshape(shape)
+        for idx, w in zip(taps, weights):
+            term = np.take(y, idx, axis=axis)
+            term *= w
             out = term if out is None else np.add(out, term, out=out)
-    if roi is not None:
-        outside = ((x < 0) | (x > n_in - 1)).reshape(shape)
+    if outside is not None:
         out = np.where(outside, out.dtype.type(p["extrapolation_value"]), out)
     return out
 
