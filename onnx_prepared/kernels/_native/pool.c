@@ -46,11 +46,10 @@ static struct {
     long long last_bad;   /* when the last such job ended (ns) */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
 
-/* NOTE: a worker woken while every other CPU is busy (another process, another library's spinning
- * threads) is placed by the scheduler on the caller's own CPU, where it would only preempt the caller;
- * such a worker declines the job (the caller runs every task) and sleeps again without spinning. Measured
- * next to spinning OpenBLAS threads: an M=1 MatMulNBits took 80-140 us with two threads against 27 us
- * with one; declining keeps it at the one-thread time, and a quiet machine keeps both threads. */
+/* NOTE: a worker keeps off the caller's CPU (avoid_cpu: its affinity excludes the CPU the caller published
+ * from), so the scheduler cannot wake it there when every other CPU is busy, where it would only preempt
+ * the caller; should it still find itself there (the affinity call failed), it declines the job and
+ * sleeps again without spinning. Whether its share of a busy CPU pays is the back-off's question (judge). */
 
 static long long now_ns(void)
 {
@@ -87,11 +86,37 @@ static int run_tasks(nb_task_fn fn, void *ctx, int ntasks)
     }
 }
 
+/* Keep this worker off the caller's CPU: its affinity becomes every CPU the process may use but that one
+ * (one sched_setaffinity, again only when the caller's CPU changes). Without it the scheduler woke a
+ * worker on the caller's CPU whenever the other CPUs were busy, and the worker could only decline, while
+ * onnxruntime's spinning threads kept a share of the other CPU; now it competes there for its share, and
+ * the caller's back-off (judge) drops the workers when that share did not shorten the jobs. Returns the
+ * CPU now avoided (-1: none, e.g. a single allowed CPU). */
+static int avoid_cpu(int cpu)
+{
+#ifdef CPU_COUNT
+    static __thread cpu_set_t all;
+    static __thread int have_all = 0;
+    if (!have_all) {
+        if (sched_getaffinity(0, sizeof(all), &all) != 0) return -1;
+        have_all = 1;
+    }
+    cpu_set_t set = all;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) return -1;
+    CPU_CLR(cpu, &set);
+    if (CPU_COUNT(&set) == 0 || sched_setaffinity(0, sizeof(set), &set) != 0) return -1;
+    return cpu;
+#else
+    (void)cpu;
+    return -1;
+#endif
+}
+
 static void *worker(void *arg)
 {
     /* the generation when the pool started it: a job published before this thread first runs is still new */
     unsigned long seen = (unsigned long)(uintptr_t)arg;
-    int declined = 0;
+    int declined = 0, avoided = -1;
     for (;;) {
         long long t0 = now_ns();
         const long long spin = declined ? 0 : (long long)P.spin_us * 1000;
@@ -116,6 +141,7 @@ static void *worker(void *arg)
         P.inflight++;
         const int caller_cpu = P.caller_cpu;
         pthread_mutex_unlock(&P.mu);
+        if (caller_cpu != avoided) avoided = avoid_cpu(caller_cpu);
         declined = sched_getcpu() == caller_cpu;
         if (declined)
             atomic_fetch_add_explicit(&P.stalls, 1, memory_order_relaxed);
@@ -158,11 +184,12 @@ static void start_workers(void)
  * preempted while it holds a task; the caller then waits for it, and the job takes longer than on one
  * thread (measured at load 6-8 on 2 CPUs: an M=128 int8 MatMulNBits took 3970 us on 2 threads against
  * 2040 us on one). So the caller judges each job of at least JUDGE_NS (estimated on one thread): the
- * workers helped if the job ended in less than 0.9x the caller's own time per task times all tasks. After a
- * job they did not shorten, jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms),
- * then one job probes again; a job they shortened ends the back-off, and so does a miss 128 ms after the
- * last one (the streak starts again at 0.5 ms: another process's load comes and goes). A quiet machine keeps every thread; a
- * busy one loses at most one probe job per 64 ms, and idle workers sleep meanwhile (no spinning). */
+ * workers helped if the job ended in less than 0.9x the caller's own time per task times all tasks. After
+ * a job they did not shorten, jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms;
+ * at least 8 times that job's duration), then one job probes again. A job they shortened ends the
+ * back-off, and a miss more than 128 ms after the previous one starts the streak again at 0.5 ms (another
+ * process's load comes and goes). A quiet machine keeps every thread; a busy one loses at most one probe
+ * job per back-off, and idle workers sleep meanwhile (no spinning). */
 #define JUDGE_NS 30000LL
 #define BACKOFF_NS 500000LL
 #define MAX_STREAK 8
@@ -182,7 +209,9 @@ static void judge(long long t0, long long t1, long long t2, int mine, int ntasks
     if (t0 - P.last_bad > (BACKOFF_NS << MAX_STREAK)) P.streak = 0; /* the last miss is old: load changes */
     if (P.streak < MAX_STREAK) P.streak++;
     P.last_bad = t2;
-    P.solo_until = t2 + (BACKOFF_NS << (P.streak - 1));
+    long long d = BACKOFF_NS << (P.streak - 1);
+    if (d < 8 * (t2 - t0)) d = 8 * (t2 - t0); /* long jobs: at most one probe in 9 of them */
+    P.solo_until = t2 + d;
 }
 
 void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
