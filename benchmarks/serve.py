@@ -219,6 +219,8 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
         return row
     finally:
         serve.delete(name)
+        if case == "pair-empty":
+            shutil.rmtree(cache, ignore_errors=True)  # a full companion per repetition: do not keep them
 
 
 # **** the replica alone: a fresh process, no Ray ****
