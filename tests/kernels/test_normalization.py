@@ -1,5 +1,5 @@
 """Layer/RMS normalizations and the com.microsoft Skip* fusions against onnxruntime and onnx.reference, on the
-numpy path and through the extension's RMS norm (llm_norm.c; one portable build, so one native path)."""
+numpy path and through the extension's RMS norms (llm_norm.c) at every dispatch level."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels import normalization as nm
 from onnx_prepared.kernels.registry import lookup
+from tests.helpers.dispatch import PATHS, use_path
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -43,11 +44,9 @@ def rng():
     return np.random.default_rng(7)
 
 
-@pytest.fixture(autouse=True, params=["numpy", "native"] if native.available() else ["numpy"])
+@pytest.fixture(autouse=True, params=PATHS)
 def path(request, monkeypatch):
-    if request.param == "numpy":
-        monkeypatch.setattr(native, "_ext", None)
-    return request.param
+    yield from use_path(request.param, monkeypatch)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])

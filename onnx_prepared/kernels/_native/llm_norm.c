@@ -2,8 +2,9 @@
  * SkipSimplifiedLayerNormalization, RMSNormalization), in the float32 operations and order onnxruntime's CPU
  * kernels use, so that the outputs are its bits (an int8-quantized MatMulNBits after the norm amplifies a
  * last-bit difference into a rounding flip): h = x (+ skip + bias), ms = sqrt(sum of h^2 / n + eps), the
- * sum h when asked. No contraction (ISO C mode). One portable build; large calls split over the pool by rows
- * (a row's result does not depend on the split). */
+ * sum h when asked. No contraction (ISO C mode). The rows are computed by llm_norm.inc, built per ISA
+ * (llm_norm_isa.c: every level gives the same bits; wider vectors only make the elementwise loops faster);
+ * large calls split over the pool by rows (a row's result does not depend on the split). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -12,114 +13,17 @@
 
 #include "llm_norm.h"
 #include "pool.h"
+#include "rnn_module.h" /* ext_isa_level */
 
-typedef struct {
-    const float *x, *skip, *bias, *gamma;
-    float *y, *sum, *inv;
-    long rows, n, rows_per_task;
-    float eps;
-} norm_job;
-
-/* The plain norm (no skip), as onnxruntime's SimplifiedLayerNormalization computes it on an AVX2+FMA
- * machine (matched bit for bit, tests/kernels/test_normalization.py): from PLAIN_VEC_MIN channels on, 8 lanes
- * of fused h * h + acc over the whole blocks of 8, reduced by halving (4 + 4, 2 + 2, 1 + 1), then the tail
- * fused into that sum one by one; inv = 1 / sqrt(sum / n + eps), y = h * inv * gamma. Below, a serial
- * unfused sum and y = h / ms * gamma. A fused multiply-add here is a double product and sum rounded once to
- * float (the product of two floats is exact in a double; the sum differs from the fused result only on a
- * double-rounding tie, ~2^-29 of the cases), so every dispatch level gives the same bits. */
-enum { PLAIN_VEC_MIN = 16 };
-
-static inline float fused_sq(float h, float acc) { return (float)((double)h * h + acc); }
-
-static void plain_row(const norm_job *j, long r)
-{
-    const long n = j->n;
-    const float *restrict h = j->x + r * n;
-    float *restrict y = j->y + r * n;
-    if (n < PLAIN_VEC_MIN) {
-        float ss = 0.0f;
-        for (long i = 0; i < n; i++) ss += h[i] * h[i];
-        const float ms = sqrtf(ss / (float)n + j->eps);
-        if (j->inv) j->inv[r] = 1.0f / ms;
-        for (long k = 0; k < n; k++) y[k] = h[k] / ms * j->gamma[k];
-        return;
-    }
-    float acc[8] = {0};
-    long i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] = fused_sq(h[i + l], acc[l]);
-    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
-    acc[0] += acc[2];
-    acc[1] += acc[3];
-    float ss = acc[0] + acc[1];
-    for (; i < n; i++) ss = fused_sq(h[i], ss);
-    const float inv = 1.0f / sqrtf(ss / (float)n + j->eps);
-    if (j->inv) j->inv[r] = inv;
-    for (long k = 0; k < n; k++) y[k] = h[k] * inv * j->gamma[k];
-}
-
-static void add_row(float *restrict out, const float *restrict x, const float *restrict s,
-                    const float *restrict bias, long n)
-{
-    if (bias)
-        for (long i = 0; i < n; i++) out[i] = (x[i] + s[i]) + bias[i];
-    else
-        for (long i = 0; i < n; i++) out[i] = x[i] + s[i];
-}
-
-static void scale_row(float *restrict y, const float *restrict h, const float *restrict g, float ms, long n)
-{
-    for (long k = 0; k < n; k++) y[k] = h[k] / ms * g[k];
-}
-
-/* The skip norm, rows [r0, r0 + nr), nr <= 4, as onnxruntime's SkipSimplifiedLayerNormalization (its
- * ComputeJob, matched bit for bit): the sums of squares are serial (nr independent chains hide each one's
- * latency), y = h / ms * gamma. */
-static void norm_rows(const norm_job *j, long r0, int nr)
-{
-    const long n = j->n;
-    const float *h[4];
-    for (int q = 0; q < nr; q++) {
-        const long r = r0 + q;
-        h[q] = j->x + r * n;
-        if (j->skip) {
-            add_row(j->sum + r * n, h[q], j->skip + r * n, j->bias, n);
-            h[q] = j->sum + r * n;
-        }
-    }
-    float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (nr == 4) {
-        const float *h0 = h[0], *h1 = h[1], *h2 = h[2], *h3 = h[3];
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        for (long i = 0; i < n; i++) {
-            s0 += h0[i] * h0[i];
-            s1 += h1[i] * h1[i];
-            s2 += h2[i] * h2[i];
-            s3 += h3[i] * h3[i];
-        }
-        ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
-    } else {
-        for (int q = 0; q < nr; q++) {
-            float s0 = 0.0f;
-            for (long i = 0; i < n; i++) s0 += h[q][i] * h[q][i];
-            ss[q] = s0;
-        }
-    }
-    for (int q = 0; q < nr; q++) {
-        const float ms = sqrtf(ss[q] / (float)n + j->eps);
-        if (j->inv) j->inv[r0 + q] = 1.0f / ms;
-        scale_row(j->y + (r0 + q) * n, h[q], j->gamma, ms, n);
-    }
-}
 
 static void norm_task(void *ctx, int t)
 {
     const norm_job *j = (const norm_job *)ctx;
     const long r0 = (long)t * j->rows_per_task, r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
     if (!j->skip)
-        for (long r = r0; r < r1; r++) plain_row(j, r);
+        for (long r = r0; r < r1; r++) j->plain(j, r);
     else
-        for (long r = r0; r < r1; r += 4) norm_rows(j, r, r1 - r < 4 ? (int)(r1 - r) : 4);
+        for (long r = r0; r < r1; r += 8) j->skip_rows(j, r, r1 - r < 8 ? (int)(r1 - r) : 8);
 }
 
 static int view(PyObject *o, Py_buffer *v, int writable, Py_ssize_t need, const char *name)
@@ -166,10 +70,16 @@ PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     norm_job j = {(const float *)b[0].buf, (const float *)b[1].buf, (const float *)b[2].buf, (const float *)b[3].buf,
-                  (float *)b[4].buf, (float *)b[5].buf, (float *)b[6].buf, rows, n, rows, (float)eps};
-    /* 16 Ki elements per task (4 rows of 4096): a hand-off costs about what such a block does, and small
+                  (float *)b[4].buf, (float *)b[5].buf, (float *)b[6].buf, rows, n, rows, (float)eps,
+                  norm_plain_row_portable, norm_skip_rows_portable};
+    const int level = ext_isa_level();
+    if (level >= 3)
+        j.plain = norm_plain_row_avx512, j.skip_rows = norm_skip_rows_avx512;
+    else if (level >= 1)
+        j.plain = norm_plain_row_avx2, j.skip_rows = norm_skip_rows_avx2;
+    /* 16 Ki elements per task (8 rows of 2048): a hand-off costs about what such a block does, and small
      * tasks keep the caller busy when a worker is late (a shared machine) */
-    const long per = (1L << 14) / n > 4 ? (1L << 14) / n / 4 * 4 : 4;
+    const long per = (1L << 14) / n > 8 ? (1L << 14) / n / 8 * 8 : 8;
     const int ntasks = (int)((rows + per - 1) / per);
     j.rows_per_task = per;
     Py_BEGIN_ALLOW_THREADS
