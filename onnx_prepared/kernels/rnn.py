@@ -84,6 +84,8 @@ _ACTIVATIONS = {
 }
 
 
+_F32 = np.dtype(np.float32)
+
 #: bound activation function -> the native extension's activation code
 _CODES = {spec[0]: RNN_ACTIVATIONS.index(name) for name, spec in _ACTIVATIONS.items()}
 
@@ -201,7 +203,7 @@ def _prepare(op: str, X, W, R, B, initial, layout: int, n_gates: int, hidden_siz
     if W.shape[1] != n_gates * hidden or R.shape[1] != n_gates * hidden or W.shape[2] != x.shape[2]:
         raise KernelError(f"{op}: W {list(W.shape)} / R {list(R.shape)} do not match {n_gates} gates of hidden "
                           f"size {hidden} and input size {x.shape[2]}")
-    wd = sp.work_dtype(X.dtype)
+    wd = X.dtype if X.dtype == _F32 else sp.work_dtype(X.dtype)  # dtype.name (in work_dtype) is slow
     init = [None if v is None else (v.transpose(1, 0, 2) if layout else v).astype(wd, copy=False) for v in initial]
     return x.astype(wd, copy=False), W.astype(wd, copy=False), R.astype(wd, copy=False), (
         None if B is None else B.astype(wd, copy=False)), init, hidden, wd
