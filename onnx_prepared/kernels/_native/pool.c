@@ -46,10 +46,13 @@ static struct {
     long long last_bad;   /* when the last such job ended (ns) */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
 
-/* NOTE: a worker keeps off the caller's CPU (avoid_cpu: its affinity excludes the CPU the caller published
- * from), so the scheduler cannot wake it there when every other CPU is busy, where it would only preempt
- * the caller; should it still find itself there (the affinity call failed), it declines the job and
- * sleeps again without spinning. Whether its share of a busy CPU pays is the back-off's question (judge). */
+/* NOTE: a worker woken while every other CPU is busy (another process, another library's spinning
+ * threads) is placed by the scheduler on the caller's own CPU, where it would only preempt the caller;
+ * such a worker declines the job (the caller runs every task) and sleeps again without spinning. A
+ * worker the scheduler placed on a free CPU joins; one placed on a busy CPU may join and then be
+ * preempted while it holds a task, which the back-off below catches. (Pinning the workers off the
+ * caller's CPU instead, so that they compete for a share of a busy CPU, was measured at load 4-6: it let
+ * the caller be moved onto its own worker's CPU, and calls on 2 threads took up to 2x one thread's time.) */
 
 static long long now_ns(void)
 {
@@ -86,37 +89,11 @@ static int run_tasks(nb_task_fn fn, void *ctx, int ntasks)
     }
 }
 
-/* Keep this worker off the caller's CPU: its affinity becomes every CPU the process may use but that one
- * (one sched_setaffinity, again only when the caller's CPU changes). Without it the scheduler woke a
- * worker on the caller's CPU whenever the other CPUs were busy, and the worker could only decline, while
- * onnxruntime's spinning threads kept a share of the other CPU; now it competes there for its share, and
- * the caller's back-off (judge) drops the workers when that share did not shorten the jobs. Returns the
- * CPU now avoided (-1: none, e.g. a single allowed CPU). */
-static int avoid_cpu(int cpu)
-{
-#ifdef CPU_COUNT
-    static __thread cpu_set_t all;
-    static __thread int have_all = 0;
-    if (!have_all) {
-        if (sched_getaffinity(0, sizeof(all), &all) != 0) return -1;
-        have_all = 1;
-    }
-    cpu_set_t set = all;
-    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) return -1;
-    CPU_CLR(cpu, &set);
-    if (CPU_COUNT(&set) == 0 || sched_setaffinity(0, sizeof(set), &set) != 0) return -1;
-    return cpu;
-#else
-    (void)cpu;
-    return -1;
-#endif
-}
-
 static void *worker(void *arg)
 {
     /* the generation when the pool started it: a job published before this thread first runs is still new */
     unsigned long seen = (unsigned long)(uintptr_t)arg;
-    int declined = 0, avoided = -1;
+    int declined = 0;
     for (;;) {
         long long t0 = now_ns();
         const long long spin = declined ? 0 : (long long)P.spin_us * 1000;
@@ -141,7 +118,6 @@ static void *worker(void *arg)
         P.inflight++;
         const int caller_cpu = P.caller_cpu;
         pthread_mutex_unlock(&P.mu);
-        if (caller_cpu != avoided) avoided = avoid_cpu(caller_cpu);
         declined = sched_getcpu() == caller_cpu;
         if (declined)
             atomic_fetch_add_explicit(&P.stalls, 1, memory_order_relaxed);
@@ -183,26 +159,28 @@ static void start_workers(void)
 /* NOTE (back-off): a worker that joins on a CPU another process keeps busy gets a share of it and may be
  * preempted while it holds a task; the caller then waits for it, and the job takes longer than on one
  * thread (measured at load 6-8 on 2 CPUs: an M=128 int8 MatMulNBits took 3970 us on 2 threads against
- * 2040 us on one). So the caller judges each job of at least JUDGE_NS (estimated on one thread): the
- * workers helped if the job ended in less than 0.9x the caller's own time per task times all tasks. After
- * a job they did not shorten, jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms;
- * at least 8 times that job's duration), then one job probes again. A job they shortened ends the
- * back-off, and a miss more than 128 ms after the previous one starts the streak again at 0.5 ms (another
- * process's load comes and goes). A quiet machine keeps every thread; a busy one loses at most one probe
- * job per back-off, and idle workers sleep meanwhile (no spinning). */
+ * 2040 us on one). So the caller judges each job of at least JUDGE_NS by its tail: the time it waited
+ * for the workers after its own last task. A tail of more than TAIL_NS and 10 % of the caller's own work
+ * is a miss; then jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms; at least
+ * 8 times that job's duration), and the next pooled job probes again. A job without such a tail ends the
+ * back-off, and a miss more than 128 ms after the previous one starts the streak again at 0.5 ms
+ * (another process's load comes and goes). A worker that wakes too late to take a task costs the caller
+ * nothing but the wake-up, so it is no miss: judging by the job's length instead made every probe after
+ * a back-off fail (the worker had gone to sleep meanwhile) and kept a free second core unused. A quiet
+ * machine keeps every thread; a busy one loses at most one probe job per back-off, and idle workers
+ * sleep meanwhile (no spinning). */
 #define JUDGE_NS 30000LL
+#define TAIL_NS 20000LL
 #define BACKOFF_NS 500000LL
 #define MAX_STREAK 8
 
 static void judge(long long t0, long long t1, long long t2, int mine, int ntasks)
 {
-    if (mine <= 0) { /* the workers ran every task */
-        P.streak = 0;
-        return;
-    }
-    const double alone = (double)(t1 - t0) * ntasks / mine;
-    if (alone < (double)JUDGE_NS) return;
-    if ((double)(t2 - t0) < 0.9 * alone) {
+    (void)mine;
+    (void)ntasks;
+    const long long work = t1 - t0, wait = t2 - t1;
+    if (work + wait < JUDGE_NS) return;
+    if (wait < TAIL_NS || wait * 10 <= work) { /* no straggler: the caller hardly waited for a worker */
         P.streak = 0;
         return;
     }
