@@ -313,6 +313,17 @@ def im2col2d(x: np.ndarray, group: int, kshape, out, begins, strides, dilations,
     return cols
 
 
+def global_avg(x: np.ndarray) -> np.ndarray | None:
+    """The mean of every ``[N, C]`` plane of float32 ``x [N, C, *S]`` as ``[N, C, 1, ...]`` (``gap.c``), or
+    None without the extension."""
+    if _ext is None:
+        return None
+    n, c = x.shape[:2]
+    y = np.empty((n, c) + (1,) * (x.ndim - 2), np.float32)
+    _ext.global_avg(np.ascontiguousarray(x), y, n * c, x.size // (n * c))
+    return y
+
+
 def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[int, int], begins, strides,
                 dilations, kshape, lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray | None:
     """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias, then :func:`epilogue`),

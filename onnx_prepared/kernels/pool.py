@@ -14,6 +14,7 @@ import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _spatial as sp
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
 
@@ -141,6 +142,10 @@ def global_average_pool(X: np.ndarray) -> tuple[np.ndarray]:
         return (np.mean(X, axis=axes, keepdims=True, dtype=np.float32).astype(X.dtype),)
     if X.dtype.kind != "f" or not X.flags.c_contiguous or X.size == 0:
         return (np.mean(X, axis=axes, keepdims=True),)
+    if X.dtype == np.float32:
+        y = native.global_avg(X)
+        if y is not None:
+            return (y,)
     # NOTE: one pairwise add.reduce over the flattened plane times 1/count: np.mean's wrapper cost about
     # as much as the reduction itself on SE blocks' small planes (12.9 -> 6.0 us at 16x16x16)
     n, c = X.shape[:2]

@@ -87,3 +87,14 @@ def test_global_average_pool_float16_accumulates_in_float32():
     assert y.dtype == np.float16
     np.testing.assert_allclose(y.astype(np.float32), x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
                                rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 16, 16, 16), (1, 9, 2, 2), (2, 2, 3, 4, 5)])
+def test_global_average_pool_native_and_numpy_paths_agree(shape, monkeypatch):
+    from onnx_prepared.kernels import native
+
+    x = RNG.standard_normal(shape).astype(np.float32)
+    (fast,) = check_ort("GlobalAveragePool", [x], opset=12)
+    monkeypatch.setattr(native, "_ext", None)
+    (slow,) = check_ort("GlobalAveragePool", [x], opset=12)
+    np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-7)

@@ -15,6 +15,7 @@
 #include "depthwise.h"
 #include "sgemm.h"
 #include "im2col.h"
+#include "gap.h"
 #include "act.h"
 #include "nms.h"
 #include "attention.h"
@@ -377,6 +378,7 @@ static PyMethodDef methods[] = {
     DEPTHWISE_METHODS
     SGEMM_METHODS
     IM2COL_METHODS
+    GAP_METHODS
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
     NMS_METHODS
