@@ -51,8 +51,9 @@ static struct {
  * such a worker declines the job (the caller runs every task) and sleeps again without spinning. A
  * worker the scheduler placed on a free CPU joins; one placed on a busy CPU may join and then be
  * preempted while it holds a task, which the back-off below catches. (Pinning the workers off the
- * caller's CPU instead, so that they compete for a share of a busy CPU, was measured at load 4-6: it let
- * the caller be moved onto its own worker's CPU, and calls on 2 threads took up to 2x one thread's time.) */
+ * caller's CPU instead, so that they compete for a share of a busy CPU, was measured at load 4-6: calls
+ * on 2 threads took up to 2x one thread's time; a likely cause, not verified, is the scheduler moving the
+ * caller onto its own worker's CPU.) */
 
 static long long now_ns(void)
 {
