@@ -159,3 +159,26 @@ def test_im2col_matches_the_window_view(xs, k, group, attrs, merge):
     if merge:
         ref = ref.transpose(1, 2, 0, 3).reshape(1, group, -1, n * p)
     np.testing.assert_array_equal(native.im2col2d(x, group, k, out, begins, strides, dil, merge), ref)
+
+
+@pytest.mark.skipif(len(native.supported_levels()) < 2, reason="one dispatch level only")
+def test_isa_env_selects_the_sgemm_level():
+    """ONNX_PREPARED_ISA forces the packed SGEMM's level too: a child at the lowest level computes
+    exactly what forced_level gives here (the levels differ in rounding: FMA, summation order)."""
+    import subprocess
+    import sys
+
+    level = native.supported_levels()[0]
+    a = RNG.standard_normal((1, 40, 50)).astype(np.float32)
+    x = RNG.standard_normal((1, 1, 50, 30)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as d:
+        np.save(os.path.join(d, "a.npy"), a)
+        np.save(os.path.join(d, "x.npy"), x)
+        code = ("import numpy as np, os, sys; from onnx_prepared.kernels import native; d = sys.argv[1]; "
+                "y = native.sgemm_packed(native.pack_panels(np.load(d + '/a.npy')), 40, np.load(d + '/x.npy')); "
+                "np.save(d + '/y.npy', y)")
+        subprocess.run([sys.executable, "-c", code, d], env={**os.environ, native.ISA_ENV: level}, check=True)
+        child = np.load(os.path.join(d, "y.npy"))
+    with native.forced_level(level):
+        here = native.sgemm_packed(native.pack_panels(a), 40, x)
+    np.testing.assert_array_equal(child, here)
