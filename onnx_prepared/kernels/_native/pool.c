@@ -187,9 +187,10 @@ static void start_workers(void)
  * preempted while it holds a task; the caller then waits for it, and the job takes longer than on one
  * thread (measured at load 6-8 on 2 CPUs: an M=128 int8 MatMulNBits took 3970 us on 2 threads against
  * 2040 us on one). So the caller judges each job of at least JUDGE_NS by its tail: the time it waited
- * for the workers after its own last task. A tail of more than TAIL_NS and 10 % of the caller's own work
- * is a miss; then jobs run on the caller alone for BACKOFF_NS << streak (0.5, 1, 2, ... 64 ms; at least
- * 8 times that job's duration), and the next pooled job probes again. A job without such a tail ends the
+ * for the workers after its own last task. A tail of more than TAIL_NS, 10 % of the caller's own work
+ * and two of the caller's tasks (a worker's last task may end one task after the caller's: that is
+ * granularity, not a straggler) is a miss; then jobs run on the caller alone for BACKOFF_NS << streak
+ * (0.5, 1, 2, ... 64 ms; at least 8 times that job's duration), and the next pooled job probes again. A job without such a tail ends the
  * back-off, and a miss more than 128 ms after the previous one starts the streak again at 0.5 ms
  * (another process's load comes and goes). A worker that wakes too late to take a task costs the caller
  * nothing but the wake-up, so it is no miss: judging by the job's length instead made every probe after
@@ -203,11 +204,12 @@ static void start_workers(void)
 
 static void judge(long long t0, long long t1, long long t2, int mine, int ntasks)
 {
-    (void)mine;
     (void)ntasks;
     const long long work = t1 - t0, wait = t2 - t1;
     if (work + wait < JUDGE_NS) return;
-    if (wait < TAIL_NS || wait * 10 <= work) { /* no straggler: the caller hardly waited for a worker */
+    /* a worker's last task may end up to one task after the caller's: only a longer tail is a straggler */
+    const long long task = mine > 0 ? work / mine : work;
+    if (wait < TAIL_NS || wait * 10 <= work || wait <= 2 * task) { /* no straggler */
         P.streak = 0;
         return;
     }
