@@ -66,13 +66,24 @@ def model_path(models_dir: str, model: str, level: int) -> str:
 # **** timing ****
 
 
-def interleaved(fns: dict, repeat: int, rounds: int = 5) -> dict[str, float]:
+#: seconds each batch waits before it starts, so that the previous side's spinning threads are idle
+SETTLE_S = 0.05
+
+
+def interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE_S) -> dict[str, float]:
     """Median seconds per function; functions alternate in rounds of ``repeat // rounds`` calls, each round
-    after one untimed call (so each side's spinning worker threads are charged to itself)."""
+    after a pause of ``settle`` seconds and one untimed call.
+
+    NOTE: onnxruntime's intra-op threads spin for 10-30 ms after a run (see benchmarks/kernels_nbits.py),
+    longer than a batch of short runs, so without the pause our batch after onnxruntime's ran with the
+    second core taken by onnxruntime's spinning thread (medium, level 4, prefill 16, quiet machine: ours
+    13.0 ms without the pause, 10.2 ms with it; onnxruntime 17.0 and 17.0 ms).
+    """
     times: dict[str, list[float]] = {k: [] for k in fns}
     per = max(1, repeat // rounds)
     for _ in range(rounds):
         for k, fn in fns.items():
+            time.sleep(settle)
             fn()
             for _ in range(per):
                 t0 = time.perf_counter()
