@@ -16,6 +16,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from onnx_prepared.kernels.catalog import MODULES
+from tests.helpers.models import relu_add
 
 _KERNEL_MODULES = {f"onnx_prepared.kernels.{m}" for m in MODULES}
 
@@ -54,18 +55,8 @@ def test_bare_import_builds_no_runtime():
                                                                   "onnx_prepared.options"}
 
 
-def _relu_add(tmp_path):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "x"], ["y"])],
-                          "g", [x], [y])
-    path = tmp_path / "m.onnx"
-    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    return path
-
-
 def test_session_loads_only_its_kernels(tmp_path):
-    path = _relu_add(tmp_path)
+    path = relu_add(tmp_path)
     mods = _modules_after(
         "import numpy as np, onnx_prepared as op\n"
         f"s = op.InferenceSession({str(path)!r})\n"
@@ -95,7 +86,7 @@ def test_cli_help_builds_no_runtime():
 
 def test_plain_session_does_not_import_the_onnx_package(tmp_path):
     """Parsing, planning and running a plain model need onnx's protobuf classes and schemas only."""
-    path = _relu_add(tmp_path)
+    path = relu_add(tmp_path)
     mods = _modules_after(
         "import numpy as np, onnx_prepared as op\n"
         f"s = op.InferenceSession({str(path)!r})\n"

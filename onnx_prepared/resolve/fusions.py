@@ -51,12 +51,7 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
             fused.attribute.add(name="block_size", type=onnx.AttributeProto.INT, i=int(operands[1]))
             replace[u] = fused
         drop.add(idx)
-    if not replace:
-        return 0
-    nodes = [replace.get(i, n) for i, n in enumerate(graph.node) if i not in drop]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(replace)
+    return _rewrite(graph, replace, drop)
 
 
 def _dq_matmul():
@@ -66,6 +61,15 @@ def _dq_matmul():
     from onnx_prepared.kernels import dq_matmul
 
     return dq_matmul
+
+
+def _rewrite(graph, replace: dict[int, onnx.NodeProto], drop: set[int]) -> int:
+    """Put each fusion's nodes in place of ``replace``'s indices, remove ``drop``'s; the count of fusions."""
+    if replace:
+        nodes = [replace.get(i, n) for i, n in enumerate(graph.node) if i not in drop]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return len(replace)
 
 
 def _blocked_int4(node: onnx.NodeProto, weights: Mapping) -> tuple[list[str], int] | None:
@@ -141,12 +145,7 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
         fused.attribute.add(name="activation_act", type=onnx.AttributeProto.INT, i=code)
         replace[idx] = fused
         drop.add(users[0])
-    if not replace:
-        return 0
-    nodes = [replace.get(i, n) for i, n in enumerate(graph.node) if i not in drop]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(replace)
+    return _rewrite(graph, replace, drop)
 
 
 def _conv_fused():

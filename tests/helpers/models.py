@@ -16,6 +16,18 @@ def save_external(model: onnx.ModelProto, folder: str | os.PathLike, name: str =
     return path
 
 
+def relu_add(folder) -> str:
+    """y = Relu(x) + x over float32 [2, 3], opset 17: a plain model of two known kernels."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "x"], ["y"])],
+                          "g", [x], [y])
+    path = os.path.join(os.fspath(folder), "m.onnx")
+    with open(path, "wb") as f:
+        f.write(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
 def gemm_mlp(folder, *, layers: int = 3, width: int = 16, seed: int = 0, share_b: bool = False,
              alpha: float = 1.0, beta: float = 1.0) -> str:
     """x -> [Gemm(transB alternating) -> Relu] * layers; optionally two Gemms read one B."""

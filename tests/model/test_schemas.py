@@ -15,6 +15,7 @@ from onnx_prepared import onnx_proto
 from onnx_prepared.errors import ModelLoadError
 from onnx_prepared.model import schemas
 from onnx_prepared.model.loader import load_model_bytes
+from tests.helpers.models import relu_add
 
 _OPS = [("", "Gemm", 17), ("", "Concat", 13), ("", "Loop", 16), ("", "Shape", 15), ("", "Constant", 21),
         ("", "Cast", 19), ("", "Slice", 13), ("ai.onnx.ml", "TreeEnsembleClassifier", 3), ("", "Max", 13)]
@@ -72,12 +73,7 @@ def test_validation_still_refuses_with_a_warm_cache(tmp_path):
 def test_second_process_loads_no_schema_registry(tmp_path):
     """With the facts cached by a first process, parsing and validating a model in a fresh interpreter
     never loads onnx's C++ extension (structure, not timing)."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "x"], ["y"])],
-                          "g", [x], [y])
-    path = tmp_path / "m.onnx"
-    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    path = relu_add(tmp_path)
     code = ("import sys, json\nfrom onnx_prepared.model import load_model\n"
             f"load_model({str(path)!r})\nprint(json.dumps(sorted(sys.modules)))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
