@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_prepared.bind import ExecutionPlan
+from onnx_prepared.errors import Cancelled
 from onnx_prepared.kernels import threads
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
 from onnx_prepared.prepared import EntryState
@@ -101,32 +102,14 @@ class Inference:
                inline: bool) -> ExecutionHandle:
         """One run over ``values`` (feeds bound): hot when everything is resident, else cold.
 
-        ``inline`` (used by ``run``, which waits anyway) replays a hot run on the calling thread, with no
-        scheduler task: the same lease and replay without the task round trip and the hand-off to a CPU
-        worker. A cold run always goes to the CPU workers: it yields.
+        ``inline`` replays a hot run on the calling thread, with no scheduler task: the same lease and
+        replay without the task round trip and the hand-off to a CPU worker. A cold run always goes to
+        the CPU workers: it yields.
         """
-        frame = ExecutionFrame(self.state.next_invocation_id(), values, self.state.arenas.execution, context)
-        frame.held.update(overridden)
-        handle = self._submit_hot(frame, inline)
-        return handle if handle is not None else self._submit_cold(frame)
-
-    # ---- the hot path ----
-    def _submit_hot(self, frame: ExecutionFrame, inline: bool) -> ExecutionHandle | None:
-        """Epoch check, one run-level lease, ``frame.replay()``, release; None: not hot, run cold.
-
-        Replayed right here (no task, no hand-off) for ``run`` and when the last hot replay took less
-        than a hand-off to a CPU worker costs; otherwise as one CPU task.
-        """
-        store = self.store
-        epoch = store.epoch
-        if store.hot_epoch != epoch or not store.acquire_lease(epoch):
-            return None
-        values = frame.values
-        for s, v in self._hot_values():  # the resident objects, where the caller fed nothing
-            if values[s] is None:
-                values[s] = v
-        self.counters["hot_runs"] += 1
-        execution = self.execution
+        frame = self._frame(values, overridden, context)
+        execution = self._enter_hot(frame)
+        if execution is None:
+            return self._submit_cold(frame)
         name = f"I.run-{frame.invocation_id}"
         if inline or self.hot_seconds < HANDOFF_SECONDS:
             return self.scheduler.run_here(lambda: self._replay_hot(frame, execution),
@@ -134,6 +117,51 @@ class Inference:
         task = Task(lambda t: self._replay_hot(frame, execution), resource=Resource.CPU,
                     priority=Priority.CRITICAL, name=name)
         return self.scheduler.submit(task, result=lambda: self._outputs(frame), keepalive=frame)
+
+    def run(self, values: list, overridden: frozenset[int], context: RuntimeContext | None) -> list:
+        """``submit(..., inline=True).result()`` for a caller that waits anyway (``RuntimeSession.run``).
+
+        A hot run is the spec's whole hot path and nothing else: epoch check, lease, replay on this
+        thread, release, outputs; no handle is built (its outcome is the same: a kernel's exception
+        propagates as is, and a ``Cancelled`` checkpoint goes through ``run_here`` to become the same
+        ``CancelledError``). While tracing, the run is the traced inline task of :meth:`submit`.
+        """
+        frame = self._frame(values, overridden, context)
+        execution = self._enter_hot(frame)
+        if execution is None:
+            return self._submit_cold(frame).result()
+        if self.scheduler.trace is not None:
+            return self.scheduler.run_here(lambda: self._replay_hot(frame, execution),
+                                           result=lambda: self._outputs(frame),
+                                           name=f"I.run-{frame.invocation_id}").result()
+        try:
+            self._replay_hot(frame, execution)
+        except Cancelled as e:
+            return self.scheduler.run_here(_raiser(e), name=f"I.run-{frame.invocation_id}").result()
+        return self._outputs(frame)
+
+    def _frame(self, values: list, overridden: frozenset[int], context: RuntimeContext | None) -> ExecutionFrame:
+        frame = ExecutionFrame(self.state.next_invocation_id(), values, self.state.arenas.execution, context)
+        if overridden:
+            frame.held.update(overridden)
+        return frame
+
+    # ---- the hot path ----
+    def _enter_hot(self, frame: ExecutionFrame) -> ExecutionPlan | None:
+        """Epoch check and one run-level lease; the plan to replay, or None: not hot, run cold.
+
+        With the lease taken, the resident objects fill the slots the caller fed nothing into.
+        """
+        store = self.store
+        epoch = store.epoch
+        if store.hot_epoch != epoch or not store.acquire_lease(epoch):
+            return None
+        values = frame.values
+        for s, v in self._hot_values():
+            if values[s] is None:
+                values[s] = v
+        self.counters["hot_runs"] += 1
+        return self.execution
 
     def _replay_hot(self, frame: ExecutionFrame, execution: ExecutionPlan) -> None:
         """The hot run's body (the lease is taken): replay, release the lease, verify, carry."""
@@ -335,3 +363,9 @@ class Inference:
         frame.values = []
         return outs
 
+
+def _raiser(e: BaseException) -> Callable[[], None]:
+    def raise_() -> None:
+        raise e
+
+    return raise_

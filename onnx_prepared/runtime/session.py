@@ -162,8 +162,10 @@ class RuntimeSession:
         return self._submit(feeds, context, inline=False)
 
     def run(self, feeds: Mapping[str, Any], context: RuntimeContext | None = None) -> list:
-        """``run_async(feeds, context).result()`` (a hot run executes on this thread, inline)."""
-        return self._submit(feeds, context, inline=True).result()
+        """``run_async(feeds, context).result()`` (a hot run executes on this thread, inline, without a handle)."""
+        self._check_open("run")
+        values, overridden = self._feeds.bind(feeds if context is None else context.feeds(feeds))
+        return self.inference.run(values, overridden, context)
 
     def _submit(self, feeds: Mapping[str, Any], context: RuntimeContext | None, *, inline: bool) -> ExecutionHandle:
         self._check_open("run")
