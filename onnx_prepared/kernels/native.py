@@ -141,11 +141,12 @@ def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool) -> np.
 
 
 def sigmoid_f32(x: np.ndarray) -> np.ndarray | None:
-    """``1 / (1 + exp(-x))`` of a float32 array in one native pass; None without the extension or below
-    dispatch level avx512vnni (numpy's passes are faster than a scalar loop)."""
+    """Sigmoid of a float32 array in one native pass, as onnxruntime's MLAS logistic computes it (see
+    ``_native/act.c``); None without the extension."""
     if _ext is None:
         return None
-    x = np.ascontiguousarray(x)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)  # (not for 0-d arrays: ascontiguousarray makes them 1-d)
     y = np.empty_like(x)
     return y if _ext.sigmoid(x, y) else None
 

@@ -29,9 +29,12 @@ def _rand(shape, dtype=np.float32, scale=3.0):
 )
 def test_activations(op, attrs, dtype):
     tol = 2e-3 if dtype == np.float16 else 1e-6
-    (y,) = check(op, [_rand((2, 3, 5), dtype)], opset=13, rtol=tol, atol=tol * 1e-3, **attrs)
+    atol = 1e-7
+    if op == "Sigmoid" and dtype == np.float32:  # onnxruntime's (and so our) MLAS logistic approximates
+        tol, atol = 1e-5, 3e-7
+    (y,) = check(op, [_rand((2, 3, 5), dtype)], opset=13, rtol=tol, atol=min(atol, tol * 1e-3), **attrs)
     assert y.dtype == dtype
-    check(op, [EDGES.astype(dtype)], opset=13, rtol=tol, atol=1e-7, **attrs)
+    check(op, [EDGES.astype(dtype)], opset=13, rtol=tol, atol=atol, **attrs)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
@@ -47,7 +50,7 @@ def test_sigmoid_float16_small_values_not_flushed():
 
 def test_scalar_inputs():
     for op in ["Relu", "LeakyRelu", "Elu", "HardSigmoid", "Sigmoid", "Tanh"]:
-        (y,) = check(op, [np.array(-1.5, np.float32)], opset=13)
+        (y,) = check(op, [np.array(-1.5, np.float32)], opset=13, rtol=1e-5 if op == "Sigmoid" else 1e-6)
         assert y.shape == ()
 
 

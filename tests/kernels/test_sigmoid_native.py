@@ -1,5 +1,7 @@
-"""Sigmoid's native float32 pass (kernels/_native/act.c) against onnxruntime and float64, at every dispatch
-level (levels without it stay on numpy), including the masked tail, NaN/inf and saturated inputs."""
+"""Sigmoid's native float32 pass (kernels/_native/act.c) against onnxruntime at every dispatch level:
+bit-equal at avx2 and above (MLAS's FMA3 logistic, what onnxruntime runs on such a CPU), within the
+approximation's error at portable (MLAS's SSE2 rounding), including the masked tail, NaN/inf and
+saturated inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_prepared.kernels import native
-from onnx_prepared.kernels.activation import _NATIVE_MIN, sigmoid
+from onnx_prepared.kernels.activation import sigmoid
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -21,35 +23,36 @@ def _ort_sigmoid(x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
 
 
+def _fma_cpu() -> bool:
+    return "avx2" in native.supported_levels()
+
+
 @pytest.mark.parametrize("level", native.supported_levels() or ["numpy"])
-@pytest.mark.parametrize("shape", [(_NATIVE_MIN + 7,), (33, 1031), (3, 5, 16384)])
-def test_sigmoid_matches_onnxruntime_and_float64(level, shape):
+@pytest.mark.parametrize("shape", [(5,), (71,), (33, 1031), (3, 5, 16384)])
+def test_sigmoid_matches_onnxruntime(level, shape):
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 10).astype(np.float32)
     flat = x.reshape(-1)
-    flat[:9] = [np.nan, np.inf, -np.inf, 100, -100, 88.9, -88.9, 0, 1e-40]
+    flat[:5] = [np.nan, np.inf, -np.inf, 100, -100][: flat.size]
     if level != "numpy":
         with native.forced_level(level):
             (got,) = sigmoid(x)
-            used_native = native.sigmoid_f32(x) is not None
-        assert used_native == (level == "avx512vnni")
     else:
         (got,) = sigmoid(x)
     assert got.shape == x.shape and got.dtype == np.float32
     assert np.array_equal(np.isnan(got), np.isnan(x))
-    exact = 1 / (1 + np.exp(-x.astype(np.float64)))
-    ok = ~np.isnan(x)
-    np.testing.assert_allclose(got[ok], exact[ok], rtol=3e-7, atol=1e-37)
-    # onnxruntime's Sigmoid (MLAS's logistic) is itself an approximation: absolute error up to 1.2e-7
-    # (1.4% relative near 1e-5), hence the absolute bound here; the float64 check above is the tight one.
     want = _ort_sigmoid(x)
-    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6, atol=2e-7)
+    if level not in ("numpy", "portable") and _fma_cpu():
+        assert np.array_equal(got, want, equal_nan=True)
+    ok = ~np.isnan(x)
+    # MLAS's logistic approximates: absolute error up to ~2e-7 between its roundings and against float64
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6, atol=3e-7)
+    exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got[ok], exact[ok], rtol=1e-5, atol=3e-7)
 
 
-def test_small_and_non_float32_inputs_stay_on_numpy():
-    x = np.linspace(-5, 5, 11, dtype=np.float32)
-    np.testing.assert_allclose(sigmoid(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
-    x64 = np.linspace(-5, 5, _NATIVE_MIN + 1)
+def test_non_float32_inputs_stay_on_numpy():
+    x64 = np.linspace(-5, 5, 101)
     (y,) = sigmoid(x64)
     assert y.dtype == np.float64
     np.testing.assert_allclose(y, 1 / (1 + np.exp(-x64)), rtol=1e-15)

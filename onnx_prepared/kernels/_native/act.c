@@ -1,12 +1,14 @@
 /* Sigmoid over float32 (the SiLU of every Llama MLP): one pass, split over the pool for large inputs.
  *
- * Only at dispatch level avx512vnni: a scalar libm loop is slower than numpy's vectorized passes, so the
- * other levels return False and the caller stays on numpy. exp by Cody-Waite
- * reduction, x = n ln2 + r with |r| <= ln2/2, then a degree-7 Taylor polynomial of e^r (truncation below
- * 6e-9 relative) and scalef by 2^n; the arguments are clamped to [-87.3, 88.7] so exp neither overflows
- * nor goes subnormal (sigmoid is then below 3.1e-39, or 1); NaN inputs come out NaN. Against float64 on
- * 1 Mi values: relative error <= 1.5e-7, numpy's 1 / (1 + exp(-x)) 2.3e-7. A [128, 2816] call takes ~72 us
- * on one thread, the rate of L3 (numpy's four passes: ~270 us). */
+ * The bits are onnxruntime's: its CPU Sigmoid is MLAS's logistic, a rational approximation (Eigen's
+ * coefficients) on x clamped to [-18, 18]: p = x * P(x^2) (degree 4 in x^2), q = Q(x^2) (degree 5),
+ * y = p / q + 0.5. What differs per ISA is the rounding of each step, so every level here repeats the
+ * kernel MLAS dispatches on such a CPU:
+ * - avx2 and above: MLAS's FMA3 kernel (also what it runs on AVX-512 machines, which have no logistic of
+ *   their own): every multiply-add fused, the result clamped below at 0 only, the tail a masked vector;
+ * - portable: MLAS's SSE2 kernel: separate multiplies and adds, the result clamped to [0, 1].
+ * Each element is computed alone, so neither the tail nor the split over threads changes a bit.
+ * NaN inputs come out NaN (max/min return their second operand when one is NaN, as in MLAS). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -16,60 +18,120 @@
 #include "pool.h"
 #include "rnn_module.h" /* ext_isa_level */
 
+#define LG_LO (-18.0f)
+#define LG_HI 18.0f
+#define LG_A9 4.37031012579801e-11f
+#define LG_A7 1.15627324459942e-07f
+#define LG_A5 6.08574864600143e-05f
+#define LG_A3 8.51377133304701e-03f
+#define LG_A1 2.48287947061529e-01f
+#define LG_B10 6.10247389755681e-13f
+#define LG_B8 5.76102136993427e-09f
+#define LG_B6 6.29106785017040e-06f
+#define LG_B4 1.70198817374094e-03f
+#define LG_B2 1.16817656904453e-01f
+#define LG_B0 9.93151921023180e-01f
+
+typedef void sig_fn(const float *x, float *y, size_t n);
+
 typedef struct {
     const float *x;
     float *y;
     size_t n, per;
-    int simd;
+    sig_fn *fn;
 } sig_job;
+
+/* SSE2 semantics: every product and sum rounded on its own (no FMA target here, so GCC cannot contract
+ * them on x86-64) */
+static void sigmoid_portable(const float *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        v = v < LG_LO ? LG_LO : v;
+        v = v > LG_HI ? LG_HI : v;
+        const float v2 = v * v;
+        float p = v2 * LG_A9 + LG_A7;
+        p = p * v2 + LG_A5;
+        p = p * v2 + LG_A3;
+        p = p * v2 + LG_A1;
+        p = p * v;
+        float q = v2 * LG_B10 + LG_B8;
+        q = q * v2 + LG_B6;
+        q = q * v2 + LG_B4;
+        q = q * v2 + LG_B2;
+        q = q * v2 + LG_B0;
+        float r = p / q + 0.5f;
+        r = r < 0.0f ? 0.0f : r;
+        y[i] = r > 1.0f ? 1.0f : r;
+    }
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define ACT_AVX512 1
-__attribute__((target("avx512f,avx512dq"))) static void sigmoid_avx512(const float *x, float *y, size_t n)
+#define ACT_X86 1
+
+/* one vector of MLAS's FMA3 logistic */
+__attribute__((target("avx2,fma"))) static inline __m256 logistic8(__m256 v)
 {
-    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.7f), one = _mm512_set1_ps(1.f);
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    const __m512 c7 = _mm512_set1_ps(1.f / 5040.f), c6 = _mm512_set1_ps(1.f / 720.f),
-                 c5 = _mm512_set1_ps(1.f / 120.f), c4 = _mm512_set1_ps(1.f / 24.f), c3 = _mm512_set1_ps(1.f / 6.f),
-                 c2 = _mm512_set1_ps(0.5f);
+    v = _mm256_max_ps(_mm256_set1_ps(LG_LO), v);
+    v = _mm256_min_ps(_mm256_set1_ps(LG_HI), v);
+    const __m256 v2 = _mm256_mul_ps(v, v);
+    __m256 p = _mm256_fmadd_ps(v2, _mm256_set1_ps(LG_A9), _mm256_set1_ps(LG_A7));
+    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A5));
+    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A3));
+    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A1));
+    __m256 q = _mm256_fmadd_ps(v2, _mm256_set1_ps(LG_B10), _mm256_set1_ps(LG_B8));
+    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B6));
+    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B4));
+    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B2));
+    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B0));
+    p = _mm256_mul_ps(v, p);
+    const __m256 r = _mm256_add_ps(_mm256_div_ps(p, q), _mm256_set1_ps(0.5f));
+    return _mm256_max_ps(_mm256_setzero_ps(), r);
+}
+
+__attribute__((target("avx2,fma"))) static void sigmoid_avx2(const float *x, float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, logistic8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(y + i, m, logistic8(_mm256_maskload_ps(x + i, m)));
+    }
+}
+
+__attribute__((target("avx512f"))) static void sigmoid_avx512(const float *x, float *y, size_t n)
+{
+    const __m512 lo = _mm512_set1_ps(LG_LO), hi = _mm512_set1_ps(LG_HI);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        const __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), v), lo), hi); /* -x */
-        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(k, ln2_hi, t);
-        r = _mm512_fnmadd_ps(k, ln2_lo, r);
-        __m512 p = _mm512_fmadd_ps(c7, r, c6);
-        p = _mm512_fmadd_ps(p, r, c5);
-        p = _mm512_fmadd_ps(p, r, c4);
-        p = _mm512_fmadd_ps(p, r, c3);
-        p = _mm512_fmadd_ps(p, r, c2);
-        p = _mm512_fmadd_ps(p, r, one);
-        p = _mm512_fmadd_ps(p, r, one);
-        const __m512 e = _mm512_scalef_ps(p, k);
-        __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
-        s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
-        _mm512_mask_storeu_ps(y + i, m, s);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+        const __m512 v2 = _mm512_mul_ps(v, v);
+        __m512 p = _mm512_fmadd_ps(v2, _mm512_set1_ps(LG_A9), _mm512_set1_ps(LG_A7));
+        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A5));
+        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A3));
+        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A1));
+        __m512 q = _mm512_fmadd_ps(v2, _mm512_set1_ps(LG_B10), _mm512_set1_ps(LG_B8));
+        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B6));
+        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B4));
+        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B2));
+        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B0));
+        p = _mm512_mul_ps(v, p);
+        const __m512 r = _mm512_add_ps(_mm512_div_ps(p, q), _mm512_set1_ps(0.5f));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(_mm512_setzero_ps(), r));
     }
 }
 #endif
 
 static void sig_task(void *ctx, int t)
 {
-#ifdef ACT_AVX512
     sig_job *j = (sig_job *)ctx;
     const size_t i0 = (size_t)t * j->per, i1 = i0 + j->per < j->n ? i0 + j->per : j->n;
-    if (i0 < i1) sigmoid_avx512(j->x + i0, j->y + i0, i1 - i0);
-#else
-    (void)ctx;
-    (void)t;
-#endif
+    if (i0 < i1) j->fn(j->x + i0, j->y + i0, i1 - i0);
 }
 
-/* sigmoid(x, y) -> bool: x, y float32 buffers of the same length (C-contiguous; y may be x); False (y
- * untouched) when the active dispatch level has no SIMD sigmoid */
+/* sigmoid(x, y) -> True: x, y float32 buffers of the same length (C-contiguous; y may be x) */
 PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -89,22 +151,21 @@ PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&bx);
         return NULL;
     }
-    sig_job j = {(const float *)bx.buf, (float *)by.buf, (size_t)bx.len / 4, 0, ext_isa_level() >= 3};
-#ifndef ACT_AVX512
-    j.simd = 0;
+    sig_job j = {(const float *)bx.buf, (float *)by.buf, (size_t)bx.len / 4, 0, sigmoid_portable};
+#ifdef ACT_X86
+    const int level = ext_isa_level();
+    j.fn = level >= 3 ? sigmoid_avx512 : level >= 1 ? sigmoid_avx2 : sigmoid_portable;
 #endif
-    if (!j.simd) {
-        PyBuffer_Release(&by);
-        PyBuffer_Release(&bx);
-        Py_RETURN_FALSE;
-    }
     Py_BEGIN_ALLOW_THREADS
     /* 16 Ki floats per task: large enough to amortize a pool hand-off, small enough to balance */
     const size_t chunk = (size_t)1 << 14;
     int nt = (int)((j.n + chunk - 1) / chunk);
     if (nt < 1) nt = 1;
     j.per = ((j.n + (size_t)nt - 1) / (size_t)nt + 15) & ~(size_t)15;
-    nb_pool_run(sig_task, &j, nt);
+    if (nt == 1)
+        j.fn(j.x, j.y, j.n);
+    else
+        nb_pool_run(sig_task, &j, nt);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&by);
     PyBuffer_Release(&bx);
