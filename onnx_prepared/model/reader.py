@@ -163,6 +163,30 @@ class ExternalDataReader:
             self.bytes_read += p.length
         return buf
 
+    def will_need(self, desc: WeightDescriptor, ranges: list[tuple[int, int]]) -> None:
+        """Hint that the byte ranges ``(offset, length)`` of ``desc``'s data file are read next
+        (``posix_fadvise(WILLNEED)``: the kernel starts reading them all at once, without waiting).
+
+        A row table's rows are scattered: read one after the other while the I/O workers stream
+        weights, each cold row read waits its turn in the device queue (16 rows of a tied embedding's
+        data and scales: 34 ms of a cold first run before this hint). Hinted first, the row reads wait
+        about one latency in all. A hint only: errors are ignored and inline tensors have nothing to hint.
+        """
+        p = desc.payload
+        if not isinstance(p, ExternalPayload) or not ranges or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = self._pool.acquire(p.file)
+        except OSError:
+            return  # the read that follows reports it
+        try:
+            for off, n in ranges:
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            self._pool.release(fd)
+
     def _acquire(self, desc: WeightDescriptor, file: str) -> int:
         try:
             return self._pool.acquire(file)

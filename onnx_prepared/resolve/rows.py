@@ -170,6 +170,25 @@ class RowView:
         """The same rows seen with another row shape (a Reshape that keeps axis 0)."""
         return RowView(dataclasses.replace(self.desc, dims=(self.desc.dims[0], *row_shape)), self.reader, self._stats)
 
+    def _runs(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
+        """[start, stop) positions in ``rows`` of each contiguous run of row numbers."""
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        return np.concatenate(([0], breaks)).tolist(), np.concatenate((breaks, [len(rows)])).tolist()
+
+    def hint(self, rows: np.ndarray) -> None:
+        """Ask the kernel to start reading rows ``rows`` (sorted, unique) now (``will_need``): scattered
+        row reads then wait about one device latency in all instead of one each, in turn behind the
+        I/O workers' streaming reads. :func:`row_capable` hints every table of a node before it takes."""
+        if len(rows) < 2:
+            return
+        starts, stops = self._runs(rows)
+        if len(starts) < 2:
+            return  # one run: one read, nothing to overlap
+        d = self.desc
+        row_bytes = d.payload.length // d.dims[0]
+        self.reader.will_need(d, [(d.payload.offset + int(rows[a]) * row_bytes, (b - a) * row_bytes)
+                                  for a, b in zip(starts, stops)])
+
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, unique, in range) as one array; one read per contiguous run of rows."""
         d = self.desc
@@ -181,10 +200,8 @@ class RowView:
             self.reader.verify_whole(d)
         out = np.empty(len(rows) * row_bytes, np.uint8)
         if len(rows):
-            breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-            starts = np.concatenate(([0], breaks))
-            stops = np.concatenate((breaks, [len(rows)]))
-            for a, b in zip(starts.tolist(), stops.tolist()):
+            starts, stops = self._runs(rows)
+            for a, b in zip(starts, stops):
                 first = int(rows[a])
                 sub = dataclasses.replace(p, offset=p.offset + first * row_bytes, length=(b - a) * row_bytes,
                                           checksum=None)
@@ -217,6 +234,9 @@ def row_capable(call: Callable[..., tuple], tables: tuple[int, ...], indices: in
         rows, inverse = np.unique(norm[valid], return_inverse=True)
         compact = np.full(idx.shape, len(rows), np.int64)  # out of range in the compact table too
         compact[valid] = inverse.reshape(-1)
+        views = [args[p] for p in tables if p < len(args) and type(args[p]) is RowView]
+        for v in views:  # every table's rows requested before the first is read
+            v.hint(rows)
         for p in tables:
             if p < len(args) and args[p] is not None:
                 a = args[p]

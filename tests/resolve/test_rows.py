@@ -174,6 +174,40 @@ def test_row_capable_gather_block_quantized_matches_the_kernel(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
+def test_scattered_rows_of_every_table_are_hinted_before_the_first_row_read(tmp_path):
+    """A cold node's scattered row reads are requested together (will_need), so they wait about one
+    device latency in all instead of one each behind the streaming reads; contiguous rows are one run."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (40, 32), dtype=np.uint8)
+    scales = rng.random((40, 4), dtype=np.float32)
+    d = _table_file(tmp_path, {"d": data, "s": scales})
+    events: list[tuple[str, str, list]] = []
+
+    class Recording(ExternalDataReader):
+        def will_need(self, desc, ranges):
+            events.append(("hint", desc.name, list(ranges)))
+            super().will_need(desc, ranges)
+
+        def read_bytes(self, desc, out=None):
+            events.append(("read", desc.name, [(desc.payload.offset, desc.payload.length)]))
+            return super().read_bytes(desc, out)
+
+    r = Recording()
+    call = row_capable(functools.partial(gather_block_quantized, bits=4, block_size=16), (0, 2), strict=False)
+    idx = np.array([7, 3, 4, 30])  # rows 3-4 contiguous: three runs per table
+    got = call(RowView(d["d"], r), idx, RowView(d["s"], r))[0]
+    np.testing.assert_array_equal(got, gather_block_quantized(data, idx, scales, bits=4, block_size=16)[0])
+    kinds = [(k, n) for k, n, _ in events]
+    assert kinds[:2] == [("hint", "d"), ("hint", "s")] and {k for k, _ in kinds[2:]} == {"read"}
+    s_off = d["s"].payload.offset
+    assert events[0][2] == [(3 * 32, 2 * 32), (7 * 32, 32), (30 * 32, 32)]
+    assert events[1][2] == [(s_off + 3 * 16, 2 * 16), (s_off + 7 * 16, 16), (s_off + 30 * 16, 16)]
+    assert sorted(x for k, _, rs in events if k == "read" for x in rs) == sorted(events[0][2] + events[1][2])
+    events.clear()
+    call(RowView(d["d"], r), np.array([5, 6]), RowView(d["s"], r))  # one run each: nothing to hint
+    assert [k for k, _, _ in events] == ["read", "read"]
+
+
 def test_table_shared_with_a_packed_consumer_is_read_whole_for_it(tmp_path):
     """A float table that is both an embedding (Gather) and a Gemm's B: rows for the Gather, the whole
     tensor for the Gemm's prepacked weight, and the plan says which consumer needs what."""
