@@ -14,7 +14,8 @@ SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2
            "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "rnn_avx512.c", "conv_gemm.c",
            "depthwise.c", "depthwise_isa.c", "nms.c",
            "act.c", "sgemm.c", "sgemm_isa.c", "im2col.c", "gap.c",
-           "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c"]
+           "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c",
+           "winpool.c", "winpool_isa.c"]
 
 
 class OptionalBuildExt(build_ext):
@@ -49,7 +50,7 @@ def _extensions() -> list[Extension]:
                                         "depthwise.h", "depthwise.inc", "nms.h",
                                         "act.h", "sgemm.h", "sgemm_task.inc",
                                         "attention.h", "attention.inc", "llm_norm.h", "llm_norm.inc", "prep_panels.h",
-                                        "im2col.h", "gap.h")],
+                                        "im2col.h", "gap.h", "winpool.h", "winpool.inc")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

@@ -340,6 +340,21 @@ def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[
     return y
 
 
+def pool2d(x: np.ndarray, out: tuple[int, int], kshape, begins, ends, strides, dilations, *, avg: bool,
+           include_pad: bool = False) -> np.ndarray | None:
+    """2-D MaxPool (``avg`` False, NaN propagates) or AveragePool of float32 NCHW ``x`` (``winpool.c``), or
+    None without the extension. Pads are given by their begins and ends; the output size fixes the
+    ceil-mode overhang, which never counts in the average's divisor."""
+    if _ext is None:
+        return None
+    n, c, h, w = x.shape
+    y = np.empty((n, c) + tuple(out), np.float32)
+    dims = np.array([n, c, h, w, *kshape, *out, begins[0], begins[1], ends[0], ends[1], *strides, *dilations,
+                     int(avg), int(include_pad)], np.int64)
+    _ext.pool2d(np.ascontiguousarray(x), y, dims)
+    return y
+
+
 def nms_greedy(coords: np.ndarray, order: np.ndarray, max_out: int, iou_threshold: float) -> np.ndarray | None:
     """Box indices NonMaxSuppression keeps for one (batch, class) (``nms.c``), or None without the extension.
 

@@ -4,6 +4,8 @@ Windowed pools reduce a strided window view ``[N, C, *out, *k]`` of the padded i
 :mod:`_spatial`); max pads with the dtype's lowest value, average and Lp with zeros. AveragePool's
 divisor is the number of window elements inside the input (count_include_pad=0) or inside the
 explicitly padded input (count_include_pad=1); ceil-mode overhang never counts, as in onnxruntime.
+Float32 2-D Max/AveragePool (MaxPool without Indices) run in the extension instead (``winpool.c``: the
+same geometry and divisors, separable passes over a padded copy of each plane).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def _setup(op: str, x: np.ndarray, kernel_shape, auto_pad, pads, strides, dilati
                                                                                          "dilations", op)
 
 
+def _native_2d(x: np.ndarray, out) -> bool:
+    """Whether ``winpool.c`` takes the pool: float32, two spatial axes, a non-empty output."""
+    return x.dtype == np.float32 and x.ndim == 4 and x.size > 0 and all(o > 0 for o in out)
+
+
 def _tap_reduce(win: np.ndarray, nd: int, ufunc) -> np.ndarray:
     """``ufunc``-reduce the window view over its kernel axes, one tap at a time.
 
@@ -59,6 +66,10 @@ def max_pool(
     kshape, begins, ends, out, strides, dilations = _setup("MaxPool", X, kernel_shape, auto_pad, pads, strides,
                                                            dilations, ceil_mode)
     nd = len(kshape)
+    if n_outputs < 2 and _native_2d(X, out):
+        y = native.pool2d(X, out, kshape, begins, ends, strides, dilations, avg=False)
+        if y is not None:
+            return (y,)
     xp = sp.pad_input(X, begins, ends, out, kshape, strides, dilations, _lowest(X.dtype))
     win = sp.windows(xp, out, kshape, strides, dilations)
     if n_outputs < 2:
@@ -92,6 +103,11 @@ def average_pool(
     kshape, begins, ends, out, strides, dilations = _setup("AveragePool", X, kernel_shape, auto_pad, pads,
                                                            strides, dilations, ceil_mode)
     nd = len(kshape)
+    if _native_2d(X, out):
+        y = native.pool2d(X, out, kshape, begins, ends, strides, dilations, avg=True,
+                          include_pad=bool(count_include_pad))
+        if y is not None:
+            return (y,)
     dtype = X.dtype
     xw = X.astype(sp.work_dtype(dtype), copy=False)
     xp = sp.pad_input(xw, begins, ends, out, kshape, strides, dilations, 0)

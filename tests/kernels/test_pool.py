@@ -98,3 +98,40 @@ def test_global_average_pool_native_and_numpy_paths_agree(shape, monkeypatch):
     monkeypatch.setattr(native, "_ext", None)
     (slow,) = check_ort("GlobalAveragePool", [x], opset=12)
     np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-7)
+
+
+GRID_2D = [p for p in GRID if len(p.values[0]) == 4]
+
+
+@pytest.mark.parametrize("level", __import__("onnx_prepared.kernels.native", fromlist=["x"]).supported_levels())
+@pytest.mark.parametrize(("xs", "attrs"), GRID_2D[::2])
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_native_2d_pools_at_every_level(op, xs, attrs, level):
+    """winpool.c at every dispatch level against onnxruntime, and against the numpy path (exactly for max)."""
+    from onnx_prepared.kernels import native, pool
+
+    x = RNG.standard_normal((2, 3, 11, 13)).astype(np.float32)
+    extra = {"count_include_pad": 1} if op == "AveragePool" and "pads" in attrs else {}
+    with native.forced_level(level):
+        (fast,) = check_ort(op, [x], opset=19 if op == "AveragePool" else 12, **attrs, **extra)
+    fn = pool.max_pool if op == "MaxPool" else pool.average_pool
+    saved = native._ext
+    try:
+        native._ext = None
+        (slow,) = fn(x, **attrs, **extra)
+    finally:
+        native._ext = saved
+    if op == "MaxPool":
+        np.testing.assert_array_equal(fast, slow)
+    else:
+        np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-6)
+
+
+def test_native_max_pool_propagates_nan_and_resnet_stem():
+    from onnx_prepared.kernels import pool
+
+    x = RNG.standard_normal((1, 64, 32, 32)).astype(np.float32)
+    check_ort("MaxPool", [x], opset=12, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    x[0, 3, 5, 7] = np.nan
+    (y,) = pool.max_pool(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    assert np.isnan(y[0, 3]).sum() == 4 and not np.isnan(np.delete(y, 3, axis=1)).any()
