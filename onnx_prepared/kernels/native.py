@@ -169,46 +169,16 @@ def read_sum(buf: np.ndarray) -> int:
     return _ext.read_sum(buf)
 
 
-#: activation codes of ``rnn_seq`` (rnn.h), lowercase ONNX names
+#: activation codes of ``rnn_layer`` (rnn.h), lowercase ONNX names
 RNN_ACTIVATIONS = ("sigmoid", "tanh", "relu", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh",
                    "hardsigmoid", "elu", "softsign", "softplus")
 RNN_KINDS = {"RNN": 0, "GRU": 1, "LSTM": 2}
-_RNN_CFG: dict[tuple, tuple] = {}  # rnn_seq's configuration arrays per geometry (read-only, reused)
 
 
-def rnn_seq(op: str, xw: np.ndarray, xw_off: int, rt: np.ndarray, h: np.ndarray, c: np.ndarray | None,
-            y: np.ndarray | None, y_off: int, lens: np.ndarray | None, *, reverse: bool,
-            acts: list[tuple[int, float, float]], clip: float | None, p: np.ndarray | None = None,
-            rbh: np.ndarray | None = None, input_forget: int = 0, linear_before_reset: int = 0) -> None:
-    """One direction of LSTM/GRU/RNN over the whole sequence, in place (see ``rnn.h``); needs the extension.
-
-    ``xw`` float32 ``[seq, batch, X]`` holds the input projection (this direction's gates at column
-    ``xw_off``), ``rt`` is ``R^T`` ``[H, G*H]``, ``h``/``c`` ``[batch, H]`` the states (initial in, final
-    out), ``y`` a float32 array whose row (t, b) starts at ``y_off + t * y_tstride + b * H`` with
-    ``y_tstride = y.shape[-1] * y.shape[-2] * y.shape[1]`` (``[seq, dirs, batch, H]``), ``lens`` int32
-    ``[batch]`` or None; ``acts`` is (code, alpha, beta) per activation slot. rnn.py owns the numpy path.
-    """
-    seq, batch, width = xw.shape
-    hidden = h.shape[-1]
-    key = (op, seq, batch, hidden, reverse, input_forget, linear_before_reset, tuple(acts), xw_off, width, y_off,
-           0 if y is None else y[0].size, clip)
-    cfgs = _RNN_CFG.get(key)
-    if cfgs is None:
-        codes = [a[0] for a in acts] + [0] * (3 - len(acts))
-        cfg = np.array([RNN_KINDS[op], seq, batch, hidden, int(reverse), int(input_forget), int(linear_before_reset),
-                        *codes, xw_off, width, 0, y_off, key[11], clip is not None], np.int32)
-        al = [a[1] for a in acts] + [0.0] * (3 - len(acts))
-        be = [a[2] for a in acts] + [0.0] * (3 - len(acts))
-        fcfg = np.array([*al, *be, 0.0 if clip is None else clip], np.float32)
-        gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
-        cfg.flags.writeable = fcfg.flags.writeable = False
-        cfgs = (cfg, fcfg, _ext.rnn_scratch_bytes(batch, hidden, gates))
-        if len(_RNN_CFG) >= 256:
-            _RNN_CFG.clear()
-        _RNN_CFG[key] = cfgs
-    cfg, fcfg, nbytes = cfgs
-    scratch = _scratch(nbytes)
-    _ext.rnn_seq(cfg, fcfg, xw, rt, h, c, y, lens, p, rbh, scratch)
+def rnn_layer(cfg, fcfg, x, wt, xw, bias, rt, init_h, init_c, lens, p, rbh, y, h, c, scratch) -> None:
+    """A whole LSTM/GRU/RNN layer in one call (``rnn_module.c``'s ``rnn_layer``; _rnn_native.py builds
+    the arguments); needs the extension."""
+    _ext.rnn_layer(cfg, fcfg, x, wt, xw, bias, rt, init_h, init_c, lens, p, rbh, y, h, c, scratch)
 
 
 _sgemm_bound: bool | None = None  # None: not tried yet

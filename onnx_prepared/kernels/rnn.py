@@ -90,8 +90,8 @@ _F32 = np.dtype(np.float32)
 _CODES = {spec[0]: RNN_ACTIVATIONS.index(name) for name, spec in _ACTIVATIONS.items()}
 
 
-def _codes(acts: list[list]) -> list[list[tuple[int, float, float]]]:
-    return [[(_CODES[fn], a, b) for fn, a, b in d] for d in acts]
+def _codes(acts: list[list]) -> tuple[tuple[tuple[int, float, float], ...], ...]:
+    return tuple(tuple((_CODES[fn], a, b) for fn, a, b in d) for d in acts)
 
 
 #: (op, ids of W, R, B, P, linear_before_reset) -> (W, R, B, P, their native form): see _native_weights
@@ -99,19 +99,20 @@ _NATIVE_WEIGHTS: dict[tuple, tuple] = {}
 
 
 def _native_weights(op: str, W, R, B, P, n_dir: int, hs: int, linear_before_reset: int = 0) -> tuple:
-    """(bias, p, rbh, R^T) as the native driver takes them, derived from the weights once.
+    """(bias, p, rbh, R^T, W^T) as the native driver takes them, derived from the weights once.
 
     Memoized only when every weight is a read-only array (resident prepared objects are; a writeable
     feed may change in place between runs, so it is derived again); entries keep their weights alive
     and are checked by identity, so an id is never mistaken for another array's.
     """
     ws = (W, R, B, P)
-    key = None
-    if all(v is None or (type(v) is np.ndarray and not v.flags.writeable) for v in ws):
-        key = (op, id(W), id(R), id(B), id(P), linear_before_reset)
-        hit = _NATIVE_WEIGHTS.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[:4], ws)):
-            return hit[4]
+    key = (op, id(W), id(R), id(B), id(P), linear_before_reset)
+    hit = _NATIVE_WEIGHTS.get(key)
+    frozen = all(v is None or (type(v) is np.ndarray and not v.flags.writeable) for v in ws)
+    if frozen and hit is not None and hit[0] is W and hit[1] is R and hit[2] is B and hit[3] is P:
+        return hit[4]
+    if not frozen:
+        key = None
     gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     b = None if B is None else B.astype(np.float32, copy=False)
     rbh = None
@@ -123,7 +124,8 @@ def _native_weights(op: str, W, R, B, P, n_dir: int, hs: int, linear_before_rese
         bias = None if b is None else np.concatenate([_bias(b, d, gates, hs)[0] for d in range(n_dir)])
     p = None if P is None else np.ascontiguousarray(P.astype(np.float32, copy=False).reshape(n_dir, 3 * hs))
     rt = np.ascontiguousarray(R.astype(np.float32, copy=False).transpose(0, 2, 1))
-    out = (bias, p, None if rbh is None else np.ascontiguousarray(rbh), rt)
+    wt = np.ascontiguousarray(W.astype(np.float32, copy=False).reshape(n_dir * W.shape[1], W.shape[2]).T)
+    out = (bias, p, None if rbh is None else np.ascontiguousarray(rbh), rt, wt)
     if key is not None:
         if len(_NATIVE_WEIGHTS) >= 64:
             _NATIVE_WEIGHTS.clear()
@@ -160,6 +162,59 @@ def _bound_activations(op: str, names, alphas, betas, defaults: tuple[str, ...],
             b, ib = betas[ib], ib + 1
         bound.append((fn, a, b))
     return [bound[d * n:(d + 1) * n] for d in range(n_dir)]
+
+
+# **** the native driver ****
+
+
+def _native_layer(op: str, X, W, R, B, P, sequence_lens, init: list, *, layout: int, direction: str, activations,
+                  activation_alpha, activation_beta, clip, hidden_size, input_forget: int = 0,
+                  linear_before_reset: int = 0) -> tuple:
+    """A float32 layer on the extension, in one call (_rnn_native.run). What depends only on shapes and
+    attributes (checks, directions, activation codes) is settled once (_native_spec), what depends on
+    the weights once per set of read-only weights (_native_weights): a run pays the call and little else."""
+    layer = _native_spec(op, X.shape, W.shape, R.shape, layout, direction, _tuple(activations),
+                         _tuple(activation_alpha), _tuple(activation_beta), hidden_size, clip, input_forget,
+                         linear_before_reset)
+    x = X
+    if layout:
+        x = X.transpose(1, 0, 2)
+        init = [None if v is None else v.transpose(1, 0, 2) for v in init]
+    lens = None if sequence_lens is None else _lengths(sequence_lens, x.shape[0], x.shape[1], op)
+    bias, p, rbh, rt, wt = _native_weights(op, W, R, B, P, len(layer.directions), R.shape[-1], linear_before_reset)
+    y, states = _rnn_native.run(layer, x, wt, rt, bias, lens, init, p=p, rbh=rbh)
+    if layout or X.dtype != _F32:
+        return _outputs([y, *states], layout, X.dtype)
+    return (y, *states)
+
+
+def _tuple(v) -> tuple | None:
+    return None if v is None else tuple(v)
+
+
+@functools.lru_cache(maxsize=256)
+def _native_spec(op: str, x_shape, w_shape, r_shape, layout: int, direction: str, names, alphas, betas,
+                 hidden_size, clip, input_forget: int, linear_before_reset: int) -> _rnn_native.Layer:
+    """The settled layer of one geometry and attribute set, checked as _prepare checks them (errors are
+    raised, not cached)."""
+    if layout not in (0, 1):
+        raise KernelError(f"{op}: layout must be 0 or 1, got {layout}")
+    n_gates = _GATES[op]
+    if len(x_shape) != 3 or len(w_shape) != 3 or len(r_shape) != 3:
+        raise KernelError(f"{op}: X, W and R must be 3-D, got {list(x_shape)}, {list(w_shape)}, {list(r_shape)}")
+    hidden = r_shape[-1]
+    if hidden_size is not None and hidden_size != hidden:
+        raise KernelError(f"{op}: hidden_size={hidden_size} but R has hidden size {hidden}")
+    if w_shape[1] != n_gates * hidden or r_shape[1] != n_gates * hidden or w_shape[2] != x_shape[2]:
+        raise KernelError(f"{op}: W {list(w_shape)} / R {list(r_shape)} do not match {n_gates} gates of hidden "
+                          f"size {hidden} and input size {x_shape[2]}")
+    directions = _directions(direction, op)
+    acts = _activations(op, names, alphas, betas, _DEFAULT_ACTS[op], len(directions))
+    return _rnn_native.Layer(op, directions, _codes(acts), clip, input_forget, linear_before_reset)
+
+
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_DEFAULT_ACTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 
 
 # **** shared driver ****
@@ -316,6 +371,11 @@ def lstm(
     activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
     hidden_size: int | None = None, input_forget: int = 0, layout: int = 0, output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if _rnn_native.usable(X.dtype if X.dtype == _F32 else sp.work_dtype(X.dtype)):
+        return _native_layer("LSTM", X, W, R, B, P, sequence_lens, [initial_h, initial_c], layout=layout,
+                             direction=direction, activations=activations, activation_alpha=activation_alpha,
+                             activation_beta=activation_beta, clip=clip, hidden_size=hidden_size,
+                             input_forget=input_forget)
     directions = _directions(direction, "LSTM")
     x, w, r, b, init, hidden, wd = _prepare("LSTM", X, W, R, B, [initial_h, initial_c], layout, 4, hidden_size)
     acts = _activations("LSTM", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh", "Tanh"),
@@ -323,11 +383,6 @@ def lstm(
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "LSTM")
     p = None if P is None else P.astype(wd, copy=False).reshape(len(directions), 3, hidden)
     hs = hidden
-    if _rnn_native.usable(wd):
-        bias, pn, _, rt = _native_weights("LSTM", W, R, B, P, len(directions), hs)
-        y, (h_fin, c_fin) = _rnn_native.run("LSTM", x, w, rt, bias, lens, directions, init, _codes(acts), clip,
-                                            p=pn, input_forget=input_forget)
-        return _outputs([y, h_fin, c_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
         b_sum, _ = _bias(b, d, 4, hs)
@@ -389,16 +444,16 @@ def gru(
     activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
     hidden_size: int | None = None, layout: int = 0, linear_before_reset: int = 0, output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
+    if _rnn_native.usable(X.dtype if X.dtype == _F32 else sp.work_dtype(X.dtype)):
+        return _native_layer("GRU", X, W, R, B, None, sequence_lens, [initial_h], layout=layout, direction=direction,
+                             activations=activations, activation_alpha=activation_alpha,
+                             activation_beta=activation_beta, clip=clip, hidden_size=hidden_size,
+                             linear_before_reset=linear_before_reset)
     directions = _directions(direction, "GRU")
     x, w, r, b, init, hidden, wd = _prepare("GRU", X, W, R, B, [initial_h], layout, 3, hidden_size)
     acts = _activations("GRU", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), len(directions))
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "GRU")
     hs = hidden
-    if _rnn_native.usable(wd):
-        bias, _, rbh, rt = _native_weights("GRU", W, R, B, None, len(directions), hs, linear_before_reset)
-        y, (h_fin,) = _rnn_native.run("GRU", x, w, rt, bias, lens, directions, init, _codes(acts), clip, rbh=rbh,
-                                      linear_before_reset=linear_before_reset)
-        return _outputs([y, h_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
         b_sum, rbh = _gru_bias(b, d, hs, linear_before_reset)
@@ -449,14 +504,14 @@ def rnn(
     activations: list[str] | None = None, clip: float | None = None, direction: str = "forward",
     hidden_size: int | None = None, layout: int = 0, output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
+    if _rnn_native.usable(X.dtype if X.dtype == _F32 else sp.work_dtype(X.dtype)):
+        return _native_layer("RNN", X, W, R, B, None, sequence_lens, [initial_h], layout=layout, direction=direction,
+                             activations=activations, activation_alpha=activation_alpha,
+                             activation_beta=activation_beta, clip=clip, hidden_size=hidden_size)
     directions = _directions(direction, "RNN")
     x, w, r, b, init, hidden, wd = _prepare("RNN", X, W, R, B, [initial_h], layout, 1, hidden_size)
     acts = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), len(directions))
     lens = _lengths(sequence_lens, x.shape[0], x.shape[1], "RNN")
-    if _rnn_native.usable(wd):
-        bias, _, _, rt = _native_weights("RNN", W, R, B, None, len(directions), hidden)
-        y, (h_fin,) = _rnn_native.run("RNN", x, w, rt, bias, lens, directions, init, _codes(acts), clip)
-        return _outputs([y, h_fin], layout, X.dtype)
 
     def make_dir(d, reverse, rev_idx):
         b_sum, _ = _bias(b, d, 1, hidden)

@@ -169,21 +169,6 @@ def test_native_equals_the_numpy_path(level, op, attrs, extra, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@needs_ext
-def test_native_rejects_bad_buffers():
-    h = np.zeros((2, 4), np.float32)
-    xw = np.zeros((3, 2, 16), np.float32)
-    with pytest.raises(ValueError, match="y holds"):
-        native.rnn_seq("LSTM", xw, 0, np.zeros((4, 16), np.float32), h, h.copy(), np.zeros((2, 1, 2, 4), np.float32),
-                       0, None, reverse=False, acts=[(0, 0, 0)] * 3, clip=None)
-    with pytest.raises(ValueError, match="rt holds"):
-        native.rnn_seq("LSTM", xw, 0, np.zeros((4, 15), np.float32), h, h.copy(), None, 0, None,
-                       reverse=False, acts=[(0, 0, 0)] * 3, clip=None)
-    with pytest.raises(ValueError, match="lens"):
-        native.rnn_seq("RNN", xw, 0, np.zeros((4, 4), np.float32), h, None, None, 0, np.array([4, 1], np.int32),
-                       reverse=False, acts=[(0, 0, 0)], clip=None)
-
-
 @pytest.mark.skipif(not native.available(), reason="native extension not built")
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_weights_are_derived_once_when_read_only_and_again_when_writeable(op):
@@ -235,3 +220,36 @@ def test_native_activations_saturate_and_propagate_nan_like_the_numpy_path(level
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_ext
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_native_projection_by_blas_equals_the_extensions(op, monkeypatch):
+    """Small layers get their input projection from the extension's loop, large ones from BLAS first
+    (``_rnn_native.PROJECT_MACS``): both give onnxruntime's values."""
+    ins = _inputs(op, "bidirectional", lens=[5, 2, 0, 4], init=True, peep=op == "LSTM")
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    monkeypatch.setattr(_rnn_native, "PROJECT_MACS", 0)
+    _check(op, ins, "bidirectional", **attrs)
+    monkeypatch.setattr(_rnn_native, "PROJECT_MACS", 1 << 40)
+    _check(op, ins, "bidirectional", **attrs)
+
+
+@needs_ext
+def test_rnn_layer_rejects_bad_buffers():
+    from onnx_prepared.kernels import rnn
+
+    layer = rnn._native_spec("RNN", (3, 2, 4), (1, 4, 4), (1, 4, 4), 0, "forward", None, None, None, None, None, 0, 0)
+    cfg, fcfg, nbytes = layer.config(3, 2, 4, 4, True)
+    x, wt, rt = np.zeros((3, 2, 4), np.float32), np.zeros((4, 4), np.float32), np.zeros((1, 4, 4), np.float32)
+    h, y = np.zeros((1, 2, 4), np.float32), np.zeros((3, 1, 2, 4), np.float32)
+    scratch = np.zeros(nbytes, np.uint8)
+    with pytest.raises(ValueError, match="wt holds"):
+        native.rnn_layer(cfg, fcfg, x, wt[:3], None, None, rt, None, None, None, None, None, y, h, None, scratch)
+    with pytest.raises(ValueError, match="y holds"):
+        native.rnn_layer(cfg, fcfg, x, wt, None, None, rt, None, None, None, None, None, y[:2], h, None, scratch)
+    with pytest.raises(ValueError, match="lens"):
+        native.rnn_layer(cfg, fcfg, x, wt, None, None, rt, None, None, np.array([4, 1], np.int32), None, None, y, h,
+                         None, scratch)
+    with pytest.raises(ValueError, match="scratch holds"):
+        native.rnn_layer(cfg, fcfg, x, wt, None, None, rt, None, None, None, None, None, y, h, None, scratch[:8])

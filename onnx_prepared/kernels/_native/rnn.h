@@ -44,4 +44,11 @@ void rnn_run_portable(const rnn_args *a);
 void rnn_run_avx2(const rnn_args *a);
 void rnn_run_avx512(const rnn_args *a);
 
+/* The input projection of every step: xw[r][0:N] = bias (or 0) + sum_k x[r][k] * wt[k][0:N] for r < rows
+ * (x [rows][K], wt = W^T [K][N], xw [rows][N]); for layers small enough that a BLAS call costs more than
+ * the arithmetic (rnn_module.c picks). */
+void rnn_project_portable(float *xw, const float *x, const float *wt, const float *bias, long rows, int K, int N);
+void rnn_project_avx2(float *xw, const float *x, const float *wt, const float *bias, long rows, int K, int N);
+void rnn_project_avx512(float *xw, const float *x, const float *wt, const float *bias, long rows, int K, int N);
+
 #endif

@@ -7,10 +7,15 @@
 #pragma GCC target("avx512f,avx512vl,fma,prefer-vector-width=512")
 #endif
 #define RNN_ENTRY rnn_run_avx512
+#define RNN_PROJECT rnn_project_avx512
 #include "rnn_step.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #else
 void rnn_run_avx512(const rnn_args *a) { rnn_run_avx2(a); }
+void rnn_project_avx512(float *xw, const float *x, const float *wt, const float *bias, long rows, int K, int N)
+{
+    rnn_project_avx2(xw, x, wt, bias, rows, K, N);
+}
 #endif
