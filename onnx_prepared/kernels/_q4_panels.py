@@ -3,9 +3,12 @@
 One uint8 buffer, sections in order (``P = ceil(N / 16)`` panels of 16 output columns, ``kb`` blocks,
 ``kc = kb * block_size / 8`` chunks of 8 k values per panel):
 
-- ``qw``: ``[P][kc][16]`` little-endian uint32; nibble ``j`` of word ``(p, c, l)`` is ``q[8c + j, 16p + l]``.
-  These are exactly the source bytes of that column (MatMulNBits packs k values low nibble first), so
-  packing is one transpose of uint32 words.
+- ``qw``: ``[P][kc][16]`` little-endian uint32; byte ``i`` (0..3) of word ``(p, c, l)`` holds
+  ``q[8c + i, 16p + l]`` in its low nibble and ``q[8c + i + 4, 16p + l]`` in its high nibble, so the low
+  nibbles of a word are k values 0-3 of the chunk and the high nibbles 4-7: one int8 dot of either with
+  four consecutive activations is one aligned quad of k values, the unit onnxruntime's accuracy_level 4
+  accumulates in (``_native/nbits.h``). Packing is a transpose of the source's uint32 words (MatMulNBits
+  stores k values low nibble first) with that nibble interleave applied to each word.
 - ``scales``: float32 ``[P][kb][16]``.
 - zero points: none (symmetric: 8 is implied, no array stored), nibbles ``[P][kb][8]`` (byte ``i`` holds
   column ``2i`` low and ``2i + 1`` high) for packed uint4 sources, or float32 ``[P][kb][16]``.
@@ -28,7 +31,7 @@ from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
 
 #: bumped whenever the bytes of this layout change (part of every layout key)
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 ZP_NONE, ZP_U4, ZP_F32 = 0, 1, 2
 _ZP_NAMES = {ZP_NONE: "sym", ZP_U4: "zpu4", ZP_F32: "zpf32"}
 #: rows x blocks x columns of fp32 temporaries per step of the numpy int8 path
@@ -114,9 +117,10 @@ def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *
     qw = data[:nq].view("<u4").reshape(P, -1, 16)
     if npad == N:
         if not native.panel16_u32(words, qw):
-            qw[...] = words.reshape(P, 16, -1).transpose(0, 2, 1)
+            qw[...] = interleave_nibbles(words).reshape(P, 16, -1).transpose(0, 2, 1)
     else:
         qw[...] = 0
+        words = interleave_nibbles(words)
         for p in range(P):
             n0, n1 = 16 * p, min(N, 16 * p + 16)
             qw[p, :, : n1 - n0] = words[n0:n1].T
@@ -130,6 +134,21 @@ def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *
     elif zk == ZP_F32:
         _panelize(np.asarray(zero_points, dtype=np.float32).reshape(N, kb), data[nq + ns:].view(np.float32), P, kb)
     return PackedQ4(K, N, block_size, zk, data)
+
+
+def interleave_nibbles(words: np.ndarray) -> np.ndarray:
+    """Source words (nibble j = k value j) -> layout words (byte i = k values i and i + 4)."""
+
+    def spread(x: np.ndarray) -> np.ndarray:  # 4 nibbles -> the low nibbles of 4 bytes
+        x = (x | (x << np.uint32(8))) & np.uint32(0x00FF00FF)
+        return (x | (x << np.uint32(4))) & np.uint32(0x0F0F0F0F)
+
+    w = words.astype(np.uint32, copy=False)
+    return spread(w & np.uint32(0xFFFF)) | (spread(w >> np.uint32(16)) << np.uint32(4))
+
+
+#: nibble index of k value j of a chunk (NB_KPOS in _native/nbits.h)
+_KPOS = tuple(2 * (j & 3) + (j >> 2) for j in range(8))
 
 
 def _panelize(x: np.ndarray, out: np.ndarray, P: int, kb: int) -> None:
@@ -162,7 +181,7 @@ def _q_values(p: PackedQ4, b0: int, b1: int) -> np.ndarray:
     qw, _, _ = p.sections()
     cpb = p.block_size // 8
     w = qw[:, b0 * cpb: b1 * cpb, :]  # [P, c, 16]
-    nib = np.stack([(w >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=2)  # [P, c, 8, 16]
+    nib = np.stack([(w >> np.uint32(4 * _KPOS[j])) & np.uint32(15) for j in range(8)], axis=2)  # [P, c, 8, 16]
     return nib.astype(np.uint8).transpose(1, 2, 0, 3).reshape(-1, qw.shape[0] * 16)[:, : p.N]
 
 

@@ -29,5 +29,9 @@ def test_panel16_refuses_mismatched_buffers():
     with pytest.raises(ValueError, match="P \\* 16 \\* kc"):
         native._ext.panel16_u32(words, np.zeros((2, 8, 15), np.uint32), 2, 8)
     out = np.zeros((2, 8, 16), np.uint32)
-    assert native.panel16_u32(np.arange(256, dtype=np.uint32).reshape(32, 8), out)
-    np.testing.assert_array_equal(out, np.arange(256, dtype=np.uint32).reshape(2, 16, 8).transpose(0, 2, 1))
+    words = np.random.default_rng(0).integers(0, 2**32, (32, 8), dtype=np.uint32)
+    assert native.panel16_u32(words, out)
+    want = q4.interleave_nibbles(words).reshape(2, 16, 8).transpose(0, 2, 1)
+    np.testing.assert_array_equal(out, want)
+    # the interleave: byte i of a word holds k values i (low nibble) and i + 4 (high nibble)
+    assert q4.interleave_nibbles(np.array([0x76543210], np.uint32))[0] == 0x73625140

@@ -1,9 +1,12 @@
 /* MatMulNBits (4-bit) kernels: the packed layout, the call descriptor and the per-ISA entry points.
  *
- * Packed layout "panel16 v1" (ISA-independent; one byte buffer, sections in this order):
+ * Packed layout "panel16 v2" (ISA-independent; one byte buffer, sections in this order):
  *   qw     uint8 [P][KC][16][4]: panel p = output columns 16p..16p+15, chunk c = k values 8c..8c+7.
- *          The 4 bytes of (column l, chunk c) are a little-endian uint32 whose nibble j (bits 4j..4j+3)
- *          is q[k = 8c + j][n = 16p + l] (these are exactly the 4 source bytes of that column).
+ *          Byte i (0..3) of (column l, chunk c) holds q[k = 8c + i][n = 16p + l] in its low nibble and
+ *          q[8c + i + 4][n] in its high nibble: the low nibbles of a 32-bit word are k values 0-3 of the
+ *          chunk, the high nibbles 4-7, so one vpdpbusd of either against 4 consecutive int8 values of A
+ *          is the sum of one aligned quad of k values (the unit of onnxruntime's int8 accumulation).
+ *          NB_KPOS(j) is the nibble index (0..7, bits 4*NB_KPOS(j)) of the chunk's k value j.
  *   scales float [P][KB][16]
  *   zp     none (symmetric, zero point 8) | uint8 [P][KB][8] nibbles (byte i: column 2i low, 2i+1 high)
  *          | float [P][KB][16]
@@ -11,7 +14,22 @@
  *
  * A call computes y[m][n] for rows m of A; A is first "prepared" into scratch (phase 1: per row,
  * zero-padded to KB*bs), then the panels are multiplied (phase 2). Both phases split over the pool.
+ *
+ * int8 (accuracy_level 4) follows onnxruntime 1.32's MLAS CompInt8 path on AVX512-VNNI (SQ4BitGemmKernel_
+ * BlkSum_CompInt8) bit for bit at block size 32 (the block size of every model the benchmarks use):
+ *   A per block: sa = amax / 127, qa = round_half_even(a * (127 / amax)), ablk = sa * (float)sum(qa);
+ *   per output (m, n), with P_q(b) the int32 dot of quad q (k 4q..4q+3) of block b, s_b = sb * sa:
+ *     16 float chains F[j], one fma each per group of 4 blocks (blocks 4g + beta, beta = 0..3):
+ *       F[(beta&1)*8 + (beta>>1)*2 + 4i + h] = fma(P_{4i+h} + P_{4i+h+2}, s_b, .)   (i, h in {0, 1})
+ *     G[l] = F[l] + F[l + 8]; each trailing block (KB % 4 of them) adds G[l] = fma(P_l, s_b, G[l]);
+ *     y = ((G0+G1)+G2)+G3 + (((G4+G5)+G6)+G7)  (columns below N & ~3; the last N % 4 columns sum
+ *     ((G4+G0)+(G6+G2)) + ((G5+G1)+(G7+G3)) instead), then y + bias;
+ *     the zero-point term separately: z = 0, z = fma(ablk_b, -(sb * zp), z) over b in order; y + z.
+ *   Other block sizes keep the same A quantization, bias and zero-point term, with one chain per
+ *   output (fma(P_block, s_b, .)): within float rounding of onnxruntime, not bit-exact.
  */
+#define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
+
 #ifndef ONNX_PREPARED_NBITS_H
 #define ONNX_PREPARED_NBITS_H
 
@@ -36,14 +54,13 @@ typedef struct {
     float *y;       /* [M][N] */
     const float *bias;
     /* prepared A (scratch): NB_MODE_F32: af [M][kpad], asum [M][kb] (sum of a over the block)
-     * NB_MODE_I8: aq [M][kpad] (each 8-group stored as k0 k2 k4 k6 k1 k3 k5 k7), ascale [M][kb],
-     * asum [M][kb] (sum of the int8 values, as float), acorr [M][kb] = asum * ascale, times 8 for
-     * symmetric weights (the zero-point term of a block, ready for one fused multiply-subtract) */
+     * NB_MODE_I8: aq [M][kpad] (row-major, k in order), ascale [M][kb] (sa), asum [M][kb] = ablk
+     * (sa * sum of the block's int8 values), times 8 for symmetric weights (exact: then
+     * ablk * (8 sb) = asum * sb, the zero-point term's product) */
     float *af;
     int8_t *aq;
     float *ascale;
     float *asum;
-    float *acorr;
 } nb_call;
 
 typedef struct {

@@ -76,7 +76,7 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
              * instead of and + cvt) */
             __m512 q[8];
             q[0] = _mm512_permutexvar_ps(v, lut);
-            UNROLL for (int j = 1; j < 8; j++) q[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * j), lut);
+            UNROLL for (int j = 1; j < 8; j++) q[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * NB_KPOS(j)), lut);
             UNROLL for (int j = 0; j < 8; j++) UNROLL for (int r = 0; r < R; r++)
                 acc[r][j % A] = _mm512_fmadd_ps(q[j], _mm512_set1_ps(af[r][k + j]), acc[r][j % A]);
         }
@@ -91,159 +91,138 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
     UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
 }
 
-/* int8 (accuracy_level 4): vpdpbusd of the weight nibbles (u8) with the quantized A (s8) */
-NB_INLINE void i8_tile(const nb_call *c, int p, int m, const int R, const int A)
+/* int8 (accuracy_level 4): one row x one panel, vpdpbusd of the weight nibbles (u8) with the quantized A
+ * (s8); each low- or high-nibble vector of a chunk against 4 consecutive A values is one quad of k values
+ * (layout v2). Block 32 keeps onnxruntime's 16 float chains per output in registers (F, nbits.h); the
+ * zero-point term, bias and the final adds are in i8_store. */
+NB_INLINE int32_t a32(const int8_t *a)
+{
+    int32_t v;
+    memcpy(&v, a, 4);
+    return v;
+}
+
+NB_INLINE __m512i dp(__m512i acc, __m512i u, const int8_t *a)
+{
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(a32(a)));
+}
+
+/* y (the dot part of 16 columns) + bias, + the zero-point term z = fma chain over blocks of
+ * ablk * -(sb * zp) (asum holds 8 * ablk for symmetric weights, so the product is the same) */
+NB_INLINE void i8_store(const nb_call *c, int m, int p, __m512 y)
 {
     const nb_weights *w = &c->w;
-    const int cpb = w->bs / 8;
+    const int kb = w->kb, n0 = 16 * p, ncols = w->N - n0 < 16 ? w->N - n0 : 16;
+    const __mmask16 k = (__mmask16)((1u << ncols) - 1u);
+    const float *sp = w->sc + (size_t)p * kb * 16, *ab = c->asum + (size_t)m * kb;
+    __m512 z = _mm512_setzero_ps();
+    if (w->zp_kind == NB_ZP_NONE) {
+        for (int b = 0; b < kb; b++) z = _mm512_fnmadd_ps(_mm512_set1_ps(ab[b]), _mm512_loadu_ps(sp + (size_t)b * 16), z);
+    } else {
+        for (int b = 0; b < kb; b++)
+            z = _mm512_fnmadd_ps(_mm512_set1_ps(ab[b]), _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), zp_vec(w, p, b)), z);
+    }
+    if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(k, c->bias + n0));
+    _mm512_mask_storeu_ps(c->y + (size_t)m * w->N + n0, k, _mm512_add_ps(y, z));
+}
+
+/* the low- and high-nibble vectors of chunk ci of the block at q */
+NB_INLINE void ld_chunk(const uint8_t *q, int ci, __m512i *lo, __m512i *hi)
+{
+    const __m512i mask = _mm512_set1_epi8(15), v = _mm512_loadu_si512((const void *)(q + 64 * ci));
+    *lo = _mm512_and_si512(v, mask);
+    *hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+}
+
+NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
+{
+    const nb_weights *w = &c->w;
+    const int kb = w->kb, kb4 = kb & ~3;
     const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
-    const float *sp = w->sc + (size_t)p * w->kb * 16;
-    const __m512i mask = _mm512_set1_epi8(15);
-    const int8_t *aq[4];
-    const float *as[4], *asc[4];
-    __m512 yacc[4];
-    UNROLL for (int r = 0; r < R; r++) {
-        aq[r] = c->aq + (size_t)(m + r) * c->kpad;
-        as[r] = c->asum + (size_t)(m + r) * w->kb;
-        asc[r] = c->ascale + (size_t)(m + r) * w->kb;
-        yacc[r] = _mm512_setzero_ps();
-    }
-    for (int b = 0; b < w->kb; b++) {
-        __m512i acc[4][4];
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < 2 * A; a++) acc[r][a] = _mm512_setzero_si512();
-        int ci = 0;
-        if (R == 1) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
-        for (; ci < cpb; ci += A, qp += 64 * A) {
-            UNROLL for (int a = 0; a < A; a++) {
-                if (R == 1) _mm_prefetch((const char *)(qp + 64 * a) + PF_BYTES, PF_HINT);
-                const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * a));
-                const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
-                const int k = b * w->bs + 8 * (ci + a);
-                UNROLL for (int r = 0; r < R; r++) {
-                    int32_t e, o;
-                    memcpy(&e, aq[r] + k, 4);
-                    memcpy(&o, aq[r] + k + 4, 4);
-                    acc[r][2 * a] = _mm512_dpbusd_epi32(acc[r][2 * a], lo, _mm512_set1_epi32(e));
-                    acc[r][2 * a + 1] = _mm512_dpbusd_epi32(acc[r][2 * a + 1], hi, _mm512_set1_epi32(o));
-                }
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const int8_t *a = c->aq + (size_t)m * c->kpad;
+    const float *asc = c->ascale + (size_t)m * kb;
+    __m512 F[16];
+    UNROLL for (int j = 0; j < 16; j++) F[j] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b < kb4; b += 4) {
+        UNROLL for (int beta = 0; beta < 4; beta++) {
+            const uint8_t *q = qp + (size_t)(b + beta) * 256;
+            const int8_t *ab = a + (size_t)(b + beta) * 32;
+            if (PF) {
+                _mm_prefetch((const char *)(sp + (size_t)(b + beta + PF_BLOCKS) * 16), _MM_HINT_T0);
+                UNROLL for (int ci = 0; ci < 4; ci++) _mm_prefetch((const char *)q + 64 * ci + PF_BYTES, PF_HINT);
             }
-        }
-        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * 16), z = zp_vec(w, p, b);
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512i t = acc[r][0];
-            UNROLL for (int a = 1; a < 2 * A; a++) t = _mm512_add_epi32(t, acc[r][a]);
-            const __m512 f = _mm512_fnmadd_ps(z, _mm512_set1_ps(as[r][b]), _mm512_cvtepi32_ps(t));
-            yacc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(s, _mm512_set1_ps(asc[r][b])), yacc[r]);
+            const __m512i z0 = _mm512_setzero_si512();
+            __m512i lo0, hi0, lo1, hi1;
+            ld_chunk(q, 0, &lo0, &hi0);
+            ld_chunk(q, 1, &lo1, &hi1);
+            const __m512i x0 = dp(dp(z0, lo0, ab), lo1, ab + 8);      /* quads 0 + 2 */
+            const __m512i x1 = dp(dp(z0, hi0, ab + 4), hi1, ab + 12); /* quads 1 + 3 */
+            ld_chunk(q, 2, &lo0, &hi0);
+            ld_chunk(q, 3, &lo1, &hi1);
+            const __m512i x2 = dp(dp(z0, lo0, ab + 16), lo1, ab + 24); /* quads 4 + 6 */
+            const __m512i x3 = dp(dp(z0, hi0, ab + 20), hi1, ab + 28); /* quads 5 + 7 */
+            const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)(b + beta) * 16), _mm512_set1_ps(asc[b + beta]));
+            const int base = (beta & 1) * 8 + (beta >> 1) * 2;
+            F[base] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), s, F[base]);
+            F[base + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), s, F[base + 1]);
+            F[base + 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x2), s, F[base + 4]);
+            F[base + 5] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x3), s, F[base + 5]);
         }
     }
-    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, yacc[r]);
+    __m512 G[8];
+    UNROLL for (int j = 0; j < 8; j++) G[j] = _mm512_add_ps(F[j], F[j + 8]);
+    for (; b < kb; b++) {
+        const uint8_t *q = qp + (size_t)b * 256;
+        const int8_t *ab = a + (size_t)b * 32;
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+        UNROLL for (int ci = 0; ci < 4; ci++) {
+            __m512i lo, hi;
+            ld_chunk(q, ci, &lo, &hi);
+            const __m512i z0 = _mm512_setzero_si512();
+            G[2 * ci] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp(z0, lo, ab + 8 * ci)), s, G[2 * ci]);
+            G[2 * ci + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp(z0, hi, ab + 8 * ci + 4)), s, G[2 * ci + 1]);
+        }
+    }
+    const __m512 lo = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[0], G[1]), G[2]), G[3]);
+    const __m512 hi = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[4], G[5]), G[6]), G[7]);
+    __m512 y = _mm512_add_ps(lo, hi);
+    const int n0 = 16 * p, n4 = w->N & ~3;
+    if (n0 + 16 > n4) { /* onnxruntime sums the last N % 4 columns in another order */
+        const __m512 e = _mm512_add_ps(_mm512_add_ps(G[4], G[0]), _mm512_add_ps(G[6], G[2]));
+        const __m512 o = _mm512_add_ps(_mm512_add_ps(G[5], G[1]), _mm512_add_ps(G[7], G[3]));
+        const int keep = n4 - n0 > 0 ? n4 - n0 : 0;
+        y = _mm512_mask_blend_ps((__mmask16)(0xFFFFu << keep), y, _mm512_add_ps(e, o));
+    }
+    i8_store(c, m, p, y);
 }
 
-/* int8 for M >= 2: A is stored in tiles of TH = 4 rows (prep_avx512): tile t (rows 4t..4t+3) starts at
- * aq + 4t * kpad, chunk g (8 k values) at +32g, row r's 8 bytes at +8r (k0 k2 k4 k6 | k1 k3 k5 k7), and the
- * tile's ascale and acorr at +4t * kb as [block][4]: one pointer feeds every broadcast of a tile (with one
- * pointer per row the kernel ran out of registers and spilled). M = 1 keeps the row-major layout (a tile
- * of height 1).
- * The tile is R <= 4 rows x NP <= 2 panels: 8 accumulators, each fed by the low- and the high-nibble
- * product (8 chains of 2 per chunk cover the 4-cycle vpdpbusd latency at 2 per cycle); per chunk 2 weight
- * loads and 8 broadcasts for 16 vpdpbusd (the 8-row x 1-panel tile needed 17 loads for 16, and load ports
- * were its limit). vpdpbusd shares the FMA pipes, so the block epilogue (cvt + fmsub + fmadd, the
- * zero-point term precomputed in acorr) costs 2 of every 10 pipe slots at block size 32.
- * CPB > 0 fixes the chunks per block at compile time (block sizes 16, 32, 64). */
-#define TH 4
-
-NB_INLINE int a_tile_h(const nb_call *c)
-{
-    return c->mode == NB_MODE_I8 && c->M >= 2 ? TH : 1;
-}
-
-NB_INLINE void i8_tile4(const nb_call *c, int p, int m, const int R, const int NP, const int CPB)
+/* other block sizes: one chain per output (not onnxruntime's order, nbits.h) */
+NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
 {
     const nb_weights *w = &c->w;
-    const int cpb = CPB ? CPB : w->bs / 8;
-    const size_t pstr = (size_t)w->kc * 64;
-    const uint8_t *qp = w->qw + (size_t)p * pstr;
-    const float *sp = w->sc + (size_t)p * w->kb * 16;
-    const int8_t *ap = c->aq + (size_t)m * c->kpad;
-    const float *tsc = c->ascale + (size_t)m * w->kb, *tac = c->acorr + (size_t)m * w->kb;
+    const int kb = w->kb, cpb = w->bs / 8;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const int8_t *a = c->aq + (size_t)m * c->kpad;
+    const float *asc = c->ascale + (size_t)m * kb;
     const __m512i mask = _mm512_set1_epi8(15);
-    const int sym = w->zp_kind == NB_ZP_NONE;
-    __m512 yacc[TH][2];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) yacc[r][h] = _mm512_setzero_ps();
-    for (int b = 0; b < w->kb; b++) {
-        __m512i acc[TH][2];
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) acc[r][h] = _mm512_setzero_si512();
-        UNROLL for (int ci = 0; ci < cpb; ci++, qp += 64, ap += 8 * TH) {
-            __m512i lo[2], hi[2];
-            UNROLL for (int h = 0; h < NP; h++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(qp + h * pstr));
-                lo[h] = _mm512_and_si512(v, mask);
-                hi[h] = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
-            }
-            UNROLL for (int r = 0; r < R; r++) {
-                int32_t e, o;
-                memcpy(&e, ap + 8 * r, 4);
-                memcpy(&o, ap + 8 * r + 4, 4);
-                const __m512i be = _mm512_set1_epi32(e), bo = _mm512_set1_epi32(o);
-                UNROLL for (int h = 0; h < NP; h++) {
-                    acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], lo[h], be);
-                    acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], hi[h], bo);
-                }
-            }
+    __m512 y = _mm512_setzero_ps();
+    for (int b = 0; b < kb; b++) {
+        if (PF) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
+        __m512i x[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int ci = 0; ci < cpb; ci++, qp += 64) {
+            if (PF) _mm_prefetch((const char *)qp + PF_BYTES, PF_HINT);
+            const __m512i v = _mm512_loadu_si512((const void *)qp);
+            const int8_t *g = a + (size_t)b * w->bs + 8 * ci;
+            x[ci & 1] = dp(x[ci & 1], _mm512_and_si512(v, mask), g);
+            x[ci & 1] = dp(x[ci & 1], _mm512_and_si512(_mm512_srli_epi32(v, 4), mask), g + 4);
         }
-        __m512 s[2];
-        UNROLL for (int h = 0; h < NP; h++) s[h] = _mm512_loadu_ps(sp + ((size_t)h * w->kb + b) * 16);
-        if (sym) {
-            UNROLL for (int r = 0; r < R; r++) {
-                const __m512 asc = _mm512_set1_ps(tsc[b * TH + r]), ac = _mm512_set1_ps(tac[b * TH + r]);
-                UNROLL for (int h = 0; h < NP; h++)
-                    yacc[r][h] = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[r][h]), asc, ac), s[h],
-                                                 yacc[r][h]);
-            }
-        } else {
-            __m512 z[2];
-            UNROLL for (int h = 0; h < NP; h++) z[h] = zp_vec(w, p + h, b);
-            UNROLL for (int r = 0; r < R; r++) {
-                const __m512 asc = _mm512_set1_ps(tsc[b * TH + r]), ac = _mm512_set1_ps(tac[b * TH + r]);
-                UNROLL for (int h = 0; h < NP; h++) {
-                    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][h]), asc);
-                    yacc[r][h] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z[h], ac, t), s[h], yacc[r][h]);
-                }
-            }
-        }
+        const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(x[0], x[1])), s, y);
     }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) store_row(c, m + r, p + h, yacc[r][h]);
-}
-
-#define I8_TILE_R(NP, CPB)                                                                              \
-    switch (R) {                                                                                        \
-    case 4: i8_tile4(c, p, m, 4, NP, CPB); break;                                                       \
-    case 3: i8_tile4(c, p, m, 3, NP, CPB); break;                                                       \
-    case 2: i8_tile4(c, p, m, 2, NP, CPB); break;                                                       \
-    default: i8_tile4(c, p, m, 1, NP, CPB); break;                                                      \
-    }
-#define I8_TILE_NP(CPB)                                                                                 \
-    if (np == 2) {                                                                                      \
-        I8_TILE_R(2, CPB)                                                                               \
-    } else {                                                                                            \
-        I8_TILE_R(1, CPB)                                                                               \
-    }
-
-/* rows m0..m1 (m0 a multiple of TH: module.c splits rows in chunks of 32) x panels p0..p1 */
-static void gemm_i8_tiles(const nb_call *c, int m0, int m1, int p0, int p1)
-{
-    for (int p = p0; p < p1; p += 2) {
-        const int np = p + 1 < p1 ? 2 : 1;
-        for (int m = m0; m < m1; m += TH) {
-            const int R = m1 - m < TH ? m1 - m : TH;
-            switch (c->w.bs) {
-            case 16: I8_TILE_NP(2) break;
-            case 32: I8_TILE_NP(4) break;
-            case 64: I8_TILE_NP(8) break;
-            default: I8_TILE_NP(0) break;
-            }
-        }
-    }
+    i8_store(c, m, p, y);
 }
 
 /* fp32 for M >= 4: weights of up to KCH k values of two panels are dequantized once to L1,
@@ -271,7 +250,7 @@ NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst)
         for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             UNROLL for (int j = 0; j < 8; j++) {
-                const __m512 q = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(v, 4 * j) : v, lut);
+                const __m512 q = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(v, 4 * NB_KPOS(j)) : v, lut);
                 _mm512_storeu_ps(dst + 16 * j, _mm512_fmadd_ps(q, s, nzs));
             }
         }
@@ -355,49 +334,155 @@ static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
     }
 }
 
+/* int8 for M >= 2, block 32: R <= 4 rows x one panel. The 16 chains of an output would not fit in registers
+ * for more than one row, but the blocks 4g + beta (one beta) feed only 4 of them (nbits.h): one pass per
+ * beta over those blocks keeps 4 chains per row live (16 for the tile), and each weight chunk, unpacked
+ * once, feeds R rows. After each pass the chains are parked in fb ([row][chain][16 columns]); i8_end32
+ * then adds the trailing blocks and sums as i8_row32 does. */
+#define TR 4
+
+NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f)
+{
+    const nb_weights *w = &c->w;
+    const int kb = w->kb, kb4 = kb & ~3;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const int8_t *a = c->aq + (size_t)m * c->kpad;
+    const float *asc = c->ascale + (size_t)m * kb;
+    const __m512i mask = _mm512_set1_epi8(15);
+    __m512 G[8];
+    UNROLL for (int j = 0; j < 8; j++) G[j] = _mm512_add_ps(_mm512_load_ps(f + 16 * j), _mm512_load_ps(f + 16 * (j + 8)));
+    for (int b = kb4; b < kb; b++) {
+        const uint8_t *q = qp + (size_t)b * 256;
+        const int8_t *ab = a + (size_t)b * 32;
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+        UNROLL for (int ci = 0; ci < 4; ci++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * ci));
+            const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+            const __m512i z0 = _mm512_setzero_si512();
+            G[2 * ci] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp(z0, lo, ab + 8 * ci)), s, G[2 * ci]);
+            G[2 * ci + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp(z0, hi, ab + 8 * ci + 4)), s, G[2 * ci + 1]);
+        }
+    }
+    const __m512 lo = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[0], G[1]), G[2]), G[3]);
+    const __m512 hi = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[4], G[5]), G[6]), G[7]);
+    __m512 y = _mm512_add_ps(lo, hi);
+    const int n0 = 16 * p, n4 = w->N & ~3;
+    if (n0 + 16 > n4) {
+        const __m512 e = _mm512_add_ps(_mm512_add_ps(G[4], G[0]), _mm512_add_ps(G[6], G[2]));
+        const __m512 o = _mm512_add_ps(_mm512_add_ps(G[5], G[1]), _mm512_add_ps(G[7], G[3]));
+        const int keep = n4 - n0 > 0 ? n4 - n0 : 0;
+        y = _mm512_mask_blend_ps((__mmask16)(0xFFFFu << keep), y, _mm512_add_ps(e, o));
+    }
+    i8_store(c, m, p, y);
+}
+
+NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R)
+{
+    const nb_weights *w = &c->w;
+    const int kb = w->kb, kb4 = kb & ~3;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const __m512i mask = _mm512_set1_epi8(15);
+    float fb[TR][16][16] __attribute__((aligned(64)));
+    const int8_t *a[TR];
+    const float *asc[TR];
+    UNROLL for (int r = 0; r < R; r++) {
+        a[r] = c->aq + (size_t)(m + r) * c->kpad;
+        asc[r] = c->ascale + (size_t)(m + r) * kb;
+    }
+    UNROLL for (int beta = 0; beta < 4; beta++) {
+        __m512 F[TR][4];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int i = 0; i < 4; i++) F[r][i] = _mm512_setzero_ps();
+        for (int b = beta; b < kb4; b += 4) {
+            const uint8_t *q = qp + (size_t)b * 256;
+            const __m512 sb = _mm512_loadu_ps(sp + (size_t)b * 16);
+            __m512 s[TR];
+            UNROLL for (int r = 0; r < R; r++) s[r] = _mm512_mul_ps(sb, _mm512_set1_ps(asc[r][b]));
+            UNROLL for (int pr = 0; pr < 2; pr++) { /* chunks 2pr, 2pr + 1: chains 2pr (low) and 2pr + 1 (high) */
+                const __m512i v0 = _mm512_loadu_si512((const void *)(q + 128 * pr));
+                const __m512i v1 = _mm512_loadu_si512((const void *)(q + 128 * pr + 64));
+                UNROLL for (int h = 0; h < 2; h++) {
+                    const __m512i w0 = h ? _mm512_and_si512(_mm512_srli_epi32(v0, 4), mask) : _mm512_and_si512(v0, mask);
+                    const __m512i w1 = h ? _mm512_and_si512(_mm512_srli_epi32(v1, 4), mask) : _mm512_and_si512(v1, mask);
+                    UNROLL for (int r = 0; r < R; r++) {
+                        const int8_t *ab = a[r] + (size_t)b * 32 + 16 * pr + 4 * h;
+                        const __m512i x = dp(dp(_mm512_setzero_si512(), w0, ab), w1, ab + 8);
+                        F[r][2 * pr + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s[r], F[r][2 * pr + h]);
+                    }
+                }
+            }
+        }
+        const int base = (beta & 1) * 8 + (beta >> 1) * 2;
+        UNROLL for (int r = 0; r < R; r++) {
+            _mm512_store_ps(fb[r][base], F[r][0]);
+            _mm512_store_ps(fb[r][base + 1], F[r][1]);
+            _mm512_store_ps(fb[r][base + 4], F[r][2]);
+            _mm512_store_ps(fb[r][base + 5], F[r][3]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) i8_end32(c, m + r, p, &fb[r][0][0]);
+}
+
+static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
+{
+    const int pf = c->M == 1;
+    for (int p = p0; p < p1; p++) {
+        if (c->w.bs != 32) {
+            for (int m = m0; m < m1; m++) {
+                if (pf)
+                    i8_row_any(c, m, p, 1);
+                else
+                    i8_row_any(c, m, p, 0);
+            }
+            continue;
+        }
+        if (pf) {
+            i8_row32(c, m0, p, 1);
+            continue;
+        }
+        for (int m = m0; m < m1; m += TR) {
+            switch (m1 - m < TR ? m1 - m : TR) {
+            case 4: i8_tile32(c, m, p, 4); break;
+            case 3: i8_tile32(c, m, p, 3); break;
+            case 2: i8_tile32(c, m, p, 2); break;
+            default: i8_row32(c, m, p, 0); break;
+            }
+        }
+    }
+}
+
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
+    if (c->mode == NB_MODE_I8) {
+        gemm_i8(c, m0, m1, p0, p1);
+        return;
+    }
     if (f_tile_h(c) == TF) {
         gemm_f32_dequant(c, m0, m1, p0, p1);
         return;
     }
-    if (c->mode == NB_MODE_I8 && c->M >= 2) {
-        gemm_i8_tiles(c, m0, m1, p0, p1);
-        return;
-    }
-    /* chunks per block (bs / 8) is even for every bs >= 16, so the 2-way split of i8_tile is exact */
     for (int p = p0; p < p1; p++) {
         int m = m0;
-        if (c->mode == NB_MODE_F32) {
-            for (; m + 4 <= m1; m += 4) f32_tile(c, p, m, 4, 2);
-            switch (m1 - m) {
-            case 3: f32_tile(c, p, m, 3, 2); break;
-            case 2: f32_tile(c, p, m, 2, 2); break;
-            case 1: f32_tile(c, p, m, 1, 8); break;
-            default: break;
-            }
-        } else {
-            for (; m + 4 <= m1; m += 4) i8_tile(c, p, m, 4, 1);
-            switch (m1 - m) {
-            case 3: i8_tile(c, p, m, 3, 1); break;
-            case 2: i8_tile(c, p, m, 2, 1); break;
-            case 1: i8_tile(c, p, m, 1, 2); break;
-            default: break;
-            }
+        for (; m + 4 <= m1; m += 4) f32_tile(c, p, m, 4, 2);
+        switch (m1 - m) {
+        case 3: f32_tile(c, p, m, 3, 2); break;
+        case 2: f32_tile(c, p, m, 2, 2); break;
+        case 1: f32_tile(c, p, m, 1, 8); break;
+        default: break;
         }
     }
 }
 
 /* Phase 1 vectorized: 16 k values per step, lanes past K masked to zero (which is the padding).
  * int8: bit-identical to nb_prep_rows (the same max, division, multiply; cvtps rounds half to even
- * under the default MXCSR); the 8-groups are reordered k0 k2 k4 k6 k1 k3 k5 k7 with one byte shuffle.
+ * under the default MXCSR), stored row-major in k order.
  * fp32: A is used in place when K is a multiple of the block (module.c points af at it), and the
  * block sums are accumulated in 16 lanes (a different summation order than the scalar path: the sum
  * only scales the zero-point term). */
 static void prep_avx512(const nb_call *c, int m0, int m1)
 {
     const int K = c->w.K, bs = c->w.bs, kb = c->w.kb, kpad = c->kpad, segs = bs / 16;
-    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     const float zmul = c->w.zp_kind == NB_ZP_NONE ? 8.f : 1.f;
     for (int m = m0; m < m1; m++) {
         const float *a = c->a + (size_t)m * K;
@@ -435,10 +520,8 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
             }
             continue;
         }
-        /* the tile layout of gemm_i8_tiles (th = 1: row-major) */
-        const int th = a_tile_h(c), r = m % th, m_t = m - r;
-        int8_t *aq = c->aq + (size_t)m_t * kpad + 8 * r;
-        float *ascale = c->ascale + (size_t)m_t * kb + r, *acorr = c->acorr + (size_t)m_t * kb + r;
+        int8_t *aq = c->aq + (size_t)m * kpad;
+        float *ascale = c->ascale + (size_t)m * kb;
         for (int b = 0; b < kb; b++) {
             const int k0 = b * bs;
             __m512 mx = _mm512_setzero_ps();
@@ -451,22 +534,16 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
             const float inv = amax != 0.f ? 127.f / amax : 0.f;
             const __m512 vinv = _mm512_set1_ps(inv);
             const float sc = amax / 127.f;
-            ascale[b * th] = sc;
+            ascale[b] = sc;
             __m512i qs = _mm512_setzero_si512();
             for (int i = 0; i < segs; i++) {
                 const int k = k0 + 16 * i;
                 const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
                 const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, a + k), vinv));
                 qs = _mm512_add_epi32(qs, q);
-                /* 16 k values = 2 chunks of 8 bytes, th * 8 bytes apart */
-                const __m128i g = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), order);
-                int8_t *dst = aq + (size_t)(k / 8) * 8 * th;
-                _mm_storel_epi64((__m128i *)(void *)dst, g);
-                _mm_storel_epi64((__m128i *)(void *)(dst + 8 * th), _mm_unpackhi_epi64(g, g));
+                _mm_storeu_si128((__m128i *)(void *)(aq + k), _mm512_cvtepi32_epi8(q));
             }
-            const int sum = _mm512_reduce_add_epi32(qs);
-            asum[b] = (float)sum;
-            acorr[b * th] = (float)sum * sc * zmul;
+            asum[b] = sc * (float)_mm512_reduce_add_epi32(qs) * zmul;
         }
     }
 }

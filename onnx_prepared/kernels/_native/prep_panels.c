@@ -1,11 +1,24 @@
 /* The panel16 transpose of a MatMulNBits prepack: rows of 16 columns' words interleaved so that a panel
- * reads one 64-byte line per k. numpy does it as a strided copy whose inner loop is 16 elements long
+ * reads one 64-byte line per k, each word's nibbles reordered for layout v2 (nbits.h: byte i = k values i
+ * and i + 4 of the chunk; the source has k value j in nibble j). numpy does it as a strided copy whose inner loop is 16 elements long
  * (about 17x slower than a plain copy of the same bytes); here it is 16 x 16 blocks, one panel at a
  * time, with the GIL released (a prepack runs beside the first inference). */
 #include "prep_panels.h"
 
 #include <stdint.h>
 #include <string.h>
+
+/* 4 nibbles -> the low nibbles of 4 bytes */
+static inline uint32_t spread4(uint32_t x)
+{
+    x = (x | (x << 8)) & 0x00FF00FFu;
+    return (x | (x << 4)) & 0x0F0F0F0Fu;
+}
+
+static inline uint32_t interleave(uint32_t w)
+{
+    return spread4(w & 0xFFFFu) | (spread4(w >> 16) << 4);
+}
 
 static void panel16(const uint32_t *restrict src, uint32_t *restrict dst, size_t P, size_t kc)
 {
@@ -17,10 +30,10 @@ static void panel16(const uint32_t *restrict src, uint32_t *restrict dst, size_t
             uint32_t blk[16][16];
             for (int j = 0; j < 16; j++) memcpy(blk[j], s + (size_t)j * kc + k0, 64);
             for (int k = 0; k < 16; k++)
-                for (int j = 0; j < 16; j++) d[(k0 + k) * 16 + j] = blk[j][k];
+                for (int j = 0; j < 16; j++) d[(k0 + k) * 16 + j] = interleave(blk[j][k]);
         }
         for (size_t k = k0; k < kc; k++)
-            for (int j = 0; j < 16; j++) d[k * 16 + j] = s[(size_t)j * kc + k];
+            for (int j = 0; j < 16; j++) d[k * 16 + j] = interleave(s[(size_t)j * kc + k]);
     }
 }
 

@@ -1,0 +1,75 @@
+"""accuracy_level 4 at block size 32 is onnxruntime's MatMulNBits bit for bit, at every native dispatch level.
+
+onnxruntime 1.32 on AVX512-VNNI (MLAS SQ4BitGemmKernel_BlkSum_CompInt8) sums each output in 16 float chains
+over groups of 4 blocks, adds the trailing blocks, folds the chains in a fixed order (another one for the
+last N % 4 columns), adds the bias and then the zero-point term, a separate chain over the blocks
+(``_native/nbits.h``). One flipped rounding here moves an int8 rounding of the next layer's activations,
+so whole models drift apart (``benchmarks/numerics.py``); hence equality, not a tolerance. The shapes cover
+K not a multiple of the block (trailing blocks 1-3 and a partial one), N = 1 and N % 4 tails, odd M, M
+across the kernels' row tiles, packed zero points, bias, and both pool splits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from onnx_prepared.kernels import matmul_nbits as mm
+from onnx_prepared.kernels import native
+from tests.kernels.test_matmul_nbits import _ort, _weights
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native extension not built")
+
+
+def _run(A, B, scales, zp, bias, K, N, level):
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=4, block_size=32)
+    with native.forced_level(level):
+        return mm.matmul_nbits_packed(A, packed, bias, accuracy_level=4)[0]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(K=st.integers(1, 600), N=st.integers(1, 70), M=st.sampled_from([1, 2, 3, 4, 5, 7, 9, 33]),
+       zp_kind=st.sampled_from(["none", "packed"]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_block32_is_onnxruntimes_bits(K, N, M, zp_kind, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    B, scales, zp = _weights(rng, K, N, 4, 32, zp_kind, False)
+    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
+    for level in native.supported_levels():
+        got = _run(A, B, scales, zp, bias, K, N, level)
+        assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
+
+
+@pytest.mark.parametrize(("M", "K", "N"), [(1, 1024, 1024), (16, 1024, 1536), (128, 2816, 64), (37, 1024, 67)])
+def test_llm_shapes_bit_exact_and_split_independent(M, K, N):
+    """The shapes of a hidden-1024 Llama (split over the pool), then on one thread: the same bits."""
+    rng = np.random.default_rng(M + K + N)
+    B, scales, zp = _weights(rng, K, N, 4, 32, "none", False)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
+    level = native.dispatch_level()
+    np.testing.assert_array_equal(_run(A, B, scales, zp, None, K, N, level), want)
+    threads = native.get_num_threads()
+    native.set_num_threads(1)
+    try:
+        np.testing.assert_array_equal(_run(A, B, scales, zp, None, K, N, level), want)
+    finally:
+        native.set_num_threads(threads)
+
+
+def test_zero_and_constant_blocks():
+    """All-zero activation blocks (scale 0), a constant row and large values keep onnxruntime's bits."""
+    rng = np.random.default_rng(5)
+    K, N = 160, 36
+    B, scales, zp = _weights(rng, K, N, 4, 32, "packed", False)
+    A = rng.standard_normal((4, K)).astype(np.float32)
+    A[0, :64] = 0.0
+    A[1] = 3.0
+    A[2] *= 1e4
+    A[3, 32:96] = -1e-3
+    want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
+    for level in native.supported_levels():
+        np.testing.assert_array_equal(_run(A, B, scales, zp, None, K, N, level), want)
