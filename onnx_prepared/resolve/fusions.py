@@ -4,8 +4,12 @@
   initializers whose only consumers are MatMuls reading it as B becomes, per MatMul, one
   ``onnx_prepared::DequantizeMatMul`` node (kernels/dq_matmul.py), which the prepack rule binds to the
   native MatMulNBits path;
-- a float32 Conv with a constant weight whose only consumer is a Relu or a HardSwish becomes one
-  ``onnx_prepared::FusedConv`` (kernels/conv_fused.py): the activation runs in the conv kernel's epilogue.
+- a float32 Conv with a constant weight whose only consumer is an inference-mode BatchNormalization of
+  constant statistics becomes one ``onnx_prepared::FusedConv`` carrying the BatchNormalization's inputs
+  (folded into the weight and bias at prepack time, as onnxruntime's ConvBNFusion does);
+- a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is a Relu or a
+  HardSwish becomes one ``onnx_prepared::FusedConv`` (kernels/conv_fused.py): the activation runs in the
+  conv kernel's epilogue.
 
 Anything that does not match exactly is left as written.
 """
@@ -111,24 +115,94 @@ _CONV_EPILOGUES = {"Relu": (0.0, float("inf"), 0), "HardSwish": (float("-inf"), 
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 
 
-def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
-    """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) whose output feeds
-    exactly one Relu or HardSwish and nothing else (not a graph output) into one FusedConv writing the
-    activation's output; returns how many were fused."""
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[int]]:
     consumers: dict[str, list[int]] = {}
     for idx, node in enumerate(graph.node):
         for name in node.input:
             if name:
                 consumers.setdefault(name, []).append(idx)
+    return consumers
+
+
+def _foldable_conv(node: onnx.NodeProto, weights: Mapping, outputs: set[str], *, fused_ok: bool) -> bool:
+    """A Conv (float32 initializer weight, Conv's own attributes only, output not a graph output), or with
+    ``fused_ok`` a FusedConv that has no activation yet."""
+    if node.domain in ("", "ai.onnx") and node.op_type == "Conv":
+        if any(a.name not in _CONV_ATTRS for a in node.attribute):
+            return False
+    elif fused_ok and node.domain == "onnx_prepared" and node.op_type == "FusedConv":
+        if any(a.name.startswith("activation_") for a in node.attribute):
+            return False
+    else:
+        return False
+    if len(node.output) != 1 or node.output[0] in outputs:
+        return False
+    return len(node.input) >= 2 and node.input[1] in weights and weights[node.input[1]].dtype == "float32"
+
+
+#: BatchNormalization attributes the fold understands (training_mode and spatial only at their defaults)
+_BN_ATTRS = frozenset({"epsilon", "momentum", "spatial", "is_test", "consumed_inputs", "training_mode"})
+
+
+def _inference_bn(node: onnx.NodeProto, weights: Mapping, channels: int) -> float | None:
+    """The epsilon of an inference-mode BatchNormalization with float32 [channels] initializer statistics
+    and one output; None for anything else."""
+    if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 5:
+        return None
+    if len(node.output) < 1 or any(node.output[1:]):
+        return None
+    attrs = {a.name: onnx.get_attribute_value(a) for a in node.attribute}
+    if set(attrs) - _BN_ATTRS or int(attrs.get("training_mode", 0)) or int(attrs.get("spatial", 1)) != 1:
+        return None
+    for name in node.input[1:]:
+        w = weights.get(name)
+        if w is None or w.dtype != "float32" or tuple(w.dims) != (channels,):
+            return None
+    return float(attrs.get("epsilon", 1e-5))
+
+
+def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """Rewrite every Conv whose output feeds exactly one inference-mode BatchNormalization (and nothing
+    else) into one FusedConv ``(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, writing the
+    BatchNormalization's output; returns how many were fused. Run before :func:`fuse_conv_activation`."""
+    if not any(n.op_type == "BatchNormalization" for n in graph.node):
+        return 0
+    consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     replace: dict[int, onnx.NodeProto] = {}
     drop: set[int] = set()
     for idx, node in enumerate(graph.node):
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        if not _foldable_conv(node, weights, outputs, fused_ok=False) or len(weights[node.input[1]].dims) < 3:
             continue
-        if len(node.input) < 2 or node.input[1] not in weights or weights[node.input[1]].dtype != "float32":
+        if len(node.input) > 2 and node.input[2] and node.input[2] not in weights:
             continue
-        if any(a.name not in _CONV_ATTRS for a in node.attribute) or node.output[0] in outputs:
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1 or users[0] in drop:
+            continue
+        bn = graph.node[users[0]]
+        eps = _inference_bn(bn, weights, int(weights[node.input[1]].dims[0]))
+        if eps is None:
+            continue
+        bias = node.input[2] if len(node.input) > 2 else ""
+        fused = onnx.NodeProto(op_type=_conv_fused().FUSED_OP, input=[*node.input[:2], bias, *bn.input[1:]],
+                               output=[bn.output[0]], name=node.name, domain=_conv_fused().FUSED_DOMAIN)
+        fused.attribute.extend(node.attribute)
+        fused.attribute.add(name="bn_epsilon", type=onnx.AttributeProto.FLOAT, f=eps)
+        replace[idx] = fused
+        drop.add(users[0])
+    return _rewrite(graph, replace, drop)
+
+
+def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) or activation-free
+    FusedConv whose output feeds exactly one Relu or HardSwish and nothing else (not a graph output) into
+    one FusedConv writing the activation's output; returns how many were fused."""
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    replace: dict[int, onnx.NodeProto] = {}
+    drop: set[int] = set()
+    for idx, node in enumerate(graph.node):
+        if not _foldable_conv(node, weights, outputs, fused_ok=True):
             continue
         users = consumers.get(node.output[0], [])
         if len(users) != 1 or users[0] in drop:

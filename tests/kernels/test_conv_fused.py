@@ -134,3 +134,80 @@ def test_fused_conv_weights_round_trip_through_the_companion(tmp_path):
         (y2,) = s.run({"x": x})
         assert not any(k.startswith("prepack:") for k in s.state.counters)
     np.testing.assert_array_equal(y2, y)
+
+
+def _bn_model(tmp_path, *, act="Relu", bias=True, group=1, opset=14, bn_attrs=None, stats_input=False,
+              xs=(2, 8, 9, 9), m=16):
+    """x -> Conv(W[, B]) -> BatchNormalization(constant statistics, or a graph input ``var``) -> act."""
+    c = xs[1]
+    w = RNG.standard_normal((m, c // group, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "W")]
+    conv_in = ["x", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B"))
+        conv_in.append("B")
+    stats = {"s": RNG.uniform(0.5, 2, m), "bb": RNG.standard_normal(m), "mu": RNG.standard_normal(m),
+             "var": RNG.uniform(0.1, 3, m)}
+    inits += [numpy_helper.from_array(v.astype(np.float32), k) for k, v in stats.items()
+              if not (stats_input and k == "var")]
+    nodes = [helper.make_node("Conv", conv_in, ["c"], pads=[1, 1, 1, 1], group=group),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["n"], **(bn_attrs or {}))]
+    out = "n"
+    if act:
+        nodes.append(helper.make_node(act, ["n"], ["a"]))
+        out = "a"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))]
+    if stats_input:
+        inputs.append(helper.make_tensor_value_info("var", TensorProto.FLOAT, [m]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    p = str(tmp_path / "bn.onnx")
+    onnx.save(model, p)
+    return p, xs, stats
+
+
+@pytest.mark.parametrize(("act", "bias", "group", "opset"), [
+    ("Relu", True, 1, 14), (None, False, 1, 9), ("HardSwish", False, 8, 15), ("Relu", True, 8, 11)])
+def test_conv_batchnorm_folds_and_matches_onnxruntime(tmp_path, path, act, bias, group, opset):
+    p, xs, _ = _bn_model(tmp_path, act=act, bias=bias, group=group, opset=opset, bn_attrs={"epsilon": 1e-3},
+                         xs=(2, 8, 9, 9), m=16 if group == 1 else 8)
+    assert [n.op_type for n in resolve_model(load_model(p)).graph().node] == ["FusedConv"]
+    _check(p, xs)
+
+
+def test_batchnorm_with_a_computed_statistic_or_training_mode_is_not_folded(tmp_path):
+    p, _, _ = _bn_model(tmp_path, stats_input=True)
+    assert [n.op_type for n in resolve_model(load_model(p)).graph().node] == ["Conv", "BatchNormalization",
+                                                                             "Relu"]
+    p, _, _ = _bn_model(tmp_path, act=None, opset=15, bn_attrs={"training_mode": 1})
+    assert [n.op_type for n in resolve_model(load_model(p)).graph().node] == ["Conv", "BatchNormalization"]
+
+
+def test_unprepacked_fused_conv_folds_batchnorm_per_call():
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    s, bb, mu, var = (RNG.uniform(0.5, 2, 8).astype(np.float32) for _ in range(4))
+    from onnx_prepared.kernels.channel_norm import batch_normalization
+    from onnx_prepared.kernels.conv import conv
+
+    (ref,) = batch_normalization(conv(x, w, pads=[1, 1, 1, 1])[0], s, bb, mu, var, epsilon=1e-3)
+    (y,) = fused_conv(x, w, None, s, bb, mu, var, bn_epsilon=1e-3, pads=[1, 1, 1, 1])
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_folded_weights_round_trip_through_the_companion(tmp_path):
+    p, xs, _ = _bn_model(tmp_path, bias=False)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "c.onnx")}
+    with RuntimeSession(p, opts) as s:
+        assert [k for k in s.resolved.kernel_choices if k.startswith("prepacked:")] == [
+            "prepacked:conv-w-p16-float32-as-float32-g1-m16-ck72-k3x3-bnfold-eps9.999999747378752e-06-b0"]
+        s.prepare()
+        (y,) = s.run({"x": x})
+    with RuntimeSession(p, {**opts, "prepared_model_policy": "read_only"}) as s:
+        assert all(r.cached for r in s.resolved.requirements if not r.key.is_raw)
+        (y2,) = s.run({"x": x})
+        assert not any(k.startswith("prepack:") for k in s.state.counters)
+    np.testing.assert_array_equal(y2, y)
