@@ -114,7 +114,7 @@ def test_conv_weights_are_prepacked_and_restored_from_the_companion(tmp_path):
     path = _cnn(tmp_path / "cnn.onnx")
     resolved = resolve_model(load_model(path))
     layouts = [c for c in resolved.kernel_choices if c.startswith("prepacked:")]
-    assert layouts == ["prepacked:conv-w-p16-float32-as-float32-g1-m8-ck27-k3x3",
+    assert layouts == ["prepacked:conv-w-p16-float32-as-float32-g1-m8-ck27-k3x3-bnfold-eps0.0010000000474974513-b1",
                        "prepacked:conv-w-gmk-float32-as-float32-g8-m1-ck9-k3x3"]
     assert not any(c.startswith("fallback:") for c in resolved.kernel_choices)
     import onnxruntime as ort
