@@ -122,6 +122,29 @@ def test_cold_run_kernels_get_the_threads_preparation_leaves(mlp, monkeypatch):
         cpu.close()
 
 
+def test_cold_run_binds_its_threads_before_every_segment(tmp_path, monkeypatch):
+    """Preparation starts and ends during a cold run: the continuation binds before each segment's first
+    action (not once per run), so the native pool grows back as soon as preparation leaves the cores."""
+    path = gemm_mlp(tmp_path, layers=3)
+    events: list[tuple[str, int]] = []
+    bind = threads.bind
+
+    def spy(*a, **k):
+        events.append(("bind", -1))
+        bind(*a, **k)
+
+    monkeypatch.setattr(threads, "bind", spy)
+    with RuntimeSession(path) as s:
+        starts = [t.actions[0] for t in s.plan.invocation_tasks if t.actions[1] > t.actions[0]]
+        assert len(starts) == 3  # one segment per layer's weight
+        with s.trace_actions(lambda pc: events.append(("act", pc))):
+            s.run({"x": np.ones((2, 16), np.float32)})
+        assert s.counters["cold_runs"] == 1
+    for a in starts:  # an action is recorded once it returned: the bind before it is the event before
+        i = events.index(("act", a))
+        assert events[i - 1] == ("bind", -1), (a, events)
+
+
 def test_bind_sizes_the_native_pool_once_per_change(unbound, monkeypatch):
     calls = []
 
