@@ -59,7 +59,19 @@ def __getattr__(name: str):
     if where is None:
         raise AttributeError(f"module 'onnx_prepared' has no attribute {name!r}")
     attr = "IOBinding" if name == "SessionIOBinding" else name
-    value = getattr(importlib.import_module(where), attr)
+    import gc
+
+    # NOTE: the cyclic collector ran ~17 times during a session's import (thousands of new functions and
+    # classes, none of them garbage); paused, the import measured ~5 ms faster (55 vs 60 ms, medians of
+    # 12 fresh interpreters, load ~9). A caller's own gc.disable() is left as it is.
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        value = getattr(importlib.import_module(where), attr)
+    finally:
+        if paused:
+            gc.enable()
     globals()[name] = value
     return value
 
