@@ -8,7 +8,8 @@ and ``seqlens_k[b] + 1`` valid (right-padded) tokens. Otherwise entry ``b`` has
 ``past_b = seqlens_k[b] + 1 - S`` cached tokens and appends S new ones at ``[past_b, past_b + S)``.
 
 present has ``max(L_past, total_sequence_length)`` positions (genai shares one buffer for past and
-present): the past buffer is copied, then the new K/V written at their positions. Query head ``h`` reads
+present): entry ``b``'s valid past rows are copied, the S new K/V rows written after them (all S of a
+first prompt, padding included), zeros after those, as onnxruntime writes it. Query head ``h`` reads
 KV head ``h // (num_heads // kv_num_heads)``. Scores ``scale * q.k`` (+ attention_bias), then softcap
 ``c * tanh(x / c)``, causal (and ``local_window_size``) masking, softmax (``smooth_softmax`` / ``head_sink``
 add a sink logit, 0 or ``head_sink[h]``, to the denominator), then the weighted sum of V.
@@ -154,15 +155,17 @@ def group_query_attention(
             qh = apply_rotary(qh, cos, sin, bool(rotary_interleaved))
             kh = apply_rotary(kh, cos, sin, bool(rotary_interleaved))
 
-    # present = past buffer, zeros after it, then the new K/V at their positions (np.empty: each byte once)
+    # present as onnxruntime writes it: entry i's past_len[i] past rows, the s new rows after them (all s
+    # for a first prompt, padding included), zeros after those (np.empty: each byte once)
     present_k = np.empty((b, kv_num_heads, present_len, h), dtype)
     present_v = np.empty((b, kv_num_heads, present_len, h), dtype)
-    if past_key is not None and l_past:
-        present_k[:, :, :l_past] = past_key
-        present_v[:, :, :l_past] = past_value
-    if present_len > l_past:
-        present_k[:, :, l_past:] = 0
-        present_v[:, :, l_past:] = 0
+    for i in range(b):
+        p0 = past_len[i]
+        if p0:
+            present_k[i, :, :p0] = past_key[i, :, :p0]
+            present_v[i, :, :p0] = past_value[i, :, :p0]
+        present_k[i, :, p0 + s:] = 0
+        present_v[i, :, p0 + s:] = 0
     scale_ = np.float32(scale if scale else 1.0 / np.sqrt(h))
     group = num_heads // kv_num_heads
     out = np.empty((b, s, num_heads, h), np.float32)
@@ -171,9 +174,8 @@ def group_query_attention(
     for i in range(b):
         p0 = past_len[i]
         t = seqlens[i] + 1
-        n_new = t - p0 if first_prompt else s
-        present_k[i, :, p0: p0 + n_new] = kh[i, :n_new].transpose(1, 0, 2)
-        present_v[i, :, p0: p0 + n_new] = vh[i, :n_new].transpose(1, 0, 2)
+        present_k[i, :, p0: p0 + s] = kh[i].transpose(1, 0, 2)
+        present_v[i, :, p0: p0 + s] = vh[i].transpose(1, 0, 2)
         keys = present_k[i, :, :t].astype(np.float32, copy=False)  # [kvh, t, h]
         vals = present_v[i, :, :t].astype(np.float32, copy=False)
         qi = qh[i].transpose(1, 0, 2)  # [heads, s, h]; head = kv * group + g

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attention.h"
 #include "pool.h"
@@ -152,6 +153,14 @@ PyObject *py_gqa(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     goto done;
                 }
             }
+    }
+    J.flash = total > 1 && J.softcap <= 0.0f && J.head_sink == NULL;
+    {
+        static long l2 = -2;
+        if (l2 == -2) l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        J.kv_block = (long)((int)l2 / (int)(4 * 4 * 2 * J.H));
+        if (J.kv_block < 1) J.kv_block = 1;
+        J.q_block = J.kv_block < 2 * J.H ? J.kv_block : 2 * J.H;
     }
     const int level = ext_isa_level();
     gqa_call call = {&J, level >= 3 ? gqa_task_avx512 : level >= 1 ? gqa_task_avx2 : gqa_task_portable};

@@ -23,7 +23,10 @@ typedef struct {
     long pos0;                  /* pos_mode 1: first position of every entry */
     int first, causal, interleaved, pos_mode, smooth; /* pos_mode 0: past + j, 1: pos0 + j, 2: pos[] */
     float scale, softcap;
-    int failed; /* set by a task whose scratch allocation failed */
+    int flash;    /* onnxruntime's flash path (no softcap or sink, total > 1): key blocks of kv_block */
+    long kv_block; /* keys per block: L2 / (32 H) bytes as onnxruntime sizes them, at least 1 */
+    long q_block;  /* query rows per block there: min(that, 2 H) (a lone row takes MLAS's M = 1 kernel) */
+    int failed;   /* set by a task whose scratch allocation failed */
 } gqa_job;
 
 /* this thread's scratch of at least n floats (grows, never shrinks; NULL when out of memory) */
