@@ -165,6 +165,7 @@ class PreparedModelStore:
         self.policy = PreparedModelPolicy(getattr(policy, "value", policy))
         self.kernel_abi = kernel_abi
         self.locking = io.locking_from_env() if locking is None else bool(locking)  # False: no flock at all
+        self._map = io.mapping_from_env()
         self.bytes_read = 0
         self.generation = 0
         self.invalid: dict[str, str] = {}  # entry name -> reason; such entries always miss
@@ -291,6 +292,13 @@ class PreparedModelStore:
         return e, None
 
     # ---- payloads ----
+    @property
+    def mapping(self) -> bool:
+        """Whether payloads are read as file mappings (``read_payload``): on, unless turned off by
+        ``$ONNX_PREPARED_CACHE_MMAP=0``, or by running without locks (a network filesystem, where another
+        host deleting a data file would end a mapping with SIGBUS where a read fails cleanly)."""
+        return self._map and self.locking
+
     def read_payload(self, entry: CacheEntry, out: np.ndarray | None = None) -> np.ndarray:
         """The payload of ``entry`` as a 1-D uint8 array (into ``out[:length]`` when given).
 
@@ -300,7 +308,15 @@ class PreparedModelStore:
         the first read of an entry in this process only: payload files are immutable once published (an
         update writes a new generation), and an evicted object restored once per token need not pay it
         again.
+
+        Without ``out`` the payload is a read-only view of a populated file mapping (``mapping``; no
+        copy, no fresh buffer to fault in: ``cache_io.map_payload`` says why), hashed whole once mapped.
         """
+        ident = (entry.file, entry.offset, entry.checksum)
+        if out is None and self.mapping:
+            buf = self._read_mapped(entry, ident)
+            if buf is not None:
+                return buf
         if out is not None:
             if out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
                 raise ValueError(f"out must be a writable 1-D C-contiguous uint8 array, got {out.dtype} {out.shape}")
@@ -310,7 +326,6 @@ class PreparedModelStore:
         else:
             buf = np.empty(entry.length, dtype=np.uint8)
         record = bytearray(ID_SIZE)
-        ident = (entry.file, entry.offset, entry.checksum)
         hasher = payload_hash.hasher() if ident not in self._verified else None
         try:
             fd = self._fd(entry)
@@ -323,6 +338,36 @@ class PreparedModelStore:
         why = identity_problem(record, entry)
         if why is not None:
             raise self._corrupt(entry, why)
+        self._check_sum(entry, ident, hasher)
+        return buf
+
+    def _read_mapped(self, entry: CacheEntry, ident: tuple[str, int, str]) -> np.ndarray | None:
+        """``read_payload`` through a file mapping; None when this file cannot be mapped (copy it)."""
+        try:
+            fd = self._fd(entry)
+            mapped = io.map_payload(fd, entry.offset, entry.length + ID_SIZE)
+        except OSError as e:
+            if e.errno in _NO_MAPPING:
+                return None
+            raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
+        if mapped is None:
+            size = os.fstat(fd).st_size
+            raise self._corrupt(entry, f"payload truncated: {max(0, size - entry.offset)} of {entry.length} + "
+                                       f"{ID_SIZE} bytes at offset {entry.offset}")
+        mm, at = mapped
+        with memoryview(mm) as view:
+            why = identity_problem(view[at + entry.length: at + entry.length + ID_SIZE], entry)
+            if why is not None:
+                raise self._corrupt(entry, why)
+            hasher = None
+            if ident not in self._verified:
+                hasher = payload_hash.hasher()
+                hasher.update(view[at: at + entry.length])
+        self._check_sum(entry, ident, hasher)
+        return np.frombuffer(mm, np.uint8, entry.length, at)
+
+    def _check_sum(self, entry: CacheEntry, ident: tuple[str, int, str], hasher) -> None:
+        """Compare a payload's hash (None: verified earlier in this process) and count its bytes."""
         if hasher is not None:
             if hasher.hexdigest() != entry.checksum:
                 raise self._corrupt(entry, f"payload checksum mismatch (corrupt bytes; {payload_hash.ALGORITHM})")
@@ -330,7 +375,6 @@ class PreparedModelStore:
                 self._verified.add(ident)
         with self._lock:
             self.bytes_read += entry.length
-        return buf
 
     def _fd(self, entry: CacheEntry) -> int:
         fd = self._fds.get(entry.file)
@@ -603,6 +647,9 @@ class PreparedModelStore:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
+
+#: errno values of ``mmap`` meaning "this file cannot be mapped": the payload is copied instead.
+_NO_MAPPING = frozenset({errno.ENODEV, errno.EACCES, errno.EINVAL, errno.ENOMEM, errno.EPERM})
 
 #: errno values meaning "this folder cannot be written here": the store degrades to read-only.
 _READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})

@@ -77,6 +77,7 @@ def test_read_faults_rebuild_from_the_source(tmp_path, monkeypatch, code):
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(cache_io, "pread_into", failing)
+    monkeypatch.setattr(cache_io, "map_payload", lambda fd, offset, length: failing(fd, None, offset))
     with RuntimeSession(path, opts) as s:
         (y,) = s.run({"x": X})
         assert sum(k.startswith("cache_corrupt:") for k in s.state.counters) == 3
