@@ -16,7 +16,7 @@ import numpy as np
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.execution_plan import NONE_SLOT, ExecuteAction, ExecutionPlan
 from onnx_prepared.bind.fallback_env import FallbackEnv
-from onnx_prepared.bind.kernel import BoundKernel, bind_kernel
+from onnx_prepared.bind.kernel import BoundKernel, bind_kernel, specialize_constants
 from onnx_prepared.bind.scopes import implicit_inputs_of, subgraph_outer_names
 from onnx_prepared.errors import ModelLoadError
 from onnx_prepared.scheduler.task import checkpoint
@@ -84,6 +84,7 @@ def build_execution_plan(
     )
     bound = []
     presets: list[tuple[int, object]] = []
+    known: dict[int, object] = {NONE_SLOT: None}  # slots whose value binding knows: folded constants
     graph_outputs = {o.name for o in graph.output}
     for idx in order:
         node = graph.node[idx]
@@ -98,8 +99,10 @@ def build_execution_plan(
         value = _folded_constant(node, k, graph_outputs)
         if value is not None:
             presets.append((outs[0], value))
+            known[outs[0]] = value
             continue
-        bound.append((idx, k, ins, outs))
+        consts = {i: known[s] for i, s in enumerate(ins[:len(node.input)]) if s in known}
+        bound.append((idx, specialize_constants(k, consts, len(node.input)) if consts else k, ins, outs))
     produced = {s for _, _, _, outs in bound for s in outs} | {s for s, _ in presets}
     available = produced | set(input_slots) | set(constant_slots.values()) | {slots[i.name] for i in graph.input}
     available |= {slots[n] for n in outer_names}

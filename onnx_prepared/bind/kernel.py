@@ -11,7 +11,8 @@ own plan.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.attributes import parse_attributes
@@ -81,3 +82,17 @@ def bind_kernel(
             f"{e}. Fast kernels for this op: {registry.available(domain, node.op_type) or 'none'}"
         ) from e
     return BoundKernel(call, f"fallback:{domain or 'ai.onnx'}::{node.op_type}-{opset}", True, implicit)
+
+
+def specialize_constants(k: BoundKernel, consts: Mapping[int, object], n_inputs: int) -> BoundKernel:
+    """``k`` with its kernel's specialized call for the inputs known at binding (``consts``: input
+    position -> value; see ``registry.specializes``), or ``k`` itself when there is nothing to specialize."""
+    if k.is_fallback or k.implicit_inputs or not consts:
+        return k
+    call = k.call
+    fn, attrs = (call.func, call.keywords) if isinstance(call, functools.partial) else (call, {})
+    specialize = getattr(fn, "specialize", None)
+    if specialize is None:
+        return k
+    special = specialize(consts, n_inputs, **attrs)
+    return k if special is None else replace(k, call=special)

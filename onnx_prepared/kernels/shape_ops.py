@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
-from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.registry import kernel, specializes
 
 
 def _ints(v: np.ndarray | list | None) -> list[int]:
@@ -41,6 +41,22 @@ def reshape(x: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> tuple[np
     if not allowzero:
         dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
     return (x.reshape(dims),)
+
+
+@specializes(reshape)
+def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
+    """A constant target shape: its ints once; with no ``0`` to copy (or ``allowzero``) the call is one
+    ``reshape``."""
+    if 1 not in consts or consts[1] is None:
+        return None
+    dims = tuple(_ints(consts[1]))
+    if not allowzero and 0 in dims:
+        return None
+
+    def reshape_const(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:
+        return (x.reshape(dims),)
+
+    return reshape_const
 
 
 @kernel("Flatten", since=1)
@@ -76,6 +92,20 @@ def _unsqueeze(x: np.ndarray, axes: list[int]) -> np.ndarray:
     return x.reshape(dims)
 
 
+@specializes(squeeze_13)
+def _squeeze_const(consts: dict, n_inputs: int):
+    if n_inputs < 2 or 1 not in consts or consts[1] is None:
+        return None
+    axes = tuple(_ints(consts[1]))
+    if not axes:
+        return None
+
+    def squeeze_const(x: np.ndarray, axes_: np.ndarray | None = None) -> tuple[np.ndarray]:
+        return (np.squeeze(x, axis=axes),)
+
+    return squeeze_const
+
+
 @kernel("Unsqueeze", since=1)
 def unsqueeze_1(x: np.ndarray, *, axes: list[int] | None = None) -> tuple[np.ndarray]:
     return (_unsqueeze(x, _ints(axes)),)
@@ -84,6 +114,25 @@ def unsqueeze_1(x: np.ndarray, *, axes: list[int] | None = None) -> tuple[np.nda
 @kernel("Unsqueeze", since=13)
 def unsqueeze_13(x: np.ndarray, axes: np.ndarray) -> tuple[np.ndarray]:
     return (_unsqueeze(x, _ints(axes)),)
+
+
+@specializes(unsqueeze_13)
+def _unsqueeze_const(consts: dict, n_inputs: int):
+    """Constant axes: the output shape once per input shape."""
+    if 1 not in consts or consts[1] is None:
+        return None
+    axes = _ints(consts[1])
+    shapes: dict[tuple, tuple] = {}
+
+    def unsqueeze_const(x: np.ndarray, axes_: np.ndarray) -> tuple[np.ndarray]:
+        dims = shapes.get(x.shape)
+        if dims is None:
+            dims = _unsqueeze(x, axes).shape
+            if len(shapes) < 64:
+                shapes[x.shape] = dims
+        return (x.reshape(dims),)
+
+    return unsqueeze_const
 
 
 # **** Transpose, Expand, Tile ****
@@ -221,6 +270,26 @@ def slice_10(
         _SLICES[key] = (params, index)  # holds the parameters: their ids stay theirs
         return (x[index],)
     return (_slice(x, _ints(starts), _ints(ends), _ints(axes), _ints(steps)),)
+
+
+@specializes(slice_10)
+def _slice_const(consts: dict, n_inputs: int):
+    """Constant starts/ends/axes/steps (folded Constant nodes): their ints once, the index once per
+    input shape."""
+    if not all(i in consts for i in range(1, n_inputs)) or consts[1] is None or consts[2] is None:
+        return None
+    params = [_ints(consts.get(i)) for i in range(1, 5)]
+    indices: dict[tuple, tuple] = {}
+
+    def slice_const(x: np.ndarray, *_: np.ndarray | None) -> tuple[np.ndarray]:
+        index = indices.get(x.shape)
+        if index is None:
+            index = _slice_index(x, *params)
+            if len(indices) < 64:
+                indices[x.shape] = index
+        return (x[index],)
+
+    return slice_const
 
 
 #: (input shape, ids of starts/ends/axes/steps) -> (those arrays, the index tuple) for read-only parameters

@@ -1,0 +1,67 @@
+"""Kernels specialized at binding for inputs folded Constant nodes give (registry.specializes): Slice's
+index, Reshape's shape, Squeeze/Unsqueeze's axes are settled once. The specialized calls give
+onnxruntime's values (views included, every run, several input shapes) and apply only when the
+parameters are constants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnx_prepared
+
+ort = pytest.importorskip("onnxruntime")
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _const(name, values):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _model(tmp_path, opset=17):
+    nodes = [
+        _const("st", [1, -1]), _const("en", [3, -100]), _const("ax", [0, 2]), _const("sp", [1, -2]),
+        helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s1"]),
+        _const("st2", [0]), _const("en2", [2]),
+        helper.make_node("Slice", ["x", "st2", "en2"], ["s2"]),  # axes and steps omitted
+        helper.make_node("Slice", ["x", "st2", "n"], ["s3"]),  # ends fed: not constant, not specialized
+        _const("shp", [-1, 2]), helper.make_node("Reshape", ["s2", "shp"], ["r1"]),
+        _const("shp0", [0, -1]), helper.make_node("Reshape", ["x", "shp0"], ["r2"]),  # 0 copies a dim: kept
+        _const("ua", [0, -1]), helper.make_node("Unsqueeze", ["s2", "ua"], ["u1"]),
+        _const("sa", [0, -1]), helper.make_node("Squeeze", ["u1", "sa"], ["q1"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, ["a", "b", "c"]), helper.make_tensor_value_info("n", I64, [1])]
+    outputs = [helper.make_tensor_value_info(o, F, None) for o in ("s1", "s2", "s3", "r1", "r2", "u1", "q1")]
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString())
+    return str(path)
+
+
+def test_constant_parameters_are_settled_at_binding_and_match_onnxruntime(tmp_path):
+    path = _model(tmp_path)
+    ours = onnx_prepared.InferenceSession(path)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = {a.kernel.call.__name__ if hasattr(a.kernel.call, "__name__") else a.kernel.call.func.__name__
+             for a in ours._rt.plan.execution.actions}
+    assert {"slice_const", "reshape_const", "unsqueeze_const", "squeeze_const"} <= names
+    assert {"slice_10", "reshape"} <= names  # fed ends, and a 0 in the shape, keep the plain kernels
+    rng = np.random.default_rng(0)
+    for shape in [(4, 3, 5), (4, 3, 5), (3, 2, 6)]:
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32), "n": np.array([2], np.int64)}
+        for a, b in zip(ours.run(None, feeds), ref.run(None, feeds)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_bad_constant_parameter_still_fails_when_the_node_runs(tmp_path):
+    nodes = [_const("ua", [0, 0]), helper.make_node("Unsqueeze", ["x", "ua"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2])],
+                          [helper.make_tensor_value_info("y", F, None)])
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    s = onnx_prepared.InferenceSession(str(path))
+    with pytest.raises(onnx_prepared.errors.KernelError, match="duplicates"):
+        s.run(None, {"x": np.zeros(2, np.float32)})
