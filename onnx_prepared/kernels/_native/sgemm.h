@@ -24,6 +24,9 @@ typedef struct {
 void sg_task_portable(const sg_job *j, int t);
 void sg_task_avx2(const sg_job *j, int t);
 void sg_task_avx512(const sg_job *j, int t);
+/* the AVX-512 task vectorised along the columns, for N >= SG_NCOLS_MIN (same values as sg_task_avx512) */
+void sg_ntask_avx512(const sg_job *j, int t);
+enum { SG_NCOLS_MIN = 32 };
 
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
