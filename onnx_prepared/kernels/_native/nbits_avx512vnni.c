@@ -107,23 +107,37 @@ NB_INLINE __m512i dp(__m512i acc, __m512i u, const int8_t *a)
     return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(a32(a)));
 }
 
-/* y (the dot part of 16 columns) + bias, + the zero-point term z = fma chain over blocks of
- * ablk * -(sb * zp) (asum holds 8 * ablk for symmetric weights, so the product is the same) */
-NB_INLINE void i8_store(const nb_call *c, int m, int p, __m512 y)
+/* the zero-point term's factor of block b for panel p: sb (symmetric: asum holds 8 * ablk) or sb * zp, so
+ * that z = fnmadd(asum, zs, z) over the blocks in order is onnxruntime's fma chain of ablk * -(sb * zp) */
+NB_INLINE __m512 zs_vec(const nb_weights *w, int p, int b)
 {
-    const nb_weights *w = &c->w;
-    const int kb = w->kb, n0 = 16 * p, ncols = w->N - n0 < 16 ? w->N - n0 : 16;
-    const __mmask16 k = (__mmask16)((1u << ncols) - 1u);
-    const float *sp = w->sc + (size_t)p * kb * 16, *ab = c->asum + (size_t)m * kb;
-    __m512 z = _mm512_setzero_ps();
-    if (w->zp_kind == NB_ZP_NONE) {
-        for (int b = 0; b < kb; b++) z = _mm512_fnmadd_ps(_mm512_set1_ps(ab[b]), _mm512_loadu_ps(sp + (size_t)b * 16), z);
-    } else {
-        for (int b = 0; b < kb; b++)
-            z = _mm512_fnmadd_ps(_mm512_set1_ps(ab[b]), _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), zp_vec(w, p, b)), z);
+    const __m512 sb = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b) * 16);
+    return w->zp_kind == NB_ZP_NONE ? sb : _mm512_mul_ps(sb, zp_vec(w, p, b));
+}
+
+/* the zero-point terms of rows m..m+R-1 x panels p..p+NP-1 (i8_tile32 calls it per row and panel: with
+ * R x NP chains side by side the tile ran 20 % slower, not faster) */
+NB_INLINE void zterms(const nb_call *c, int m, int p, const int R, const int NP, __m512 z[4][2])
+{
+    const int kb = c->w.kb;
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) z[r][h] = _mm512_setzero_ps();
+    for (int b = 0; b < kb; b++) {
+        __m512 zs[2];
+        UNROLL for (int h = 0; h < NP; h++) zs[h] = zs_vec(&c->w, p + h, b);
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m512 ab = _mm512_set1_ps(c->asum[(size_t)(m + r) * kb + b]);
+            UNROLL for (int h = 0; h < NP; h++) z[r][h] = _mm512_fnmadd_ps(ab, zs[h], z[r][h]);
+        }
     }
+}
+
+/* y (the dot part of 16 columns) + bias, + the zero-point term z, stored */
+NB_INLINE void i8_store(const nb_call *c, int m, int p, __m512 y, __m512 z)
+{
+    const int n0 = 16 * p, ncols = c->w.N - n0 < 16 ? c->w.N - n0 : 16;
+    const __mmask16 k = (__mmask16)((1u << ncols) - 1u);
     if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(k, c->bias + n0));
-    _mm512_mask_storeu_ps(c->y + (size_t)m * w->N + n0, k, _mm512_add_ps(y, z));
+    _mm512_mask_storeu_ps(c->y + (size_t)m * c->w.N + n0, k, _mm512_add_ps(y, z));
 }
 
 /* the low- and high-nibble vectors of chunk ci of the block at q */
@@ -142,7 +156,8 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
     const float *sp = w->sc + (size_t)p * kb * 16;
     const int8_t *a = c->aq + (size_t)m * c->kpad;
     const float *asc = c->ascale + (size_t)m * kb;
-    __m512 F[16];
+    const float *abk = c->asum + (size_t)m * kb;
+    __m512 F[16], z = _mm512_setzero_ps();
     UNROLL for (int j = 0; j < 16; j++) F[j] = _mm512_setzero_ps();
     int b = 0;
     for (; b < kb4; b += 4) {
@@ -164,6 +179,7 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
             const __m512i x2 = dp(dp(z0, lo0, ab + 16), lo1, ab + 24); /* quads 4 + 6 */
             const __m512i x3 = dp(dp(z0, hi0, ab + 20), hi1, ab + 28); /* quads 5 + 7 */
             const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)(b + beta) * 16), _mm512_set1_ps(asc[b + beta]));
+            z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b + beta]), zs_vec(w, p, b + beta), z);
             const int base = (beta & 1) * 8 + (beta >> 1) * 2;
             F[base] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), s, F[base]);
             F[base + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), s, F[base + 1]);
@@ -177,6 +193,7 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
         const uint8_t *q = qp + (size_t)b * 256;
         const int8_t *ab = a + (size_t)b * 32;
         const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+        z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b]), zs_vec(w, p, b), z);
         UNROLL for (int ci = 0; ci < 4; ci++) {
             __m512i lo, hi;
             ld_chunk(q, ci, &lo, &hi);
@@ -195,7 +212,7 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
         const int keep = n4 - n0 > 0 ? n4 - n0 : 0;
         y = _mm512_mask_blend_ps((__mmask16)(0xFFFFu << keep), y, _mm512_add_ps(e, o));
     }
-    i8_store(c, m, p, y);
+    i8_store(c, m, p, y, z);
 }
 
 /* other block sizes: one chain per output (not onnxruntime's order, nbits.h) */
@@ -207,10 +224,12 @@ NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
     const float *sp = w->sc + (size_t)p * kb * 16;
     const int8_t *a = c->aq + (size_t)m * c->kpad;
     const float *asc = c->ascale + (size_t)m * kb;
+    const float *abk = c->asum + (size_t)m * kb;
     const __m512i mask = _mm512_set1_epi8(15);
-    __m512 y = _mm512_setzero_ps();
+    __m512 y = _mm512_setzero_ps(), z = _mm512_setzero_ps();
     for (int b = 0; b < kb; b++) {
         if (PF) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
+        z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b]), zs_vec(w, p, b), z);
         __m512i x[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         for (int ci = 0; ci < cpb; ci++, qp += 64) {
             if (PF) _mm_prefetch((const char *)qp + PF_BYTES, PF_HINT);
@@ -222,7 +241,7 @@ NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
         const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
         y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(x[0], x[1])), s, y);
     }
-    i8_store(c, m, p, y);
+    i8_store(c, m, p, y, z);
 }
 
 /* fp32 for M >= 4: weights of up to KCH k values of two panels are dequantized once to L1,
@@ -334,14 +353,15 @@ static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
     }
 }
 
-/* int8 for M >= 2, block 32: R <= 4 rows x one panel. The 16 chains of an output would not fit in registers
- * for more than one row, but the blocks 4g + beta (one beta) feed only 4 of them (nbits.h): one pass per
- * beta over those blocks keeps 4 chains per row live (16 for the tile), and each weight chunk, unpacked
- * once, feeds R rows. After each pass the chains are parked in fb ([row][chain][16 columns]); i8_end32
- * then adds the trailing blocks and sums as i8_row32 does. */
-#define TR 4
+/* int8 for M >= 2, block 32: R <= 3 rows x NP <= 2 panels (gemm_i8 uses NP = 1). The 16 chains of an output do not fit in
+ * registers for more than one output vector, but the blocks 4g + beta (one beta) feed only 4 of them
+ * (nbits.h): one pass per beta over those blocks keeps 4 chains per row and panel live (16 for the tile);
+ * each weight chunk, unpacked once, feeds R rows and each A broadcast NP panels. After each pass the
+ * chains are parked in fb ([row][panel][chain][16 columns]); i8_end32 then adds the trailing blocks and
+ * sums as i8_row32 does (with the zero-point term of zterms). */
+#define TR 3
 
-NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f)
+NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f, __m512 z)
 {
     const nb_weights *w = &c->w;
     const int kb = w->kb, kb4 = kb & ~3;
@@ -374,82 +394,96 @@ NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f)
         const int keep = n4 - n0 > 0 ? n4 - n0 : 0;
         y = _mm512_mask_blend_ps((__mmask16)(0xFFFFu << keep), y, _mm512_add_ps(e, o));
     }
-    i8_store(c, m, p, y);
+    i8_store(c, m, p, y, z);
 }
 
-NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R)
+NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int NP)
 {
     const nb_weights *w = &c->w;
     const int kb = w->kb, kb4 = kb & ~3;
-    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const size_t pstr = (size_t)w->kc * 64;
+    const uint8_t *qp = w->qw + (size_t)p * pstr;
     const float *sp = w->sc + (size_t)p * kb * 16;
     const __m512i mask = _mm512_set1_epi8(15);
-    float fb[TR][16][16] __attribute__((aligned(64)));
+    float fb[TR][2][16][16] __attribute__((aligned(64)));
     const int8_t *a[TR];
     const float *asc[TR];
     UNROLL for (int r = 0; r < R; r++) {
         a[r] = c->aq + (size_t)(m + r) * c->kpad;
         asc[r] = c->ascale + (size_t)(m + r) * kb;
     }
-    UNROLL for (int beta = 0; beta < 4; beta++) {
-        __m512 F[TR][4];
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int i = 0; i < 4; i++) F[r][i] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 1") for (int beta = 0; beta < 4; beta++) { /* unrolled: 10 % slower (code size) */
+        __m512 F[TR][2][4];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) UNROLL for (int i = 0; i < 4; i++)
+            F[r][h][i] = _mm512_setzero_ps();
         for (int b = beta; b < kb4; b += 4) {
             const uint8_t *q = qp + (size_t)b * 256;
-            const __m512 sb = _mm512_loadu_ps(sp + (size_t)b * 16);
-            __m512 s[TR];
-            UNROLL for (int r = 0; r < R; r++) s[r] = _mm512_mul_ps(sb, _mm512_set1_ps(asc[r][b]));
+            __m512 s[TR][2];
+            UNROLL for (int h = 0; h < NP; h++) {
+                const __m512 sb = _mm512_loadu_ps(sp + ((size_t)h * kb + b) * 16);
+                UNROLL for (int r = 0; r < R; r++) s[r][h] = _mm512_mul_ps(sb, _mm512_set1_ps(asc[r][b]));
+            }
             UNROLL for (int pr = 0; pr < 2; pr++) { /* chunks 2pr, 2pr + 1: chains 2pr (low) and 2pr + 1 (high) */
-                const __m512i v0 = _mm512_loadu_si512((const void *)(q + 128 * pr));
-                const __m512i v1 = _mm512_loadu_si512((const void *)(q + 128 * pr + 64));
-                UNROLL for (int h = 0; h < 2; h++) {
-                    const __m512i w0 = h ? _mm512_and_si512(_mm512_srli_epi32(v0, 4), mask) : _mm512_and_si512(v0, mask);
-                    const __m512i w1 = h ? _mm512_and_si512(_mm512_srli_epi32(v1, 4), mask) : _mm512_and_si512(v1, mask);
+                UNROLL for (int hi = 0; hi < 2; hi++) {
+                    __m512i w0[2], w1[2];
+                    UNROLL for (int h = 0; h < NP; h++) {
+                        const __m512i v0 = _mm512_loadu_si512((const void *)(q + h * pstr + 128 * pr));
+                        const __m512i v1 = _mm512_loadu_si512((const void *)(q + h * pstr + 128 * pr + 64));
+                        w0[h] = hi ? _mm512_and_si512(_mm512_srli_epi32(v0, 4), mask) : _mm512_and_si512(v0, mask);
+                        w1[h] = hi ? _mm512_and_si512(_mm512_srli_epi32(v1, 4), mask) : _mm512_and_si512(v1, mask);
+                    }
                     UNROLL for (int r = 0; r < R; r++) {
-                        const int8_t *ab = a[r] + (size_t)b * 32 + 16 * pr + 4 * h;
-                        const __m512i x = dp(dp(_mm512_setzero_si512(), w0, ab), w1, ab + 8);
-                        F[r][2 * pr + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s[r], F[r][2 * pr + h]);
+                        const int8_t *ab = a[r] + (size_t)b * 32 + 16 * pr + 4 * hi;
+                        UNROLL for (int h = 0; h < NP; h++) {
+                            const __m512i x = dp(dp(_mm512_setzero_si512(), w0[h], ab), w1[h], ab + 8);
+                            F[r][h][2 * pr + hi] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s[r][h], F[r][h][2 * pr + hi]);
+                        }
                     }
                 }
             }
         }
         const int base = (beta & 1) * 8 + (beta >> 1) * 2;
-        UNROLL for (int r = 0; r < R; r++) {
-            _mm512_store_ps(fb[r][base], F[r][0]);
-            _mm512_store_ps(fb[r][base + 1], F[r][1]);
-            _mm512_store_ps(fb[r][base + 4], F[r][2]);
-            _mm512_store_ps(fb[r][base + 5], F[r][3]);
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) {
+            _mm512_store_ps(fb[r][h][base], F[r][h][0]);
+            _mm512_store_ps(fb[r][h][base + 1], F[r][h][1]);
+            _mm512_store_ps(fb[r][h][base + 4], F[r][h][2]);
+            _mm512_store_ps(fb[r][h][base + 5], F[r][h][3]);
         }
     }
-    UNROLL for (int r = 0; r < R; r++) i8_end32(c, m + r, p, &fb[r][0][0]);
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) {
+        __m512 z[4][2];
+        zterms(c, m + r, p + h, 1, 1, z);
+        i8_end32(c, m + r, p + h, &fb[r][h][0][0], z[0][0]);
+    }
 }
 
 static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
 {
-    const int pf = c->M == 1;
-    for (int p = p0; p < p1; p++) {
-        if (c->w.bs != 32) {
+    if (c->w.bs != 32) {
+        const int pf = c->M == 1;
+        for (int p = p0; p < p1; p++)
             for (int m = m0; m < m1; m++) {
                 if (pf)
                     i8_row_any(c, m, p, 1);
                 else
                     i8_row_any(c, m, p, 0);
             }
-            continue;
-        }
-        if (pf) {
-            i8_row32(c, m0, p, 1);
-            continue;
-        }
+        return;
+    }
+    if (c->M == 1) {
+        for (int p = p0; p < p1; p++) i8_row32(c, m0, p, 1);
+        return;
+    }
+    /* measured (M=96, K=1024, N=3072, one thread): R x NP = 3 x 1 2.28 ns per block, row and panel; 2 x 2
+     * 2.37, 4 x 1 2.31, 3 x 2 2.27, 4 x 2 2.47, 1 x 1 (i8_row32) 2.9 */
+    for (int p = p0; p < p1; p++)
         for (int m = m0; m < m1; m += TR) {
             switch (m1 - m < TR ? m1 - m : TR) {
-            case 4: i8_tile32(c, m, p, 4); break;
-            case 3: i8_tile32(c, m, p, 3); break;
-            case 2: i8_tile32(c, m, p, 2); break;
+            case 3: i8_tile32(c, m, p, 3, 1); break;
+            case 2: i8_tile32(c, m, p, 2, 1); break;
             default: i8_row32(c, m, p, 0); break;
             }
         }
-    }
 }
 
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
