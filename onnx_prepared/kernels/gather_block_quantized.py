@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import is_int4_dtype, is_uint4_dtype, unpack_bits
 from onnx_prepared.kernels.registry import kernel
 
@@ -64,6 +65,15 @@ def gather_block_quantized(
             f"{_OP}: scales shape {list(scales.shape)} does not match data {list(logical_shape)} "
             f"with {n_blocks} blocks on axis {qa}"
         )
+    if (packed_bits and qa == r - 1 == 1 and logical_last == n_blocks * block_size and native._ext is not None
+            and scales.dtype == np.float32 and (zero_points is None or zero_points.dtype == np.uint8)):
+        # genai's tied embedding, one pass in C (one decode token: one row)
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        out = np.empty(idx.shape + (logical_last,), np.float32)
+        native._ext.gbq_rows(np.ascontiguousarray(data), idx, np.ascontiguousarray(scales),
+                             None if zero_points is None else np.ascontiguousarray(zero_points),
+                             out.reshape(-1, logical_last), packed_bits, block_size, default_zp)
+        return (out,)
     idx = np.asarray(indices).astype(np.int64)
     size = logical_shape[ga]
     valid = (idx >= -size) & (idx < size)

@@ -88,3 +88,25 @@ def test_bad_scales_shape_raises():
     with pytest.raises(KernelError, match="scales shape"):
         gather_block_quantized(np.zeros((4, 16), np.uint8), np.array([0]), np.ones((4, 2), np.float32),
                                block_size=32)
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_tied_embedding_rows_bit_equal(with_zp, monkeypatch):
+    """genai's tied INT4 embedding (packed uint8, whole blocks; the native pass when built): bit-equal to
+    onnxruntime and to the numpy path, negative and outside indices included."""
+    from onnx_prepared.kernels import native
+
+    rng = np.random.default_rng(5 + with_zp)
+    rows, cols, bs = 50, 256, 32
+    data = pack_bits(rng.integers(0, 16, (rows, cols)), 4)
+    scales = (rng.standard_normal((rows, cols // bs)) * 0.1).astype(np.float32)
+    zp = pack_bits(rng.integers(0, 16, (rows, cols // bs)), 4) if with_zp else None
+    idx = np.array([[7], [-3], [49]], np.int64)
+    attrs = {"bits": 4, "block_size": bs, "gather_axis": 0, "quantize_axis": 1}
+    (got,) = gather_block_quantized(data, idx, scales, zp, **attrs)
+    assert np.array_equal(got, _ort(data, idx, scales, zp, **attrs))
+    (outside,) = gather_block_quantized(data, np.array([2, 50, -51]), scales, zp, **attrs)
+    np.testing.assert_array_equal(outside[1:], 0)
+    monkeypatch.setattr(native, "_ext", None)
+    (numpy_path,) = gather_block_quantized(data, idx, scales, zp, **attrs)
+    assert np.array_equal(got, numpy_path)

@@ -20,6 +20,7 @@
 #include "nms.h"
 #include "attention.h"
 #include "llm_norm.h"
+#include "llm_gather.h"
 #include "winpool.h"
 
 #ifdef NB_X86
@@ -385,6 +386,7 @@ static PyMethodDef methods[] = {
     NMS_METHODS
     ATTENTION_METHODS
     LLM_NORM_METHODS
+    LLM_GATHER_METHODS
     PREP_PANELS_METHODS
     WINPOOL_METHODS
     {NULL, NULL, 0, NULL},
