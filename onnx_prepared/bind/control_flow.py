@@ -131,12 +131,19 @@ def _bind_if(then_run: Callable, else_run: Callable) -> Callable[..., tuple]:
     none: tuple = ()
 
     def if_(cond: Any, *outer: Any) -> tuple:
-        if np.size(cond) != 1:
-            raise ValueError(f"If expects a single-element condition, got shape {list(np.shape(cond))}")
-        run = then_run if np.asarray(cond).reshape(-1)[0] else else_run
-        return tuple(run(none, outer))
+        return tuple((then_run if _truth(cond) else else_run)(none, outer))
 
     return if_
+
+
+def _truth(v: Any) -> bool:
+    """If's single-element condition (``item()`` of an array: the common case costs no reshape)."""
+    if type(v) is np.ndarray:
+        if v.size == 1:
+            return bool(v.item())
+    elif np.size(v) == 1:
+        return bool(np.asarray(v).reshape(-1)[0])
+    raise ValueError(f"If expects a single-element condition, got shape {list(np.shape(v))}")
 
 
 def _bind_loop(body: Callable, n_in: int, n_carried: int, empties: tuple[np.ndarray, ...]) -> Callable[..., tuple]:
@@ -153,7 +160,8 @@ def _bind_loop(body: Callable, n_in: int, n_carried: int, empties: tuple[np.ndar
         while keep_going and (limit is None or it < limit):
             out = body((np.array(it, dtype=it_dtype), cond_value, *carried), outer)
             cond_value = out[0]
-            keep_going = bool(np.asarray(cond_value).reshape(-1)[0])
+            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
+                              else np.asarray(cond_value).reshape(-1)[0])
             carried = out[1:1 + n_carried]
             for k in range(n_scan):
                 scans[k].append(out[1 + n_carried + k])

@@ -22,7 +22,7 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 
 def _work(x: np.ndarray) -> np.ndarray:
     """A fresh float buffer holding ``x`` (float32 for half types) that a kernel may overwrite."""
-    if x.dtype.name in _HALF:
+    if x.dtype.itemsize == 2 and x.dtype.name in _HALF:  # dtype.name costs ~1.5 us: sized first
         return x.astype(np.float32)
     return np.array(x, copy=True)
 

@@ -18,7 +18,7 @@ def einsum(*inputs: np.ndarray, equation: str) -> tuple[np.ndarray]:
     if not inputs:
         raise KernelError("Einsum: needs at least one input")
     dtype = inputs[0].dtype
-    ops = [x.astype(np.float32) for x in inputs] if dtype.name in _HALF else list(inputs)
+    ops = [x.astype(np.float32) for x in inputs] if dtype.itemsize == 2 and dtype.name in _HALF else list(inputs)
     eq = equation.replace(" ", "")
     try:
         y = np.einsum(eq, *ops, optimize=len(ops) > 1)

@@ -17,7 +17,7 @@ _HALF = frozenset({"float16", "bfloat16"})
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.name in _HALF:
+    if a.dtype.itemsize == 2 and a.dtype.name in _HALF:  # dtype.name costs ~1.5 us: sized first
         return np.asarray(np.matmul(a.astype(np.float32), b.astype(np.float32)))
     return np.asarray(np.matmul(a, b))
 

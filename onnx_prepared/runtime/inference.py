@@ -64,6 +64,9 @@ class Inference:
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = PrefetchWindow(8, len(plan.requirements))
         self.hot_seconds = float("inf")  # the last hot replay's duration (unknown: hand it off)
+        # id of a weak reference to a run's first output -> (that reference, the IOArena charge of the
+        # run's outputs), released when the output dies (arrays are unhashable: the key is the ref's id)
+        self._out_refs: dict[int, tuple[weakref.ref, Any]] = {}
         self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
         bit = {r.key: b for b, r in enumerate(plan.requirements)}
         n = len(plan.execution.actions)
@@ -360,11 +363,18 @@ class Inference:
             alloc = self.state.arenas.io.acquire(nbytes, f"outputs of run {frame.invocation_id}")
             owner = next((o for o in outs if hasattr(o, "nbytes")), None)
             try:
-                weakref.finalize(owner, alloc.release)
+                ref = weakref.ref(owner, self._outputs_dropped)
             except TypeError:
                 alloc.release()
+            else:  # a plain weak reference kept until it fires (weakref.finalize costs 5x more)
+                self._out_refs[id(ref)] = (ref, alloc)
         frame.values = []
         return outs
+
+    def _outputs_dropped(self, ref: weakref.ref) -> None:
+        entry = self._out_refs.pop(id(ref), None)
+        if entry is not None:
+            entry[1].release()
 
 
 def _raiser(e: BaseException) -> Callable[[], None]:
