@@ -230,9 +230,10 @@ def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> Compan
         return m  # another format is a miss as a whole: its entries follow other rules
     folder = os.path.dirname(m.path)
     real_folder = os.path.realpath(folder)
+    files: dict[str, str] = {}  # location -> resolved path: entries share a few data files
     for t in model.graph.initializer:
         try:
-            e = _entry(t, folder, real_folder)
+            e = _entry(t, folder, real_folder, files)
         except ValueError as err:
             m.problems.append((t.name, str(err)))
             continue
@@ -243,7 +244,7 @@ def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> Compan
     return m
 
 
-def _entry(t: onnx.TensorProto, folder: str, real_folder: str) -> CacheEntry:
+def _entry(t: onnx.TensorProto, folder: str, real_folder: str, files: dict[str, str]) -> CacheEntry:
     """One entry, or ValueError describing its structural problem (metadata only: no file is opened)."""
     if not t.name.startswith(PREFIX):
         raise ValueError(f"initializer name does not start with {PREFIX!r}")
@@ -272,7 +273,9 @@ def _entry(t: onnx.TensorProto, folder: str, real_folder: str) -> CacheEntry:
     if t.name != entry_name(lineage, md[LAYOUT_KEY], md[DEVICE_KEY]):
         raise ValueError(f"name does not match its metadata (lineage {list(lineage)}, layout {md[LAYOUT_KEY]!r}, "
                          f"device {md[DEVICE_KEY]!r})")
-    file = resolve_location(info["location"], folder, real_folder)
+    file = files.get(info["location"])
+    if file is None:
+        file = files[info["location"]] = resolve_location(info["location"], folder, real_folder)
     return CacheEntry(t.name, lineage, md[LINEAGE_DIGEST_KEY], md[LAYOUT_KEY], md[DEVICE_KEY], md[ENTRY_ABI_KEY],
                       md[ENTRY_FORMAT_KEY], file, offset, length, checksum, info["location"])
 

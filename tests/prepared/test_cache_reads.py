@@ -132,3 +132,24 @@ def test_a_mapped_read_of_another_entrys_bytes_is_corrupt_and_a_miss(tmp_path):
         with pytest.raises(CacheError, match="written for another"):
             r.read_payload(swapped)
         assert r.lookup(key("A")) is None and "swapped or mislabelled" in r.explain_miss(key("A"))
+
+
+def test_the_source_model_digest_of_a_loaded_model_is_computed_once(tmp_path, monkeypatch):
+    """A replica names its companion by the digest, then its session opens the companion by it: one
+    serialization and sha256 of the model, not two. Another model object, or a changed one, is hashed."""
+    import onnx
+
+    from onnx_prepared.prepared import cache
+    from tests.helpers.models import gemm_mlp
+
+    (tmp_path / "m").mkdir()
+    path = gemm_mlp(tmp_path / "m", layers=2)
+    calls = []
+    real = cache._model_digest
+    monkeypatch.setattr(cache, "_model_digest", lambda m: calls.append(m) or real(m))
+    model = onnx.load(path, load_external_data=False)
+    d = cache.source_model_digest(path, model)
+    assert cache.source_model_digest(path, model) == d and len(calls) == 1
+    assert cache.source_model_digest(path) == d and len(calls) == 2  # parsed again: a new object
+    model.graph.name = "changed"
+    assert cache.source_model_digest(path, model) != d and len(calls) == 3
