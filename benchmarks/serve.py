@@ -22,10 +22,14 @@ requests once prepared (their median server-side run time is "one forward") and,
 a bounded load: ``--load-requests`` requests from ``--concurrency`` client threads, at most
 ``--load-seconds``.
 
-The replica alone (no Ray, ``--child``): a fresh process per case (``fresh``, ``cached``, ``ort``, after
-the same eviction) constructs the replica (ModelReplica / OrtReplica) and submits the request as the
-constructor returns: constructor start -> first response is the replica's cold start without Serve's
-routing, and the process's own hot forward completes the reference.
+The replica alone (no Ray, ``--child``): a fresh process per case (``fresh``, ``cached``, ``cached-copy``,
+``ort``, after the same eviction) constructs the replica (ModelReplica / OrtReplica) and submits the request
+as the constructor returns: constructor start -> first response is the replica's cold start without Serve's
+routing, and the process's own hot forward completes the reference. ``cached-copy`` is ``cached`` with
+``ONNX_PREPARED_CACHE_MMAP=0`` (payloads copied into fresh buffers rather than mapped), and "faults k" the
+process's minor page faults from the constructor's start to the first response, in thousands. Each
+repetition also times the packed entries' cold read through populated mappings (what a hit's reads cost
+now) beside the goal's ``preadv`` reference.
 
 The last stdout line is the ``--json`` object (Ray may print a shutdown notice before it).
 
@@ -43,6 +47,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -58,6 +63,30 @@ if __package__:  # python -m benchmarks.NAME
 else:  # python benchmarks/NAME.py
     import _common as C
     from cache import _inspect, raw_read_ms
+
+
+def mapped_read_ms(ranges: list[tuple[str, int, int]]) -> float:
+    """Map the byte ranges (file order) read-only with ``MAP_POPULATE``, one mapping per range, as a hit
+    does (``prepared/cache_io.map_payload``): the cold read without a fresh buffer to fault in."""
+    import mmap
+
+    fds: dict[str, int] = {}
+    maps = []
+    t0 = time.perf_counter()
+    try:
+        for file, off, n in ranges:
+            fd = fds.get(file)
+            if fd is None:
+                fd = fds[file] = os.open(file, os.O_RDONLY)
+            start = off - off % mmap.ALLOCATIONGRANULARITY
+            maps.append(mmap.mmap(fd, off + n - start, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                                  prot=mmap.PROT_READ, offset=start))
+        return (time.perf_counter() - t0) * 1e3
+    finally:
+        for m in maps:
+            m.close()
+        for fd in fds.values():
+            os.close(fd)
 
 CASES = ("fresh", "cached", "pair-empty", "ort")
 REPLICAS = {"pair-empty": 2}
@@ -225,7 +254,9 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
 
 # **** the replica alone: a fresh process, no Ray ****
 
-PROCESS_CASES = ("fresh", "cached", "ort")
+PROCESS_CASES = ("fresh", "cached", "cached-copy", "ort")
+#: ``cached-copy``: the cached replica with payloads copied into fresh buffers instead of mapped (A/B of the read path)
+PROCESS_ENV = {"cached-copy": {"ONNX_PREPARED_CACHE_MMAP": "0"}}
 
 
 def child(a: argparse.Namespace) -> None:
@@ -239,11 +270,13 @@ def child(a: argparse.Namespace) -> None:
 
     feeds = C.llm_prefill_feeds(a.model, a.tokens)
     runtime = "onnxruntime" if a.child == "ort" else "onnx_prepared"
+    minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     r = open_replica(a.model, a.cache or None, {"intra_op_num_threads": a.threads}, runtime=runtime)
     t_ctor = time.perf_counter()
     out = asyncio.run(r.infer(feeds))["logits"]
     t1 = time.perf_counter()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt
     r.wait_prepared(LIMIT)
     hot = []
     for _ in range(a.hot):
@@ -256,17 +289,18 @@ def child(a: argparse.Namespace) -> None:
     C.child_print({"case": a.child, "interp_ms": (t_main - a.spawn) * 1e3, "ctor_ms": (t_ctor - t0) * 1e3,
                    "import_ms": r.import_s * 1e3, "replica_first_ms": (t1 - t0) * 1e3,
                    "process_first_ms": (t1 - a.spawn) * 1e3, "prepared_ms": r.prepared_s * 1e3,
-                   "forward_ms": C.median(hot), "correct": bool(correct)})
+                   "forward_ms": C.median(hot), "faults_k": faults / 1e3, "correct": bool(correct)})
     r.close()
 
 
 def run_process_case(a, case: str, model: str, paths: dict, want_file: str) -> dict:
-    files = C.model_files(model) + (paths["companion_files"] if case == "cached" else [])
+    cached = case.startswith("cached")
+    files = C.model_files(model) + (paths["companion_files"] if cached else [])
     resident = C.set_cache(files, "cold")
     args = [os.path.abspath(__file__), "--child", case, "--model", model, "--tokens", str(a.tokens),
             "--threads", str(a.threads), "--hot", str(a.hot), "--want", want_file,
-            "--cache", paths["complete"] if case == "cached" else ""]
-    return {**C.run_child(args), "resident": resident}
+            "--cache", paths["complete"] if cached else ""]
+    return {**C.run_child(args, PROCESS_ENV.get(case)), "resident": resident}
 
 
 # **** the run ****
@@ -333,7 +367,9 @@ def bench(a: argparse.Namespace) -> dict:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         for rep in range(a.reps):
             resident = C.set_cache(paths["companion_files"], "cold")
-            res["reference"].append({"packed_read_ms": raw_read_ms(paths["packed_ranges"]), "resident": resident})
+            ref = {"packed_read_ms": raw_read_ms(paths["packed_ranges"]), "resident": resident}
+            C.set_cache(paths["companion_files"], "cold")
+            res["reference"].append({**ref, "packed_map_ms": mapped_read_ms(paths["packed_ranges"])})
             for case in C.rotate(PROCESS_CASES, rep):
                 res["process"].append(run_process_case(a, case, model, paths, want_file))
             for case in C.rotate(CASES, rep):
@@ -370,9 +406,11 @@ def summarize(res: dict) -> dict:
     ref = read + per["cached"]["forward_ms"]
     proc = {c: {k: C.median([r[k] for r in res["process"] if r["case"] == c])
                 for k in ("interp_ms", "import_ms", "ctor_ms", "replica_first_ms", "process_first_ms", "prepared_ms",
-                          "forward_ms")} for c in PROCESS_CASES}
+                          "forward_ms", "faults_k")} for c in PROCESS_CASES}
     pref = read + proc["cached"]["forward_ms"]
     return {"cases": per, "process": proc, "packed_read_ms": read, "reference_ms": ref, "process_reference_ms": pref,
+            "packed_map_ms": C.median([r["packed_map_ms"] for r in res["reference"]]),
+            "process_copy_vs_mapped": proc["cached-copy"]["replica_first_ms"] / proc["cached"]["replica_first_ms"],
             "process_cached_vs_reference": proc["cached"]["replica_first_ms"] / pref,
             "process_cached_vs_ort": proc["cached"]["replica_first_ms"] / proc["ort"]["replica_first_ms"],
             "process_cached_vs_ort_from_spawn": proc["cached"]["process_first_ms"] / proc["ort"]["process_first_ms"],
@@ -412,11 +450,15 @@ def print_table(res: dict) -> None:
                   [("case", "case", ""), ("interpreter", "interp_ms", ".0f"), ("runtime import", "import_ms", ".0f"),
                    ("constructor", "ctor_ms", ".0f"), ("replica->first", "replica_first_ms", ".0f"),
                    ("spawn->first", "process_first_ms", ".0f"), ("prepared", "prepared_ms", ".0f"),
-                   ("1 forward", "forward_ms", ".1f")]))
+                   ("1 forward", "forward_ms", ".1f"), ("faults k", "faults_k", ".1f")]))
     print(f"cached replica->first / (packed read {s['packed_read_ms']:.0f} + forward "
           f"{s['process']['cached']['forward_ms']:.1f} ms) = {s['process_cached_vs_reference']:.2f}x "
           f"(goal <= {GOAL_READ_FORWARD}x); cached / onnxruntime: replica->first {s['process_cached_vs_ort']:.2f}x, "
           f"spawn->first {s['process_cached_vs_ort_from_spawn']:.2f}x")
+    print(f"payloads copied into fresh buffers (cached-copy) / mapped (cached): replica->first "
+          f"{s['process_copy_vs_mapped']:.2f}x; the packed entries cold through populated mappings (file order, "
+          f"what a hit's reads cost) {s['packed_map_ms']:.0f} ms, through preadv into one buffer each "
+          f"{s['packed_read_ms']:.0f} ms (the goal's reference)")
     lrows = [{"case": c, **v["load"]} for c, v in s["cases"].items() if "load" in v]
     if lrows:
         print("\nper-request latency under a bounded load (loopback, 1 replica):")
