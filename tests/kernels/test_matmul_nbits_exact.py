@@ -1,12 +1,14 @@
-"""accuracy_level 4 at block size 32 is onnxruntime's MatMulNBits bit for bit, at every native dispatch level.
+"""accuracy_level 4 is onnxruntime's MatMulNBits bit for bit: block size 32 at every native dispatch level,
+block sizes 16, 64, 128 and 256 at the portable and AVX512-VNNI levels.
 
 onnxruntime 1.32 on AVX512-VNNI (MLAS SQ4BitGemmKernel_BlkSum_CompInt8) sums each output in 16 float chains
-over groups of 4 blocks, adds the trailing blocks, folds the chains in a fixed order (another one for the
-last N % 4 columns), adds the bias and then the zero-point term, a separate chain over the blocks
-(``_native/nbits.h``). One flipped rounding here moves an int8 rounding of the next layer's activations,
-so whole models drift apart (``benchmarks/numerics.py``); hence equality, not a tolerance. The shapes cover
-K not a multiple of the block (trailing blocks 1-3 and a partial one), N = 1 and N % 4 tails, odd M, M
-across the kernels' row tiles, packed zero points, bias, and both pool splits.
+(which k values feed which chain depends on the block size), adds trailing blocks, folds the chains in a
+fixed order (another one for the last N % 4 columns, and at block sizes 64-256 for an odd last row), adds
+the bias and then the zero-point term, a separate chain over the blocks (``_native/nbits.h``). One flipped
+rounding here moves an int8 rounding of the next layer's activations, so whole models drift apart
+(``benchmarks/numerics.py``); hence equality, not a tolerance. The shapes cover K not a multiple of the
+block (trailing blocks and a partial one), N = 1 and N % 4 tails, odd M, M across the kernels' row tiles,
+packed zero points, bias, and both pool splits.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from tests.kernels.test_matmul_nbits import _ort, _weights
 pytestmark = pytest.mark.skipif(not native.available(), reason="native extension not built")
 
 
-def _run(A, B, scales, zp, bias, K, N, level):
-    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=4, block_size=32)
+def _exact_levels(block_size):
+    """The levels that give onnxruntime's bits at this block size (the AVX2 levels only at block 32)."""
+    levels = native.supported_levels()
+    return levels if block_size == 32 else tuple(x for x in levels if x in ("portable", "avx512vnni"))
+
+
+def _run(A, B, scales, zp, bias, K, N, level, block_size=32):
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=4, block_size=block_size)
     with native.forced_level(level):
         return mm.matmul_nbits_packed(A, packed, bias, accuracy_level=4)[0]
 
@@ -40,6 +48,21 @@ def test_block32_is_onnxruntimes_bits(K, N, M, zp_kind, with_bias, seed):
     want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
     for level in native.supported_levels():
         got = _run(A, B, scales, zp, bias, K, N, level)
+        assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(K=st.integers(1, 1100), N=st.integers(1, 40), M=st.sampled_from([1, 2, 3, 5, 8]),
+       block_size=st.sampled_from([16, 64, 128, 256]), zp_kind=st.sampled_from(["none", "packed"]),
+       with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_other_block_sizes_are_onnxruntimes_bits(K, N, M, block_size, zp_kind, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    B, scales, zp = _weights(rng, K, N, 4, block_size, zp_kind, False)
+    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=4, block_size=block_size, accuracy_level=4)
+    for level in _exact_levels(block_size):
+        got = _run(A, B, scales, zp, bias, K, N, level, block_size)
         assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
 
 

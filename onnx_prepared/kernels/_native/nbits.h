@@ -25,8 +25,17 @@
  *     y = ((G0+G1)+G2)+G3 + (((G4+G5)+G6)+G7)  (columns below N & ~3; the last N % 4 columns sum
  *     ((G4+G0)+(G6+G2)) + ((G5+G1)+(G7+G3)) instead), then y + bias;
  *     the zero-point term separately: z = 0, z = fma(ablk_b, -(sb * zp), z) over b in order; y + z.
- *   Other block sizes keep the same A quantization, bias and zero-point term, with one chain per
- *   output (fma(P_block, s_b, .)): within float rounding of onnxruntime, not bit-exact.
+ *   Other block sizes (same A quantization, bias and zero-point term; 16 chains F[j], verified bit for bit):
+ *     16: groups of 8 blocks, block beta feeds F[4(beta&3) + (beta<4 ? 0 : 2) + u] = fma(P_u + P_{u+2}, .),
+ *         u in {0, 1}; G[l] = F[l] + F[l+8]; each trailing block adds k pairs (2l, 2l+1) to G[l]; sums as 32;
+ *     64: pairs of blocks, block beta feeds F[4L + beta] (P_{4L} + P_{4L+2}) and F[4L + beta + 2]
+ *         (P_{4L+1} + P_{4L+3}); an odd last block adds P_j to F[j];
+ *     128, 256: per 128 k values F[j] = fma(P_j + P_{16+j}, s_b, F[j]);
+ *     64-256 sum h[j] = F[j] + F[j+8], t[i] = h[4+i] + h[i], y = (t0+t2) + (t1+t3), except the last row of
+ *     an odd M (onnxruntime's 1-row kernel) in its first N & ~3 columns: S_L = ((F4L+F4L+1)+F4L+2)+F4L+3,
+ *     y = (S0+S2) + (S1+S3).
+ *   The portable and AVX-512 kernels implement every block size; the AVX2 levels block 32, other block
+ *   sizes there with one chain per output (within float rounding of onnxruntime).
  */
 #define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
 

@@ -215,32 +215,115 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
     i8_store(c, m, p, y, z);
 }
 
-/* other block sizes: one chain per output (not onnxruntime's order, nbits.h) */
+/* quad qd (k 4qd..4qd+3) of the block at q: the low or high nibbles of chunk qd / 2 */
+NB_INLINE __m512i quad_w(const uint8_t *q, int qd)
+{
+    const __m512i mask = _mm512_set1_epi8(15), v = _mm512_loadu_si512((const void *)(q + 64 * (qd >> 1)));
+    return (qd & 1) ? _mm512_and_si512(_mm512_srli_epi32(v, 4), mask) : _mm512_and_si512(v, mask);
+}
+
+/* f + (quad qa + quad qb of the block at q, a) * s, one rounding */
+NB_INLINE __m512 ch2(__m512 f, const uint8_t *q, const int8_t *a, int qa, int qb, __m512 s)
+{
+    const __m512i x = dp(dp(_mm512_setzero_si512(), quad_w(q, qa), a + 4 * qa), quad_w(q, qb), a + 4 * qb);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s, f);
+}
+
+/* block sizes 16, 64, 128, 256: onnxruntime's order for each (nbits.h), one row x one panel, its 16
+ * chains in registers */
 NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
 {
     const nb_weights *w = &c->w;
-    const int kb = w->kb, cpb = w->bs / 8;
+    const int kb = w->kb, bs = w->bs, n0 = 16 * p, n4 = w->N & ~3;
     const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
     const float *sp = w->sc + (size_t)p * kb * 16;
     const int8_t *a = c->aq + (size_t)m * c->kpad;
-    const float *asc = c->ascale + (size_t)m * kb;
-    const float *abk = c->asum + (size_t)m * kb;
-    const __m512i mask = _mm512_set1_epi8(15);
-    __m512 y = _mm512_setzero_ps(), z = _mm512_setzero_ps();
-    for (int b = 0; b < kb; b++) {
-        if (PF) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
-        z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b]), zs_vec(w, p, b), z);
-        __m512i x[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int ci = 0; ci < cpb; ci++, qp += 64) {
-            if (PF) _mm_prefetch((const char *)qp + PF_BYTES, PF_HINT);
-            const __m512i v = _mm512_loadu_si512((const void *)qp);
-            const int8_t *g = a + (size_t)b * w->bs + 8 * ci;
-            x[ci & 1] = dp(x[ci & 1], _mm512_and_si512(v, mask), g);
-            x[ci & 1] = dp(x[ci & 1], _mm512_and_si512(_mm512_srli_epi32(v, 4), mask), g + 4);
+    const float *asc = c->ascale + (size_t)m * kb, *abk = c->asum + (size_t)m * kb;
+    __m512 F[16], z = _mm512_setzero_ps(), y;
+    UNROLL for (int j = 0; j < 16; j++) F[j] = _mm512_setzero_ps();
+#define BLOCK_HEAD(b)                                                                                      \
+    const uint8_t *q = qp + (size_t)(b) * bs * 8;                                                          \
+    const int8_t *ab = a + (size_t)(b) * bs;                                                               \
+    if (PF) {                                                                                              \
+        _mm_prefetch((const char *)(sp + (size_t)((b) + PF_BLOCKS) * 16), _MM_HINT_T0);                   \
+        for (int ci = 0; ci < bs / 8; ci++) _mm_prefetch((const char *)q + 64 * ci + PF_BYTES, PF_HINT);   \
+    }                                                                                                      \
+    z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b]), zs_vec(w, p, (b)), z);
+    if (bs == 16) {
+        const int kb8 = kb & ~7;
+        int b = 0;
+        for (; b < kb8; b++) {
+            BLOCK_HEAD(b)
+            const int beta = b & 7, base = 4 * (beta & 3) + (beta < 4 ? 0 : 2);
+            const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
+            F[base] = ch2(F[base], q, ab, 0, 2, s);
+            F[base + 1] = ch2(F[base + 1], q, ab, 1, 3, s);
         }
-        const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
-        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(x[0], x[1])), s, y);
+        __m512 G[8];
+        UNROLL for (int j = 0; j < 8; j++) G[j] = _mm512_add_ps(F[j], F[j + 8]);
+        for (; b < kb; b++) { /* trailing blocks: k pairs (A masked to two bytes of a quad) */
+            BLOCK_HEAD(b)
+            const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+            UNROLL for (int j = 0; j < 8; j++) {
+                const int qd = 2 * (j >> 2) + ((j & 3) >> 1);
+                const int32_t av = a32(ab + 4 * qd) & (int32_t)((j & 1) ? 0xFFFF0000u : 0x0000FFFFu);
+                const __m512i x = _mm512_dpbusd_epi32(_mm512_setzero_si512(), quad_w(q, qd), _mm512_set1_epi32(av));
+                G[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s, G[j]);
+            }
+        }
+        const __m512 lo = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[0], G[1]), G[2]), G[3]);
+        const __m512 hi = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(G[4], G[5]), G[6]), G[7]);
+        y = _mm512_add_ps(lo, hi);
+        if (n0 + 16 > n4) {
+            const __m512 e = _mm512_add_ps(_mm512_add_ps(G[4], G[0]), _mm512_add_ps(G[6], G[2]));
+            const __m512 o = _mm512_add_ps(_mm512_add_ps(G[5], G[1]), _mm512_add_ps(G[7], G[3]));
+            const int keep = n4 - n0 > 0 ? n4 - n0 : 0;
+            y = _mm512_mask_blend_ps((__mmask16)(0xFFFFu << keep), y, _mm512_add_ps(e, o));
+        }
+    } else {
+        if (bs == 64) {
+            for (int b = 0; b < (kb & ~1); b++) {
+                BLOCK_HEAD(b)
+                const int beta = b & 1;
+                const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
+                UNROLL for (int L = 0; L < 4; L++) {
+                    F[4 * L + beta] = ch2(F[4 * L + beta], q, ab, 4 * L, 4 * L + 2, s);
+                    F[4 * L + beta + 2] = ch2(F[4 * L + beta + 2], q, ab, 4 * L + 1, 4 * L + 3, s);
+                }
+            }
+            if (kb & 1) { /* the last block of an odd count: one quad per chain */
+                const int b = kb - 1;
+                BLOCK_HEAD(b)
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+                UNROLL for (int j = 0; j < 16; j++) {
+                    const __m512i x = dp(_mm512_setzero_si512(), quad_w(q, j), ab + 4 * j);
+                    F[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s, F[j]);
+                }
+            }
+        } else { /* 128, 256: per 128 k values, chain j gets quads j and 16 + j */
+            for (int b = 0; b < kb; b++) {
+                BLOCK_HEAD(b)
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
+                for (int sb = 0; sb < bs / 128; sb++)
+                    UNROLL for (int j = 0; j < 16; j++) F[j] = ch2(F[j], q + 1024 * sb, ab + 128 * sb, j, 16 + j, s);
+            }
+        }
+        /* _mm512_reduce_add_ps / hsum_float_16 order; onnxruntime's odd last row (its 1-row kernel) folds
+         * its first N & ~3 columns as FoldAccumulators does */
+        __m512 h[8], t[4];
+        UNROLL for (int j = 0; j < 8; j++) h[j] = _mm512_add_ps(F[j], F[j + 8]);
+        UNROLL for (int i = 0; i < 4; i++) t[i] = _mm512_add_ps(h[4 + i], h[i]);
+        y = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
+        if ((c->M & 1) && m == c->M - 1 && n0 < n4) {
+            __m512 S[4];
+            UNROLL for (int L = 0; L < 4; L++)
+                S[L] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(F[4 * L], F[4 * L + 1]), F[4 * L + 2]), F[4 * L + 3]);
+            const __m512 fy = _mm512_add_ps(_mm512_add_ps(S[0], S[2]), _mm512_add_ps(S[1], S[3]));
+            const int keep = n4 - n0 >= 16 ? 16 : n4 - n0;
+            y = _mm512_mask_blend_ps((__mmask16)((1u << keep) - 1u), y, fy);
+        }
     }
+#undef BLOCK_HEAD
     i8_store(c, m, p, y, z);
 }
 

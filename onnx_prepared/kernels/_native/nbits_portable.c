@@ -31,63 +31,111 @@ static void quad_dots(const nb_call *c, const uint8_t *qp, const int8_t *a, int 
     }
 }
 
-/* int8, one row x one panel: the order of nbits.h (onnxruntime's at block 32) */
+/* int32 dot of the k pair (2pr, 2pr + 1) of block b with A, per column (block 16's trailing blocks) */
+static void pair_dots(const nb_call *c, const uint8_t *qp, const int8_t *a, int b, int pr, int32_t out[16])
+{
+    const int cpb = c->w.bs / 8, ci = pr >> 2, j = 2 * (pr & 3);
+    uint32_t words[16];
+    memcpy(words, qp + ((size_t)b * cpb + ci) * 64, 64);
+    const int8_t *g = a + (size_t)b * c->w.bs + 8 * ci;
+    for (int l = 0; l < 16; l++) out[l] = nb_q(words[l], j) * g[j] + nb_q(words[l], j + 1) * g[j + 1];
+}
+
+/* F[cls] = fma(quad qa + quad qb of block b, s, F[cls]) for the 16 columns */
+static void chain2(const nb_call *c, const uint8_t *qp, const int8_t *a, int b, int qa, int qb, const float *s,
+                   float *f)
+{
+    int32_t d0[16], d1[16];
+    quad_dots(c, qp, a, b, qa, d0);
+    quad_dots(c, qp, a, b, qb, d1);
+    for (int l = 0; l < 16; l++) f[l] = fmaf((float)(d0[l] + d1[l]), s[l], f[l]);
+}
+
+/* int8, one row x one panel: the order of nbits.h (onnxruntime's, per block size) */
 static void i8_row(const nb_call *c, int m, int p)
 {
     const nb_weights *w = &c->w;
-    const int kb = w->kb, N = w->N, n0 = 16 * p, n4 = N & ~3;
+    const int kb = w->kb, N = w->N, n0 = 16 * p, n4 = N & ~3, bs = w->bs;
     const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
     const float *sp = w->sc + (size_t)p * kb * 16;
     const int8_t *a = c->aq + (size_t)m * c->kpad;
     const float *asc = c->ascale + (size_t)m * kb, *ablk = c->asum + (size_t)m * kb;
-    float y[16], s[16];
-    int32_t d0[16], d1[16];
-    if (w->bs == 32) {
-        float F[16][16] = {{0.f}}, G[8][16];
-        const int kb4 = kb & ~3;
-        for (int b = 0; b < kb4; b++) {
-            const int beta = b & 3, base = (beta & 1) * 8 + (beta >> 1) * 2;
+    const int r1 = (c->M & 1) && m == c->M - 1; /* onnxruntime's odd last row (blocks 64-256) */
+    float y[16], s[16], F[16][16] = {{0.f}}, G[8][16];
+    int32_t d0[16];
+    if (bs == 16 || bs == 32) {
+        const int grp = bs == 16 ? 8 : 4, kbg = kb / grp * grp;
+        for (int b = 0; b < kbg; b++) {
+            const int beta = b % grp;
             for (int l = 0; l < 16; l++) s[l] = sp[(size_t)b * 16 + l] * asc[b];
-            for (int i = 0; i < 2; i++)
-                for (int h = 0; h < 2; h++) {
-                    quad_dots(c, qp, a, b, 4 * i + h, d0);
-                    quad_dots(c, qp, a, b, 4 * i + h + 2, d1);
-                    float *f = F[base + 4 * i + h];
-                    for (int l = 0; l < 16; l++) f[l] = fmaf((float)(d0[l] + d1[l]), s[l], f[l]);
-                }
+            if (bs == 16) {
+                const int base = 4 * (beta & 3) + (beta < 4 ? 0 : 2);
+                for (int u = 0; u < 2; u++) chain2(c, qp, a, b, u, u + 2, s, F[base + u]);
+            } else {
+                const int base = (beta & 1) * 8 + (beta >> 1) * 2;
+                for (int i = 0; i < 2; i++)
+                    for (int h = 0; h < 2; h++) chain2(c, qp, a, b, 4 * i + h, 4 * i + h + 2, s, F[base + 4 * i + h]);
+            }
         }
         for (int j = 0; j < 8; j++)
             for (int l = 0; l < 16; l++) G[j][l] = F[j][l] + F[j + 8][l];
-        for (int b = kb4; b < kb; b++) {
+        for (int b = kbg; b < kb; b++) {
             for (int l = 0; l < 16; l++) s[l] = asc[b] * sp[(size_t)b * 16 + l];
-            for (int qd = 0; qd < 8; qd++) {
-                quad_dots(c, qp, a, b, qd, d0);
-                for (int l = 0; l < 16; l++) G[qd][l] = fmaf((float)d0[l], s[l], G[qd][l]);
+            for (int j = 0; j < 8; j++) { /* block 16: k pairs; block 32: quads */
+                if (bs == 16)
+                    pair_dots(c, qp, a, b, j, d0);
+                else
+                    quad_dots(c, qp, a, b, j, d0);
+                for (int l = 0; l < 16; l++) G[j][l] = fmaf((float)d0[l], s[l], G[j][l]);
             }
         }
         for (int l = 0; l < 16; l++) {
-            float t;
             if (n0 + l < n4) {
                 const float lo = ((G[0][l] + G[1][l]) + G[2][l]) + G[3][l];
                 const float hi = ((G[4][l] + G[5][l]) + G[6][l]) + G[7][l];
-                t = lo + hi;
+                y[l] = lo + hi;
             } else {
                 const float e = (G[4][l] + G[0][l]) + (G[6][l] + G[2][l]);
                 const float o = (G[5][l] + G[1][l]) + (G[7][l] + G[3][l]);
-                t = e + o;
+                y[l] = e + o;
             }
-            y[l] = t;
         }
     } else {
-        for (int l = 0; l < 16; l++) y[l] = 0.f;
-        for (int b = 0; b < kb; b++) {
-            for (int l = 0; l < 16; l++) s[l] = sp[(size_t)b * 16 + l] * asc[b];
-            int32_t t[16] = {0};
-            for (int qd = 0; qd < w->bs / 4; qd++) {
-                quad_dots(c, qp, a, b, qd, d0);
-                for (int l = 0; l < 16; l++) t[l] += d0[l];
+        if (bs == 64) {
+            for (int b = 0; b < (kb & ~1); b++) {
+                const int beta = b & 1;
+                for (int l = 0; l < 16; l++) s[l] = sp[(size_t)b * 16 + l] * asc[b];
+                for (int L = 0; L < 4; L++) {
+                    chain2(c, qp, a, b, 4 * L, 4 * L + 2, s, F[4 * L + beta]);
+                    chain2(c, qp, a, b, 4 * L + 1, 4 * L + 3, s, F[4 * L + beta + 2]);
+                }
             }
-            for (int l = 0; l < 16; l++) y[l] = fmaf((float)t[l], s[l], y[l]);
+            if (kb & 1) { /* the last block of an odd count: one quad per chain */
+                const int b = kb - 1;
+                for (int l = 0; l < 16; l++) s[l] = asc[b] * sp[(size_t)b * 16 + l];
+                for (int j = 0; j < 16; j++) {
+                    quad_dots(c, qp, a, b, j, d0);
+                    for (int l = 0; l < 16; l++) F[j][l] = fmaf((float)d0[l], s[l], F[j][l]);
+                }
+            }
+        } else { /* 128, 256: per 128 k values, chain j gets quads j and 16 + j */
+            for (int b = 0; b < kb; b++) {
+                for (int l = 0; l < 16; l++) s[l] = asc[b] * sp[(size_t)b * 16 + l];
+                for (int sb = 0; sb < bs / 128; sb++)
+                    for (int j = 0; j < 16; j++) chain2(c, qp, a, b, 32 * sb + j, 32 * sb + 16 + j, s, F[j]);
+            }
+        }
+        for (int l = 0; l < 16; l++) {
+            if (r1 && n0 + l < n4) { /* MLAS FoldAccumulators */
+                float S[4];
+                for (int L = 0; L < 4; L++) S[L] = ((F[4 * L][l] + F[4 * L + 1][l]) + F[4 * L + 2][l]) + F[4 * L + 3][l];
+                y[l] = (S[0] + S[2]) + (S[1] + S[3]);
+            } else { /* _mm512_reduce_add_ps / hsum_float_16 */
+                float h[8], t[4];
+                for (int j = 0; j < 8; j++) h[j] = F[j][l] + F[j + 8][l];
+                for (int i = 0; i < 4; i++) t[i] = h[4 + i] + h[i];
+                y[l] = (t[0] + t[2]) + (t[1] + t[3]);
+            }
         }
     }
     float *out = c->y + (size_t)m * N + n0;
