@@ -24,15 +24,30 @@ def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: b
     sin = sin.astype(np.float32, copy=False)
     xf = x.astype(np.float32, copy=False)
     out = np.array(xf, dtype=np.float32, copy=True)
-    if interleaved:
-        x1, x2 = xf[..., 0:rot:2], xf[..., 1:rot:2]
-        out[..., 0:rot:2] = x1 * cos - x2 * sin
-        out[..., 1:rot:2] = x1 * sin + x2 * cos
+    lo, hi = (slice(0, rot, 2), slice(1, rot, 2)) if interleaved else (slice(0, half), slice(half, rot))
+    x1, x2 = xf[..., lo], xf[..., hi]
+    if _fused():
+        out[..., lo] = _fma(x1, cos, -(x2 * sin))
+        out[..., hi] = _fma(x1, sin, x2 * cos)
     else:
-        x1, x2 = xf[..., :half], xf[..., half:rot]
-        out[..., :half] = x1 * cos - x2 * sin
-        out[..., half:rot] = x1 * sin + x2 * cos
+        out[..., lo] = x1 * cos - x2 * sin
+        out[..., hi] = x1 * sin + x2 * cos
     return out.astype(x.dtype, copy=False)
+
+
+def _fused() -> bool:
+    """onnxruntime's RoPE (MLAS) fuses ``x1 c - x2 s`` as one FMA over the rounded ``x2 s`` on FMA CPUs; we
+    follow whenever our dispatch level has FMA (avx2 and above)."""
+    from onnx_prepared.kernels import native
+
+    return native.dispatch_level() not in ("numpy", "portable")
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 ``a * b + c`` rounded once: the float32 product is exact in float64, so only the float64
+    sum rounds before float32 (a double rounding that can differ from the fused result only when the
+    float64 sum lands exactly on a float32 midpoint)."""
+    return (a.astype(np.float64) * b + c).astype(np.float32)
 
 
 def _split_heads(x: np.ndarray, num_heads: int, head_size: int, op: str) -> np.ndarray:

@@ -88,3 +88,31 @@ def test_registered():
 
     assert lookup("com.microsoft", "RotaryEmbedding", 1).fn is rotary_embedding_ms
     assert lookup("", "RotaryEmbedding", 23).fn is rotary_embedding_23
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_contrib_rotary_bit_equal_to_onnxruntime(interleaved):
+    """MLAS's RoPE (onnxruntime's com.microsoft RotaryEmbedding) rounds ``x1 c - x2 s`` as one FMA on FMA
+    CPUs; at an FMA dispatch level so do we."""
+    from onnx_prepared.kernels import native
+
+    if native.dispatch_level() in ("numpy", "portable"):
+        pytest.skip("no FMA dispatch level")
+    rng = np.random.default_rng(interleaved)
+    b, s, n, h = 2, 9, 4, 64
+    x = (rng.standard_normal((b, s, n * h)) * 3).astype(np.float32)
+    ang = rng.random((32, h // 2)) * 6
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = np.array([3], np.int64)
+    node = helper.make_node("RotaryEmbedding", ["x", "p", "c", "s"], ["y"], domain="com.microsoft",
+                            interleaved=interleaved, num_heads=n)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+           helper.make_tensor_value_info("p", TensorProto.INT64, pos.shape),
+           helper.make_tensor_value_info("c", TensorProto.FLOAT, cos.shape),
+           helper.make_tensor_value_info("s", TensorProto.FLOAT, sin.shape)]
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "p": pos, "c": cos, "s": sin})[0]
+    (got,) = rotary_embedding_ms(x, pos, cos, sin, interleaved=interleaved, num_heads=n)
+    assert np.array_equal(got, want)
