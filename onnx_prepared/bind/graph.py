@@ -59,7 +59,13 @@ def build_execution_plan(
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
-    implicit = [implicit_inputs_of(n) for n in graph.node]
+    nodes = list(graph.node)
+    # every node's names once: protobuf's repeated fields build new str objects on each access
+    node_ins = [tuple(n.input) for n in nodes]
+    node_outs = [tuple(n.output) for n in nodes]
+    # implicit inputs: the earlier bindings carry them (a node without subgraphs has none)
+    implicit = ([k.implicit_inputs for k in kernels] if kernels is not None and len(kernels) == len(nodes)
+                else [implicit_inputs_of(n) for n in nodes])
     if kernels is None and bind is None:
         env = env or graph_env(opsets, functions)
     slots: dict[str, int] = {"": NONE_SLOT}
@@ -71,48 +77,52 @@ def build_execution_plan(
         return s
 
     init_names = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
-    input_slots = tuple(slot(i.name) for i in graph.input if i.name not in init_names)
-    for i in graph.input:  # inputs that also have an initializer default
-        slot(i.name)
+    graph_inputs = [i.name for i in graph.input]
+    output_names = [o.name for o in graph.output]
+    input_slots = tuple(slot(n) for n in graph_inputs if n not in init_names)
+    for n in graph_inputs:  # inputs that also have an initializer default
+        slot(n)
     constant_slots = {n: slot(n) for n in sorted(init_names)}
     for n in outer_names:
         slot(n)
-    order = _topological_order(graph, implicit, set(slots))
+    order = _topological_order(nodes, node_ins, node_outs, implicit, set(slots))
     labels = tuple(
         f"{node.name or '#' + str(idx)!r} ({node.domain + '::' if node.domain else ''}{node.op_type})"
-        for idx, node in enumerate(graph.node)
+        for idx, node in enumerate(nodes)
     )
     bound = []
     presets: list[tuple[int, object]] = []
     known: dict[int, object] = {NONE_SLOT: None}  # slots whose value binding knows: folded constants
-    graph_outputs = {o.name for o in graph.output}
+    graph_outputs = set(output_names)
     for idx in order:
-        node = graph.node[idx]
+        node = nodes[idx]
         if kernels is not None:
             k = kernels[idx]
         elif bind is not None:
             k = bind(node)
         else:
             k = bind_kernel(node, env, implicit=implicit[idx])
-        ins = tuple(slot(n) for n in node.input) + tuple(slot(n) for n in k.implicit_inputs)
-        outs = tuple(slot(n) for n in node.output)
-        value = _folded_constant(node, k, graph_outputs)
+        n_in = len(node_ins[idx])
+        ins = tuple(slot(n) for n in node_ins[idx]) + tuple(slot(n) for n in k.implicit_inputs)
+        outs = tuple(slot(n) for n in node_outs[idx])
+        value = _folded_constant(node, k, graph_outputs) if not n_in else None
         if value is not None:
             presets.append((outs[0], value))
             known[outs[0]] = value
             continue
-        consts = {i: known[s] for i, s in enumerate(ins[:len(node.input)]) if s in known}
-        bound.append((idx, specialize_constants(k, consts, len(node.input)) if consts else k, ins, outs))
+        consts = {i: known[s] for i, s in enumerate(ins[:n_in]) if s in known}
+        bound.append((idx, specialize_constants(k, consts, n_in) if consts else k, ins, outs))
+    const_slots = set(constant_slots.values())
+    named = {slots[n] for n in graph_inputs} | {slots[n] for n in outer_names}
     produced = {s for _, _, _, outs in bound for s in outs} | {s for s, _ in presets}
-    available = produced | set(input_slots) | set(constant_slots.values()) | {slots[i.name] for i in graph.input}
-    available |= {slots[n] for n in outer_names}
-    for o in graph.output:
-        if o.name not in slots or slots[o.name] not in available:
-            raise ModelLoadError(f"graph output {o.name!r} is not produced by any node, input or initializer")
-    output_slots = tuple(slots[o.name] for o in graph.output)
-    keep = set(output_slots) | set(input_slots) | set(constant_slots.values()) | {NONE_SLOT}
+    available = produced | set(input_slots) | const_slots | named
+    for n in output_names:
+        if n not in slots or slots[n] not in available:
+            raise ModelLoadError(f"graph output {n!r} is not produced by any node, input or initializer")
+    output_slots = tuple(slots[n] for n in output_names)
+    keep = set(output_slots) | set(input_slots) | const_slots | {NONE_SLOT}
     keep |= {s for s, _ in presets}  # a folded constant's slot is refilled from the template each run
-    keep |= {slots[i.name] for i in graph.input} | {slots[n] for n in outer_names}
+    keep |= named
     last_use: dict[int, int] = {}
     for pos, (_, _, ins, outs) in enumerate(bound):
         for s in ins + outs:
@@ -152,28 +162,34 @@ def _folded_constant(node: onnx.NodeProto, k: BoundKernel, graph_outputs: set[st
     return value
 
 
-def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:
+def _topological_order(nodes: list[onnx.NodeProto], node_ins: list[tuple[str, ...]], node_outs: list[tuple[str, ...]],
+                       implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:
     """Node indices in an order where every input is produced first (Kahn; stable on file order)."""
     produced_by: dict[str, int] = {}
-    for idx, node in enumerate(graph.node):
-        for o in node.output:
+    for idx, outs in enumerate(node_outs):
+        for o in outs:
             if o:
                 if o in produced_by:
+                    node = nodes[idx]
                     raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r}, {node.op_type})")
                 produced_by[o] = idx
     deps: list[set[int]] = []
-    for idx, node in enumerate(graph.node):
+    in_order = True
+    for idx, ins in enumerate(node_ins):
         d = set()
-        for n in (*node.input, *implicit[idx]):
+        for n in (*ins, *implicit[idx]) if implicit[idx] else ins:
             if not n:
                 continue
-            if n in produced_by:
-                d.add(produced_by[n])
+            p = produced_by.get(n)
+            if p is not None:
+                d.add(p)
+                in_order = in_order and p < idx
             elif n not in available:
+                node = nodes[idx]
                 raise ModelLoadError(f"node {node.name!r} ({node.op_type}) reads {n!r}, which nothing produces")
         deps.append(d)
-    if all(all(d < i for d in ds) for i, ds in enumerate(deps)):
-        return list(range(len(graph.node)))
+    if in_order:
+        return list(range(len(nodes)))
     users: dict[int, list[int]] = {}
     indeg = [len(d) for d in deps]
     for i, ds in enumerate(deps):
@@ -189,8 +205,8 @@ def _topological_order(graph: onnx.GraphProto, implicit: list[tuple[str, ...]], 
             indeg[u] -= 1
             if indeg[u] == 0:
                 heapq.heappush(ready, u)
-    if len(order) != len(graph.node):
-        stuck = [graph.node[i].name or f"#{i}" for i in range(len(graph.node)) if indeg[i] > 0]
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name or f"#{i}" for i in range(len(nodes)) if indeg[i] > 0]
         raise ModelLoadError(f"graph has a cycle through nodes {stuck[:5]}")
     return order
 
