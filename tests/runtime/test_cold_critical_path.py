@@ -77,3 +77,49 @@ def test_run_waiting_for_a_read_promotes_nothing_ahead(tmp_path, gated_reader):
         assert s.counters["yields"] >= 1
     np.testing.assert_allclose(y, reference_mlp(path, X), rtol=1e-5, atol=1e-6)
     assert bit0 not in ahead
+
+
+def test_cold_run_starts_its_chains_at_prefetch_in_need_order_and_the_row_table_after_it(tmp_path):
+    """What a cold run submits and in which order, before its first node: one chain per requirement at
+    prefetch priority, in the order the run first needs them (the I/O queue serves them FIFO), the run
+    itself at critical; a table read only by rows is not among them (its rows are read on the critical
+    path) and is read whole at background priority once the run has ended."""
+    from onnx_prepared.generate import generate_tiny_llm
+    from onnx_prepared.generate.config import TinyLlmConfig
+    from onnx_prepared.generate.feeds import prefill_feeds
+    from onnx_prepared.scheduler import Priority
+
+    small = dict(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=4096, block_size=16,
+                 context_length=64, embedding="fp32")
+    path = generate_tiny_llm(tmp_path / "m", **small)
+    sched = RuntimeScheduler(cpu=CpuExecutor(2, critical_reserved=1), io_workers=2)
+    submitted: list[list] = []
+    submit = sched.submit
+    whole_submitted = threading.Event()
+
+    def spy(tasks, **kw):  # (name, priority) as submitted (a waiting run promotes them later)
+        tasks = [tasks] if hasattr(tasks, "fn") else list(tasks)
+        submitted.append([(t.name, t.priority) for t in tasks])
+        if any("embed_tokens" in t.name for t in tasks):
+            whole_submitted.set()
+        return submit(tasks, **kw)
+
+    sched.submit = spy
+    try:
+        with RuntimeSession(path, scheduler=sched) as s:
+            plan = s.plan
+            embed = "model.embed_tokens.weight"
+            assert embed in s.resolved.row_tables
+            s.run(prefill_feeds(TinyLlmConfig.from_preset(None, **small), list(range(16))))
+            chains, run = submitted[0], submitted[1]
+            assert run == [("I.run-1", Priority.CRITICAL)]
+            assert {p for _, p in chains} == {Priority.PREFETCH}
+            want = [plan.producer[plan.requirements[b].key] for b in plan.need_order
+                    if plan.requirements[b].sources != (embed,)]
+            assert [n for n, _ in chains if n in set(want)] == want  # need order
+            assert not any(embed in n for n, _ in chains)  # rows first: no whole read before the output
+            assert whole_submitted.wait(20)  # once the run has ended ...
+            (later,) = [sub for sub in submitted[2:] if any(embed in n for n, _ in sub)]
+            assert {p for _, p in later} == {Priority.BACKGROUND}  # ... behind everything else
+    finally:
+        sched.close(cancel=True)
