@@ -8,8 +8,9 @@ sha256 1.9 GB/s; xxhash, crc32c and hashlib all release the GIL while hashing (a
 longest pause during a 1 GiB hash: 0.02-0.07 ms). XXH3-128 is the fastest and 128 bits wide, and the
 ``xxhash`` wheel is small (470 KB), so it is a core dependency.
 
-Reads are hashed chunk by chunk right after each chunk's ``preadv`` (``CHUNK`` bytes, so the bytes are
-still in cache when hashed), in whichever I/O worker reads them, with the GIL released.
+A mapped payload (``cache_io.map_payload``, a hit's default) is hashed whole once mapped; a copied one
+chunk by chunk right after each chunk's ``preadv`` (``CHUNK`` bytes, so the bytes are still in cache when
+hashed). Either way in whichever I/O worker reads it, with the GIL released.
 """
 
 from __future__ import annotations
