@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "rotary": ("RotaryEmbedding", "com.microsoft:RotaryEmbedding"),
     "shape_ops": ("Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather", "Range", "Reshape",
                   "Shape", "Size", "Slice", "Split", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where"),
+    "squeeze_excite": ("onnx_prepared:SqueezeExcite",),
 }
 
 

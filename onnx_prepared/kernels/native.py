@@ -325,6 +325,19 @@ def pool2d(x: np.ndarray, out: tuple[int, int], kshape, begins, ends, strides, d
     return y
 
 
+def se_block(x: np.ndarray, w1t: np.ndarray, b1: np.ndarray | None, w2t: np.ndarray, b2: np.ndarray | None,
+             alpha: float, beta: float) -> np.ndarray | None:
+    """A squeeze-excite block with a HardSigmoid gate on float32 ``x [N, C, ...]`` and the 1x1 weights
+    transposed, ``w1t [C, Cr]``, ``w2t [Cr, C]`` (``se_block.c``), or None without the extension."""
+    if _ext is None:
+        return None
+    n, c = x.shape[:2]
+    y = np.empty_like(x)
+    _ext.se_block(x, w1t, b1, w2t, b2, y, np.array([n, c, x.size // (n * c), w1t.shape[1]], np.int64),
+                  float(alpha), float(beta))
+    return y
+
+
 def nms_greedy(coords: np.ndarray, order: np.ndarray, max_out: int, iou_threshold: float) -> np.ndarray | None:
     """Box indices NonMaxSuppression keeps for one (batch, class) (``nms.c``), or None without the extension.
 

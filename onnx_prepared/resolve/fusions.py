@@ -4,6 +4,10 @@
   initializers whose only consumers are MatMuls reading it as B becomes, per MatMul, one
   ``onnx_prepared::DequantizeMatMul`` node (kernels/dq_matmul.py), which the prepack rule binds to the
   native MatMulNBits path;
+- an Identity of an initializer (torch.onnx.export writes one per shared weight) is dropped and its
+  readers read the initializer, so the rewrites below see constant weights;
+- a squeeze-and-excitation block ``Mul(X, HardSigmoid|Sigmoid(Conv(Relu(Conv(GlobalAveragePool(X))))))``
+  with 1x1 constant-weight Convs becomes one ``onnx_prepared::SqueezeExcite`` (kernels/squeeze_excite.py);
 - a float32 Conv with a constant weight whose only consumer is an inference-mode BatchNormalization of
   constant statistics becomes one ``onnx_prepared::FusedConv`` carrying the BatchNormalization's inputs
   (folded into the weight and bias at prepack time, as onnxruntime's ConvBNFusion does);
@@ -228,3 +232,111 @@ def _conv_fused():
     from onnx_prepared.kernels import conv_fused
 
     return conv_fused
+
+
+def _pointwise_conv(node: onnx.NodeProto, weights: Mapping) -> bool:
+    """A 1x1 Conv of a float32 initializer weight (and bias), group 1, no pads, strides or dilations."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return False
+    if len(node.input) < 2 or any(n and n not in weights for n in node.input[1:]):
+        return False
+    w = weights[node.input[1]]
+    if w.dtype != "float32" or len(w.dims) < 3 or any(d != 1 for d in w.dims[2:]):
+        return False
+    for a in node.attribute:
+        v = onnx.get_attribute_value(a)
+        if a.name in ("pads",) and any(v):
+            return False
+        if a.name in ("strides", "dilations", "kernel_shape") and any(int(i) != 1 for i in v):
+            return False
+        if a.name == "group" and int(v) != 1:
+            return False
+        if a.name == "auto_pad" and v not in (b"NOTSET", b"VALID", b"SAME_UPPER", b"SAME_LOWER"):
+            return False
+        if a.name not in _CONV_ATTRS:
+            return False
+    return True
+
+
+def fuse_squeeze_excite(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """Rewrite every ``Mul(X, gate(Conv2(Relu(Conv1(GlobalAveragePool(X))))))`` (1x1 Convs, each
+    intermediate read once and no graph output, gate a HardSigmoid or Sigmoid) into one SqueezeExcite
+    at the Mul's place; returns how many were fused. Run before the Conv fusions."""
+    if not any(n.op_type == "GlobalAveragePool" for n in graph.node):
+        return 0
+    consumers = _consumers(graph)
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    outputs = {o.name for o in graph.output}
+    replace: dict[int, onnx.NodeProto] = {}
+    drop: set[int] = set()
+
+    def single(name: str, op: str) -> int | None:
+        """The node producing ``name`` when it is an ``op`` of the default domain whose output only one
+        node reads and the graph does not return."""
+        i = producer.get(name)
+        if i is None or i in drop or name in outputs or len(consumers.get(name, [])) != 1:
+            return None
+        n = graph.node[i]
+        return i if n.op_type == op and n.domain in ("", "ai.onnx") else None
+
+    for idx, mul in enumerate(graph.node):
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
+            continue
+        for side in (0, 1):
+            x, gate_out = mul.input[1 - side], mul.input[side]
+            gi = producer.get(gate_out)
+            if gi is None or graph.node[gi].op_type not in ("HardSigmoid", "Sigmoid"):
+                continue
+            gi = single(gate_out, graph.node[gi].op_type)
+            c2 = single(graph.node[gi].input[0], "Conv") if gi is not None else None
+            r = single(graph.node[c2].input[0], "Relu") if c2 is not None else None
+            c1 = single(graph.node[r].input[0], "Conv") if r is not None else None
+            p = single(graph.node[c1].input[0], "GlobalAveragePool") if c1 is not None else None
+            if p is None or graph.node[p].input[0] != x:
+                continue
+            conv1, conv2, gate = graph.node[c1], graph.node[c2], graph.node[gi]
+            if not (_pointwise_conv(conv1, weights) and _pointwise_conv(conv2, weights)):
+                continue
+            cr, c = weights[conv1.input[1]].dims[:2]
+            if tuple(weights[conv2.input[1]].dims[:2]) != (c, cr):
+                continue
+            se = onnx.NodeProto(op_type="SqueezeExcite", domain="onnx_prepared", name=mul.name,
+                                input=[x, conv1.input[1], conv1.input[2] if len(conv1.input) > 2 else "",
+                                       conv2.input[1], conv2.input[2] if len(conv2.input) > 2 else ""],
+                                output=list(mul.output))
+            attrs = {a.name: onnx.get_attribute_value(a) for a in gate.attribute}
+            se.attribute.add(name="gate", type=onnx.AttributeProto.INT, i=int(gate.op_type == "Sigmoid"))
+            se.attribute.add(name="alpha", type=onnx.AttributeProto.FLOAT, f=float(attrs.get("alpha", 0.2)))
+            se.attribute.add(name="beta", type=onnx.AttributeProto.FLOAT, f=float(attrs.get("beta", 0.5)))
+            catalog.ensure_loaded("onnx_prepared", "SqueezeExcite")
+            replace[idx] = se
+            drop.update((p, c1, r, c2, gi))
+            break
+    return _rewrite(graph, replace, drop)
+
+
+def forward_initializer_identities(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """Drop every Identity whose input is an initializer and whose output is no graph output, its readers
+    reading the initializer instead; returns how many were dropped. Graphs with subgraphs are left alone
+    (a body may read the Identity's output by name)."""
+    forward = {n.output[0]: n.input[0] for n in graph.node
+               if n.op_type == "Identity" and n.domain in ("", "ai.onnx") and len(n.input) == 1
+               and len(n.output) == 1 and n.input[0] in weights}
+    if not forward:
+        return 0
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+           for a in n.attribute):
+        return 0
+    for o in graph.output:
+        forward.pop(o.name, None)
+    nodes = []
+    for n in graph.node:
+        if n.op_type == "Identity" and n.output and n.output[0] in forward:
+            continue
+        for i, name in enumerate(n.input):
+            if name in forward:
+                n.input[i] = forward[name]
+        nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(forward)

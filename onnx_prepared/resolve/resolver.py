@@ -21,7 +21,13 @@ from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
 from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.records import record
-from onnx_prepared.resolve.fusions import fuse_conv_activation, fuse_conv_batchnorm, fuse_dequantize_matmul
+from onnx_prepared.resolve.fusions import (
+    forward_initializer_identities,
+    fuse_conv_activation,
+    fuse_conv_batchnorm,
+    fuse_dequantize_matmul,
+    fuse_squeeze_excite,
+)
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
@@ -148,6 +154,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     graph = _skeleton(model.graph)
     removed = _eliminate_dead_nodes(graph)
     fuse_dequantize_matmul(graph, model.weights, model.opsets)
+    forward_initializer_identities(graph, model.weights)
+    fuse_squeeze_excite(graph, model.weights)
     fuse_conv_batchnorm(graph, model.weights)
     fuse_conv_activation(graph, model.weights)
     weights = model.weights

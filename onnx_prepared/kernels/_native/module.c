@@ -22,6 +22,7 @@
 #include "llm_norm.h"
 #include "llm_gather.h"
 #include "winpool.h"
+#include "se_block.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -389,6 +390,7 @@ static PyMethodDef methods[] = {
     LLM_GATHER_METHODS
     PREP_PANELS_METHODS
     WINPOOL_METHODS
+    SE_BLOCK_METHODS
     {NULL, NULL, 0, NULL},
 };
 
