@@ -46,17 +46,27 @@ def reshape(x: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> tuple[np
 @specializes(reshape)
 def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
     """A constant target shape: its ints once; with no ``0`` to copy (or ``allowzero``) the call is one
-    ``reshape``."""
+    ``reshape``, else the copied dims are filled in once per input shape."""
     if 1 not in consts or consts[1] is None:
         return None
     dims = tuple(_ints(consts[1]))
-    if not allowzero and 0 in dims:
-        return None
+    if allowzero or 0 not in dims:
 
-    def reshape_const(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:
-        return (x.reshape(dims),)
+        def reshape_const(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:
+            return (x.reshape(dims),)
 
-    return reshape_const
+        return reshape_const
+    shapes: dict[tuple, tuple] = {}
+
+    def reshape_copying(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:
+        target = shapes.get(x.shape)
+        if target is None:
+            target = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(dims))
+            if len(shapes) < 64:
+                shapes[x.shape] = target
+        return (x.reshape(target),)
+
+    return reshape_copying
 
 
 @kernel("Flatten", since=1)
@@ -140,8 +150,9 @@ def _unsqueeze_const(consts: dict, n_inputs: int):
 
 @kernel("Transpose", since=1)
 def transpose(x: np.ndarray, *, perm: list[int] | None = None) -> tuple[np.ndarray]:
-    """A strided view; the consumer decides whether it needs a contiguous copy."""
-    return (np.transpose(x, perm),)
+    """A strided view; the consumer decides whether it needs a contiguous copy. (The method, not
+    ``np.transpose``, whose Python wrapper costs about a microsecond a call.)"""
+    return (x.transpose(perm) if perm is not None else x.transpose(),)
 
 
 @kernel("Expand", since=8)

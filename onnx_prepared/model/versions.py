@@ -111,7 +111,9 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str) ->
             have = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in _ATTR_TYPES else str(a.type)
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} has type "
                                  f"{have}; its schema declares {want_name}")
-        other = [f for f in _VALUE_FIELDS.values() if f != _VALUE_FIELDS.get(want) and _is_set(a, f)]
+        # the set fields, read once (one ListFields instead of a HasField/len per value field)
+        mine = _VALUE_FIELDS.get(want)
+        other = [fd.name for fd, _ in a.ListFields() if fd.name in _VALUE_NAMES and fd.name != mine]
         if other:  # an INT attribute carrying ints would be read as i = 0: a result, not the model's
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} of type "
                                  f"{want_name} sets field {other[0]!r}, which that type does not use")
@@ -124,8 +126,4 @@ _VALUE_FIELDS = {_A.FLOAT: "f", _A.INT: "i", _A.STRING: "s", _A.TENSOR: "t", _A.
                  _A.SPARSE_TENSOR: "sparse_tensor", _A.TYPE_PROTO: "tp", _A.FLOATS: "floats", _A.INTS: "ints",
                  _A.STRINGS: "strings", _A.TENSORS: "tensors", _A.GRAPHS: "graphs",
                  _A.SPARSE_TENSORS: "sparse_tensors", _A.TYPE_PROTOS: "type_protos"}
-_SCALAR_FIELDS = frozenset({"f", "i", "s", "t", "g", "sparse_tensor", "tp"})
-
-
-def _is_set(a: onnx.AttributeProto, field: str) -> bool:
-    return a.HasField(field) if field in _SCALAR_FIELDS else len(getattr(a, field)) > 0
+_VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
