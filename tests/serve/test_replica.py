@@ -104,6 +104,41 @@ def test_second_replica_reads_what_the_first_persisted(llm, tmp_path):
     assert verify(companion_path(model, tmp_path / "shared")) == []
 
 
+def test_a_cached_replica_maps_each_entry_once_and_reads_no_packed_source(llm, tmp_path, monkeypatch):
+    """The hit's reads: one mapping per companion entry (payload + identity record), each hashed once;
+    from the model's data file only the raw sources (norms, tables; a tied table feeds a raw Gather and the
+    packed LM head), never a source only a packed object needs."""
+    from onnx_prepared.prepared import cache_io, payload_hash
+
+    _, model, want, ort = llm
+    first = ModelReplica(model, tmp_path / "shared")
+    first.wait_prepared(GATE_LIMIT)
+    first.close()
+    maps, hashes = [], []
+    real_map, real_hasher = cache_io.map_payload, payload_hash.hasher
+    monkeypatch.setattr(cache_io, "map_payload", lambda fd, off, n: maps.append((off, n)) or real_map(fd, off, n))
+    monkeypatch.setattr(payload_hash, "hasher", lambda: hashes.append(1) or real_hasher())
+    second = ModelReplica(model, tmp_path / "shared")
+    try:
+        same(asyncio.run(second.infer(feeds())), want, ort)
+        assert second.wait_prepared(GATE_LIMIT)
+        reqs = second.session.resolved.requirements
+        cached = [r for r in reqs if not r.key.is_raw]
+        assert cached and all(r.cached for r in cached)
+        from onnx_prepared.prepared.cache_format import ID_SIZE
+
+        assert sorted(maps) == sorted((r.active.entry.offset, r.active.entry.length + ID_SIZE) for r in cached)
+        assert len(hashes) == len(cached)
+        raw_sources = {s for r in reqs if r.key.is_raw for s in r.sources}  # a tied table is one of both
+        manifest = second.session.resolved.manifest.active
+        read = {n for n in second.session.state.reader.counts if manifest[n].descriptor is not None}
+        assert all(second.session.state.reader.counts[r.active.name] == 1 for r in cached)
+        assert read and read <= raw_sources
+        assert not read & ({s for r in cached for s in r.sources} - raw_sources)
+    finally:
+        second.close()
+
+
 def test_companion_path_is_keyed_by_the_model_not_the_machine(llm, tmp_path):
     _, model, _, _ = llm
     p = companion_path(model, "/shared/prepared", load_model(model).model)
