@@ -159,3 +159,30 @@ def test_float16_conv_weights_pack_as_float32(tmp_path):
 def test_depthwise_channels_last_path(xs, ws, attrs):
     """From 32 channels on, 2-D depthwise convs run channels-last (conv._depthwise_nhwc)."""
     check_ort("Conv", [_r(*xs), _r(*ws), _r(ws[0])], opset=11, **attrs)
+
+
+@pytest.mark.parametrize(("c", "hw", "k", "s", "pads"), [(70, 2, 5, 1, 2), (130, 4, 3, 2, 1), (24, 8, 5, 2, 2),
+                                                     (9, 5, 3, 1, 0)])
+def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, hw, k, s, pads):
+    """Input planes of at most 64 elements take depthwise.c's channels-last task (blocks of 64 channels):
+    the same bits at every dispatch level, the numpy path within rounding, epilogue included."""
+    from onnx_prepared.kernels import native
+    from onnx_prepared.kernels.conv_fused import fused_conv
+
+    x = _r(2, c, hw, hw)
+    w, b = _r(c, 1, k, k), _r(c)
+    kw = {"group": c, "pads": [pads] * 4, "strides": [s, s], "activation_act": 1, "activation_lo": -1.0,
+          "activation_hi": 3.0}
+    outs = []
+    for level in native.supported_levels():
+        with native.forced_level(level):
+            outs.append(fused_conv(x, w, b, **kw)[0])
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    saved = native._ext
+    try:
+        native._ext = None
+        (ref,) = fused_conv(x, w, b, **kw)
+    finally:
+        native._ext = saved
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)

@@ -90,6 +90,21 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     j.w = (const float *)bw.buf;
     j.b = bb.obj ? (const float *)bb.buf : NULL;
     j.y = (float *)by.buf;
+    if (j.mult == 1 && j.H * j.W <= DW_CL_MAX_PLANE) { /* small planes: channels last */
+        const int level = ext_isa_level();
+        void (*cl)(const dw_job *, int) = level >= 3 ? dw_cl_avx512 : level >= 1 ? dw_cl_avx2 : dw_cl_portable;
+        const long ntasks = j.N * ((j.C + DW_CL_BLOCK - 1) / DW_CL_BLOCK);
+        Py_BEGIN_ALLOW_THREADS
+        for (long t = 0; t < ntasks; t++) cl(&j, (int)t);
+        Py_END_ALLOW_THREADS
+        if (failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        ret = Py_None;
+        Py_INCREF(ret);
+        goto done;
+    }
     const long total = j.N * M, per_plane = j.OH * j.OW * K;
     /* about 2^15 multiply-adds per task, fixed by the shape */
     j.planes_per_task = per_plane >= (1 << 15) ? 1 : (1 << 15) / (per_plane ? per_plane : 1);

@@ -2,6 +2,7 @@
 #include "depthwise.h"
 
 #define DW_ENTRY dw_planes_portable
+#define DW_CL_ENTRY dw_cl_portable
 #define DW_VEC 4
 #define plane plane_portable
 #define dw_vec dw_vec_portable
@@ -9,6 +10,7 @@
 #define dw_select dw_select_portable
 #include "depthwise.inc"
 #undef DW_ENTRY
+#undef DW_CL_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
@@ -19,6 +21,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define DW_ENTRY dw_planes_avx2
+#define DW_CL_ENTRY dw_cl_avx2
 #define DW_VEC 8
 #define plane plane_avx2
 #define dw_vec dw_vec_avx2
@@ -26,6 +29,7 @@
 #define dw_select dw_select_avx2
 #include "depthwise.inc"
 #undef DW_ENTRY
+#undef DW_CL_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
@@ -36,6 +40,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
 #define DW_ENTRY dw_planes_avx512
+#define DW_CL_ENTRY dw_cl_avx512
 #define DW_VEC 16
 #define plane plane_avx512
 #define dw_vec dw_vec_avx512
@@ -46,4 +51,6 @@
 #else
 void dw_planes_avx2(const dw_job *j, int t) { dw_planes_portable(j, t); }
 void dw_planes_avx512(const dw_job *j, int t) { dw_planes_portable(j, t); }
+void dw_cl_avx2(const dw_job *j, int t) { dw_cl_portable(j, t); }
+void dw_cl_avx512(const dw_job *j, int t) { dw_cl_portable(j, t); }
 #endif
