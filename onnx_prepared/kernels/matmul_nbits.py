@@ -17,9 +17,8 @@ multiple of 16, no offset array for symmetric weights.
 (tests: 1e-5 of max|y|). ``accuracy_level=4`` quantizes A per block exactly as onnxruntime's CompInt8
 (``scale = amax/127``, ``q = round_half_even(a * (127/amax))``, the block length of B), multiplies in
 int32 (VNNI where present) and accumulates in onnxruntime's float order: the native kernels give
-onnxruntime 1.32's AVX512-VNNI bits exactly, at block size 32 on every dispatch level, at block sizes 16,
-64, 128 and 256 on the portable and avx512vnni levels (``_native/nbits.h``; the AVX2 levels at those
-block sizes and the numpy fallback within float rounding).
+onnxruntime 1.32's AVX512-VNNI bits exactly, at block sizes 16-256 on every dispatch level
+(``_native/nbits.h``; the numpy fallback within float rounding).
 fp16 inputs are widened to fp32 and the output narrowed back.
 
 **8-bit weights** run on the same kernel as two 4-bit halves (high and low nibbles,

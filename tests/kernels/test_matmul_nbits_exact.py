@@ -1,5 +1,4 @@
-"""accuracy_level 4 is onnxruntime's MatMulNBits bit for bit: block size 32 at every native dispatch level,
-block sizes 16, 64, 128 and 256 at the portable and AVX512-VNNI levels.
+"""accuracy_level 4 is onnxruntime's MatMulNBits bit for bit at block sizes 16-256 and every native dispatch level.
 
 onnxruntime 1.32 on AVX512-VNNI (MLAS SQ4BitGemmKernel_BlkSum_CompInt8) sums each output in 16 float chains
 (which k values feed which chain depends on the block size), adds trailing blocks, folds the chains in a
@@ -23,12 +22,6 @@ from onnx_prepared.kernels import native
 from tests.kernels.test_matmul_nbits import _ort, _weights
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native extension not built")
-
-
-def _exact_levels(block_size):
-    """The levels that give onnxruntime's bits at this block size (the AVX2 levels only at block 32)."""
-    levels = native.supported_levels()
-    return levels if block_size == 32 else tuple(x for x in levels if x in ("portable", "avx512vnni"))
 
 
 def _run(A, B, scales, zp, bias, K, N, level, block_size=32):
@@ -61,7 +54,7 @@ def test_other_block_sizes_are_onnxruntimes_bits(K, N, M, block_size, zp_kind, w
     bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
     A = rng.standard_normal((M, K)).astype(np.float32)
     want = _ort(A, B, scales, zp, bias, K=K, N=N, bits=4, block_size=block_size, accuracy_level=4)
-    for level in _exact_levels(block_size):
+    for level in native.supported_levels():
         got = _run(A, B, scales, zp, bias, K, N, level, block_size)
         assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
 

@@ -34,8 +34,8 @@
  *     64-256 sum h[j] = F[j] + F[j+8], t[i] = h[4+i] + h[i], y = (t0+t2) + (t1+t3), except the last row of
  *     an odd M (onnxruntime's 1-row kernel) in its first N & ~3 columns: S_L = ((F4L+F4L+1)+F4L+2)+F4L+3,
  *     y = (S0+S2) + (S1+S3).
- *   The portable and AVX-512 kernels implement every block size; the AVX2 levels block 32, other block
- *   sizes there with one chain per output (within float rounding of onnxruntime).
+ *   Every dispatch level implements every block size in this order (onnxruntime's bits on any CPU; an
+ *   AVX2-only CPU's onnxruntime runs other MLAS kernels, whose order this does not follow).
  */
 #define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
 
