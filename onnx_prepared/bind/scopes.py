@@ -30,9 +30,20 @@ def graphs_of(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
 
 
 def implicit_inputs_of(node: onnx.NodeProto) -> tuple[str, ...]:
-    """The outer-scope names ``node``'s subgraphs read, sorted: the node's implicit inputs."""
-    names: set[str] = set()
+    """The outer-scope names ``node``'s subgraphs read, sorted: the node's implicit inputs.
+
+    Resolution asks it of every node several times, and almost no node has a subgraph: the common
+    case reads each attribute's type once and allocates nothing."""
+    names: set[str] | None = None
     for a in node.attribute:
+        t = a.type
+        if t != _GRAPH and t != _GRAPHS:
+            continue
+        if names is None:
+            names = set()
         for g in graphs_of(a):
             names |= subgraph_outer_names(g)
-    return tuple(sorted(names))
+    return () if not names else tuple(sorted(names))
+
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
