@@ -33,6 +33,96 @@ def conv_packed(packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, 
                       strides=strides, panel_rows=panel_rows, lo=lo, hi=hi, act=act),)
 
 
+class PackedConv:
+    """:func:`conv_packed` with its geometry settled once per input shape: a float32 4-D input whose
+    Conv the extension runs as one depthwise call, one packed SGEMM (1x1) or im2col + packed SGEMM gets a
+    plan (the output shape and the int64 dims arrays built once) and each later call of that shape only
+    allocates the output and calls the extension. Anything else (other dtypes, ranks, batched small
+    planes, no extension) goes through :func:`conv_core` as before. Thread-safe: plans are immutable and
+    a race only builds one twice."""
+
+    __slots__ = ("_plans", "attrs", "group", "kshape", "panel_rows")
+
+    def __init__(self, *, kshape: tuple[int, ...], group: int, panel_rows: int | None = None, **attrs):
+        self.kshape, self.group, self.panel_rows, self.attrs = kshape, group, panel_rows, attrs
+        self._plans: dict = {}
+
+    def __call__(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, lo: float = -np.inf,
+                 hi: float = np.inf, act: int = 0) -> tuple:
+        key = (x.shape, x.dtype, None if b is None else (b.shape, b.dtype), lo, hi, act)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(packed, x, b, lo, hi, act) or False
+        if plan and native._ext is plan[0]:
+            return (plan[1](packed, x, b),)
+        return conv_packed(packed, x, b, kshape=self.kshape, group=self.group, panel_rows=self.panel_rows, lo=lo,
+                           hi=hi, act=act, **self.attrs)
+
+    def _plan(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None, lo: float, hi: float, act: int):
+        ext = native._ext
+        if ext is None or x.dtype != np.float32 or x.ndim != 4 or len(self.kshape) != 2 or not x.size:
+            return None
+        n, c, h, w = x.shape
+        g, kshape, a = self.group, self.kshape, self.attrs
+        cg = c // g if g >= 1 and c % g == 0 else 0
+        try:
+            begins, ends, out = sp.geometry("Conv", x.shape[2:], kshape, auto_pad=a.get("auto_pad", "NOTSET"),
+                                            pads=a.get("pads"), strides=a.get("strides"),
+                                            dilations=a.get("dilations"))
+            strides = sp.ints(a.get("strides"), 2, 1, "strides", "Conv")
+            dilations = sp.ints(a.get("dilations"), 2, 1, "dilations", "Conv")
+        except Exception:  # conv_core reports it
+            return None
+        if not cg or min(out) < 1:
+            return None
+        lo, hi, act = float(lo), float(hi), int(act)
+        p = out[0] * out[1]
+        if self.panel_rows is None:  # conv-w-gmk: depthwise when one channel per group
+            if cg != 1 or kshape[1] > 64:
+                return None
+            mult = int(packed.shape[1])  # [g, M/g, K]
+            m = c * mult
+            if packed.shape[0] != c or not packed.flags.c_contiguous:
+                return None
+            if b is not None and (b.shape != (m,) or b.dtype != np.float32):
+                return None
+            dims = np.array([n, c, h, w, mult, *kshape, *out, *begins, *strides, *dilations], np.int64)
+            yshape = (n, m, *out)
+
+            def depthwise(packed, x, b):
+                y = np.empty(yshape, np.float32)
+                ext.depthwise2d(x if x.flags.c_contiguous else np.ascontiguousarray(x), packed, b, y, dims, lo, hi,
+                                act)
+                return y
+
+            return ext, depthwise
+        mg = self.panel_rows
+        m, cgk = g * mg, cg * sp.prod(kshape)
+        if (n > 1 and p < 256) or (b is not None and (b.shape != (m,) or b.dtype != np.float32)):
+            return None  # merged batches and other biases: conv_core
+        gdims = np.array([g, mg, cgk, p, n], np.int64)
+        yshape = (n, m, *out)
+        if kshape == (1, 1) and strides == [1, 1] and not any(begins) and not any(ends):
+            def pointwise(packed, x, b):
+                y = np.empty(yshape, np.float32)
+                ext.sgemm_packed(packed, x if x.flags.c_contiguous else np.ascontiguousarray(x), y, b, gdims, lo, hi,
+                                 act)
+                return y
+
+            return ext, pointwise
+        cshape = (n, g, cgk, p)
+        idims = np.array([n, c, h, w, g, *kshape, *out, *begins, *strides, *dilations, 0], np.int64)
+
+        def im2col(packed, x, b):
+            cols = np.empty(cshape, np.float32)
+            ext.im2col2d(x if x.flags.c_contiguous else np.ascontiguousarray(x), cols, idims)
+            y = np.empty(yshape, np.float32)
+            ext.sgemm_packed(packed, cols, y, b, gdims, lo, hi, act)
+            return y
+
+        return ext, im2col
+
+
 def pack_panels(w: np.ndarray, *, group: int) -> np.ndarray:
     """``W [M, C/g, *k]`` in the prepacked SGEMM's panel layout ``[g, ceil(M/g/16), C/g*prod(k), 16]``."""
     return native.pack_panels(weight_matrix(w, group))
@@ -66,13 +156,13 @@ def conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
         layout = f"conv-w-p16-{dtype}-as-float32-g{mshape[0]}-m{mshape[1]}-ck{mshape[2]}-k{ks}"
         return PrepackSpec(
             (1,), layout, functools.partial(pack_panels, group=group),
-            functools.partial(conv_packed, kshape=kshape, group=group, panel_rows=mshape[1], **kw),
+            PackedConv(kshape=kshape, group=group, panel_rows=mshape[1], **kw),
             array_to_bytes, _unpack(pshape, "float32"), packed_bytes=sp.prod(pshape) * 4,
         )
     layout = f"conv-w-gmk-{dtype}-as-{work}-g{mshape[0]}-m{mshape[1]}-ck{mshape[2]}-k{ks}"
     nbytes = sp.prod(mshape) * np.dtype(work).itemsize
     return PrepackSpec(
         (1,), layout, functools.partial(weight_matrix, group=group),
-        functools.partial(conv_packed, kshape=kshape, group=group, **kw),
+        PackedConv(kshape=kshape, group=group, **kw),
         array_to_bytes, _unpack(mshape, work), packed_bytes=nbytes if work != dtype else None,
     )

@@ -186,3 +186,38 @@ def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, h
     finally:
         native._ext = saved
     np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs"), [
+    ((1, 12, 7, 7), (20, 12, 1, 1), {}),  # pointwise SGEMM
+    ((1, 6, 9, 8), (10, 6, 3, 3), {"pads": [1, 0, 1, 2], "strides": [2, 1]}),  # im2col + SGEMM
+    ((1, 16, 5, 5), (32, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}),  # depthwise, multiplier 2
+    ((3, 8, 4, 4), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # batched small planes: conv_core merges
+])
+def test_prepacked_conv_plans_equal_conv_core(xs, ws, attrs):
+    """PackedConv's per-shape plans compute exactly what conv_core does, at every level, and fall back to
+    conv_core when the extension goes away after the plan was made."""
+    from onnx_prepared.kernels import conv_prepacked as cp
+    from onnx_prepared.kernels import native
+
+    x, w, b = _r(*xs), _r(*ws), _r(ws[0])
+
+    class Node:
+        domain, op_type = "", "Conv"
+
+    spec = cp.conv_rule(Node, dict(attrs), frozenset({1, 2}), {1: (ws, "float32"), 2: ((ws[0],), "float32")})
+    packed, k = spec.pack(w), spec.kernel
+    for level in native.supported_levels():
+        with native.forced_level(level):
+            for _ in range(2):  # the plan is made, then used
+                (y,) = k(packed, x, b, lo=0.0, hi=6.0, act=1)
+                (ref,) = cp.conv_packed(packed, x, b, kshape=k.kshape, group=k.group, panel_rows=k.panel_rows,
+                                        lo=0.0, hi=6.0, act=1, **k.attrs)
+                np.testing.assert_array_equal(y, ref)
+    saved = native._ext
+    try:
+        native._ext = None
+        (slow,) = k(packed, x, b, lo=0.0, hi=6.0, act=1)
+    finally:
+        native._ext = saved
+    np.testing.assert_allclose(slow, y, rtol=1e-4, atol=1e-4)
