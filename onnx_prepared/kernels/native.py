@@ -107,7 +107,7 @@ def describe() -> str:
         return f"native kernels: numpy fallback ({unavailable_reason})"
     return (f"native kernels: MatMulNBits 4/8-bit (fp32 + int8), Sigmoid, LSTM/GRU/RNN recurrence, Conv GEMM blocks, "
             f"prepacked Conv SGEMM, "
-            f"GroupQueryAttention, "
+            f"GroupQueryAttention, RMS norms, GatherBlockQuantized rows, "
             f"dispatch {dispatch_level()} (CPU supports {supported_levels()[-1]}), {get_num_threads()} threads")
 
 
