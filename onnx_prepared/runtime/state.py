@@ -24,6 +24,9 @@ from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
 from onnx_prepared.resolve.resolver import source_checksum
 
+#: layouts whose prepack copies every source byte (kernels/_q4_panels.pack_q4): their sources may be mapped
+TRANSIENT_LAYOUTS = ("matmul-nbits-q4-panel16",)
+
 
 class PreparedExecutionState:
     """Session-scoped mutable state. Thread-safe through the store's lock (counters only grow)."""
@@ -43,6 +46,17 @@ class PreparedExecutionState:
         # reserves in the ExecutionArena (0: none yet, the hot run steps and measures it)
         self.execution_peak = 0
         self._invocation_ids = itertools.count(1)
+        # Sources only 4-bit MatMulNBits prepacks read (they copy every byte into their panel layout):
+        # read without a copy of their own (a file mapping: ExternalDataReader.mark_transient).
+        # Anything published as read, or packed by another rule (which may keep views), is copied.
+        packed_only: dict[str, bool] = {}
+        for r in plan.requirements:
+            ok = not r.key.is_raw and r.key.layout.startswith(TRANSIENT_LAYOUTS)
+            for name in r.sources:
+                packed_only[name] = packed_only.get(name, True) and ok
+        active = reader.manifest.active
+        reader.reader.mark_transient([active[n].descriptor for n, ok in packed_only.items()
+                                      if ok and n in active and active[n].descriptor is not None])
 
     def next_invocation_id(self) -> int:
         return next(self._invocation_ids)

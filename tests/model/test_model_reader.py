@@ -293,3 +293,52 @@ def test_close_is_idempotent_and_reads_reopen(tmp_path):
     r.close()
     np.testing.assert_array_equal(r.read(d), v)
     r.close()
+
+
+# ---- transient reads (a prepack's source) ---------------------------------------------------------
+
+
+def _mapped(a: np.ndarray) -> bool:
+    import mmap
+
+    while a is not None:
+        if isinstance(a, mmap.mmap):
+            return True
+        a = getattr(a, "base", None) if isinstance(a, np.ndarray) else getattr(a, "obj", None)
+    return False
+
+
+def test_transient_reads_map_instead_of_copying(tmp_path, monkeypatch):
+    """A transient read of a large tensor is a read-only view of a file mapping with the same bytes (no
+    anonymous copy); a small one, a read into ``out`` and a non-transient read copy; the switch turns it
+    off. Each counts its bytes once."""
+    from onnx_prepared.model import reader as reader_mod
+
+    n = reader_mod.MAP_MIN_BYTES // 4 + 300  # float32 values: just above the threshold, odd offset in a page
+    v = np.arange(n, dtype=np.float32)
+    m = load_model(write_model(tmp_path, [Spec("a", v[:3]), Spec("w", v), Spec("s", v[:10])], align=64))
+    w, s = m.weights["w"], m.weights["s"]
+    assert w.payload.offset % 4096
+    r = ExternalDataReader()
+    assert not _mapped(r.read(w))
+    r.mark_transient([w, s])
+    got = r.read(w)
+    assert _mapped(got) and not got.flags.writeable
+    np.testing.assert_array_equal(got, v)
+    assert not _mapped(r.read(s))  # too small to map
+    out = np.empty(w.payload.length, np.uint8)
+    assert not _mapped(r.read_bytes(w, out))
+    assert r.bytes_read == 3 * w.payload.length + s.payload.length
+    monkeypatch.setenv(reader_mod.MAP_ENV, "0")
+    again = r.read(w)
+    assert not _mapped(again)
+    np.testing.assert_array_equal(again, v)
+
+
+def test_a_transient_read_checks_the_file_size_first(tmp_path):
+    d, _ = _one(tmp_path, n=1 << 17)  # 512 KiB: mapped when it fits
+    os.truncate(d.payload.file, d.payload.offset + 10)
+    r = ExternalDataReader()
+    r.mark_transient([d])
+    with pytest.raises(ExternalDataError, match="shrank to"):
+        r.read(d)

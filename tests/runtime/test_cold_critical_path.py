@@ -123,3 +123,44 @@ def test_cold_run_starts_its_chains_at_prefetch_in_need_order_and_the_row_table_
             assert {p for _, p in later} == {Priority.BACKGROUND}  # ... behind everything else
     finally:
         sched.close(cancel=True)
+
+
+def test_only_sources_of_4bit_prepacks_are_read_without_a_copy(tmp_path):
+    """A 4-bit MatMulNBits prepack copies every byte of its sources into its panels, so those reads may be
+    file mappings (ExternalDataReader.mark_transient); whatever is published as read (norm
+    weights, rotary caches, an embedding read by rows) or shared with such a consumer (the tied
+    embedding of the LM head) is copied."""
+    from onnx_prepared.generate import generate_tiny_llm
+    from onnx_prepared.generate.config import TinyLlmConfig
+    from onnx_prepared.generate.feeds import prefill_feeds
+    from onnx_prepared.model import ExternalDataReader
+
+    class Recording(ExternalDataReader):
+        def __init__(self):
+            super().__init__()
+            self.transient: dict[str, bool] = {}
+
+        def read_bytes(self, desc, out=None):
+            got = super().read_bytes(desc, out)
+            if out is None:
+                self.transient[desc.name] = (desc.payload.file, desc.payload.offset,
+                                             desc.payload.length) in self._transient
+            return got
+
+    small = dict(layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=512, block_size=16,
+                 context_length=64)
+    for embedding in ("fp32", None):
+        cfg = dict(small, embedding=embedding) if embedding else small
+        path = generate_tiny_llm(tmp_path / f"m-{embedding}", **cfg)
+        reader = Recording()
+        with RuntimeSession(path, reader=reader) as s:
+            s.run(prefill_feeds(TinyLlmConfig.from_preset(None, **cfg), [1, 2, 3]))
+            s.prepare()
+            q4 = {n for r in s.plan.requirements if r.key.layout.startswith("matmul-nbits-q4-panel16")
+                  for n in r.sources}
+            raw = {r.sources[0] for r in s.plan.requirements if r.key.is_raw}
+        read = reader.transient
+        assert q4 - raw and {n for n in q4 - raw if n in read} == {n for n, t in read.items() if t}
+        assert not any(read[n] for n in raw if n in read)
+        if embedding is None:  # tied: the LM head's source is also the embedding GatherBlockQuantized reads
+            assert q4 & raw and not any(read.get(n) for n in q4 & raw)
