@@ -111,7 +111,7 @@ def build_execution_plan(
             known[outs[0]] = value
             continue
         consts = {i: known[s] for i, s in enumerate(ins[:n_in]) if s in known}
-        bound.append((idx, specialize_constants(k, consts, n_in) if consts else k, ins, outs))
+        bound.append((idx, specialize_constants(k, consts, n_in), ins, outs))
     const_slots = set(constant_slots.values())
     named = {slots[n] for n in graph_inputs} | {slots[n] for n in outer_names}
     produced = {s for _, _, _, outs in bound for s in outs} | {s for s, _ in presets}

@@ -86,8 +86,9 @@ def bind_kernel(
 
 def specialize_constants(k: BoundKernel, consts: Mapping[int, object], n_inputs: int) -> BoundKernel:
     """``k`` with its kernel's specialized call for the inputs known at binding (``consts``: input
-    position -> value; see ``registry.specializes``), or ``k`` itself when there is nothing to specialize."""
-    if k.is_fallback or k.implicit_inputs or not consts:
+    position -> value, maybe none; see ``registry.specializes``), or ``k`` itself when there is nothing
+    to specialize."""
+    if k.is_fallback or k.implicit_inputs:
         return k
     call = k.call
     fn, attrs = (call.func, call.keywords) if isinstance(call, functools.partial) else (call, {})

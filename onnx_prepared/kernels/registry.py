@@ -99,9 +99,10 @@ def specializes(kernel_fn: KernelFn):
     """Register ``fn`` as ``kernel_fn``'s specializer for inputs known when the plan is bound.
 
     ``fn(consts, n_inputs, **attrs)`` gets ``{input position: value}`` for the inputs that are constant
-    in every run (a folded Constant node's value, None for an omitted optional input), the node's input
-    count and its attributes; it returns a call with the kernel's positional signature that does the
-    constant part of the work once (an index, a target shape), or None to keep the kernel as it is.
+    in every run (a folded Constant node's value, None for an omitted optional input; maybe none at
+    all), the node's input count and its attributes; it returns a call with the kernel's positional
+    signature that does the constant part of the work once (an index, a target shape, settled
+    attributes), or None to keep the kernel as it is.
     """
 
     def register(fn: Callable[..., KernelFn | None]) -> Callable[..., KernelFn | None]:

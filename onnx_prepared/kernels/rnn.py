@@ -17,7 +17,7 @@ from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _rnn_native
 from onnx_prepared.kernels import _spatial as sp
 from onnx_prepared.kernels.native import RNN_ACTIVATIONS
-from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.registry import kernel, specializes
 
 # **** activations ****
 
@@ -176,12 +176,18 @@ def _native_layer(op: str, X, W, R, B, P, sequence_lens, init: list, *, layout: 
     layer = _native_spec(op, X.shape, W.shape, R.shape, layout, direction, _tuple(activations),
                          _tuple(activation_alpha), _tuple(activation_beta), hidden_size, clip, input_forget,
                          linear_before_reset)
+    return _run_layer(layer, X, W, R, B, P, sequence_lens, init, layout)
+
+
+def _run_layer(layer: _rnn_native.Layer, X, W, R, B, P, sequence_lens, init: list, layout: int) -> tuple:
+    op = layer.op
     x = X
     if layout:
         x = X.transpose(1, 0, 2)
         init = [None if v is None else v.transpose(1, 0, 2) for v in init]
     lens = None if sequence_lens is None else _lengths(sequence_lens, x.shape[0], x.shape[1], op)
-    bias, p, rbh, rt, wt = _native_weights(op, W, R, B, P, len(layer.directions), R.shape[-1], linear_before_reset)
+    bias, p, rbh, rt, wt = _native_weights(op, W, R, B, P, len(layer.directions), R.shape[-1],
+                                           layer.linear_before_reset)
     y, states = _rnn_native.run(layer, x, wt, rt, bias, lens, init, p=p, rbh=rbh)
     if layout or X.dtype != _F32:
         return _outputs([y, *states], layout, X.dtype)
@@ -190,6 +196,35 @@ def _native_layer(op: str, X, W, R, B, P, sequence_lens, init: list, *, layout: 
 
 def _tuple(v) -> tuple | None:
     return None if v is None else tuple(v)
+
+
+def _specialized(op: str, fn, attrs: dict):
+    """The node's call with its attributes settled at binding: float32 layers go to the native driver
+    with the settled layer per input geometry (no keyword merge, no attribute hashing per call); anything
+    else (another dtype, no extension) calls the kernel itself."""
+    layout = attrs.get("layout", 0)
+    spec_args = (layout, attrs.get("direction", "forward"), _tuple(attrs.get("activations")),
+                 _tuple(attrs.get("activation_alpha")), _tuple(attrs.get("activation_beta")),
+                 attrs.get("hidden_size"), attrs.get("clip"), attrs.get("input_forget", 0),
+                 attrs.get("linear_before_reset", 0))
+    layers: dict[tuple, _rnn_native.Layer] = {}
+    lstm_ = op == "LSTM"
+
+    def rnn_layer(X, W, R, B=None, sequence_lens=None, initial_h=None, *rest):
+        if X.dtype != _F32 or not _rnn_native.usable(_F32):
+            return fn(X, W, R, B, sequence_lens, initial_h, *rest, **attrs)
+        key = (X.shape, W.shape, R.shape)
+        layer = layers.get(key)
+        if layer is None:
+            layer = _native_spec(op, X.shape, W.shape, R.shape, *spec_args)
+            if len(layers) < 64:
+                layers[key] = layer
+        if lstm_:
+            init = [initial_h, rest[0] if rest else None]
+            return _run_layer(layer, X, W, R, B, rest[1] if len(rest) > 1 else None, sequence_lens, init, layout)
+        return _run_layer(layer, X, W, R, B, None, sequence_lens, [initial_h], layout)
+
+    return rnn_layer
 
 
 @functools.lru_cache(maxsize=256)
@@ -526,3 +561,18 @@ def rnn(
 
     ys, (h_fin,) = _run("RNN", step, x, lens, directions, 1, init, hidden, wd, make_dir, acts)
     return _finish(ys, h_fin, None, layout, X.dtype)
+
+
+@specializes(lstm)
+def _lstm_bound(consts: dict, n_inputs: int, **attrs):
+    return _specialized("LSTM", lstm, attrs)
+
+
+@specializes(gru)
+def _gru_bound(consts: dict, n_inputs: int, **attrs):
+    return _specialized("GRU", gru, attrs)
+
+
+@specializes(rnn)
+def _rnn_bound(consts: dict, n_inputs: int, **attrs):
+    return _specialized("RNN", rnn, attrs)

@@ -287,7 +287,7 @@ def slice_10(
 def _slice_const(consts: dict, n_inputs: int):
     """Constant starts/ends/axes/steps (folded Constant nodes): their ints once, the index once per
     input shape."""
-    if not all(i in consts for i in range(1, n_inputs)) or consts[1] is None or consts[2] is None:
+    if n_inputs < 3 or not all(i in consts for i in range(1, n_inputs)) or consts[1] is None or consts[2] is None:
         return None
     params = [_ints(consts.get(i)) for i in range(1, 5)]
     indices: dict[tuple, tuple] = {}

@@ -65,3 +65,31 @@ def test_a_bad_constant_parameter_still_fails_when_the_node_runs(tmp_path):
     s = onnx_prepared.InferenceSession(str(path))
     with pytest.raises(onnx_prepared.errors.KernelError, match="duplicates"):
         s.run(None, {"x": np.zeros(2, np.float32)})
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_recurrent_nodes_bind_their_attributes_once(tmp_path, op):
+    """LSTM/GRU/RNN nodes are bound to a call with their attributes settled (no keyword merge per run)
+    and give onnxruntime's values, with and without the optional inputs."""
+    rng = np.random.default_rng(1)
+    g, h = {"LSTM": 4, "GRU": 3, "RNN": 1}[op], 5
+    inits = [numpy_helper.from_array((rng.standard_normal((2, g * h, 3)) * 0.5).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((2, g * h, h)) * 0.5).astype(np.float32), "R"),
+             numpy_helper.from_array(rng.standard_normal((2, 2 * g * h)).astype(np.float32), "B")]
+    ins = ["x", "W", "R", "B", "", "h0"] + (["h0"] if op == "LSTM" else [])
+    outs = ["y", "yh"] + (["yc"] if op == "LSTM" else [])
+    nodes = [helper.make_node(op, ins, outs, hidden_size=h, direction="bidirectional", clip=5.0),
+             helper.make_node(op, ["x", "W", "R"], ["y2"], hidden_size=h, direction="bidirectional")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4, 2, 3]),
+                                           helper.make_tensor_value_info("h0", F, [2, 2, h])],
+                              [helper.make_tensor_value_info(o, F, None) for o in [*outs, "y2"]], inits)
+    path = tmp_path / "rnn.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    ours = onnx_prepared.InferenceSession(str(path))
+    assert [a.kernel.call.__name__ for a in ours._rt.plan.execution.actions] == ["rnn_layer"] * 2
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.standard_normal((4, 2, 3)).astype(np.float32),
+             "h0": rng.standard_normal((2, 2, h)).astype(np.float32)}
+    for _ in range(2):
+        for a, b in zip(ours.run(None, feeds), ref.run(None, feeds)):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
