@@ -190,7 +190,7 @@ class PreparedModelStore:
         self._digests: dict[str, str] = {}
         self._stamps: dict[str, str] = {}
         self._bound: dict[str, str | None] = {}  # source name -> data file fingerprint at load (bind_sources)
-        self._verified: set[tuple[str, int, str]] = set()  # entries whose sha256 matched once
+        self._verified: set[tuple] = set()  # payload identities that matched their checksum in this store
         self._fds: dict[str, int] = {}  # data file -> fd, open until close() (a reader may still use it)
         self._queue: dict[str, tuple[PreparedKey, np.ndarray]] = {}
         self._queued_digests: dict[str, tuple[str, str | None]] = {}
@@ -321,16 +321,23 @@ class PreparedModelStore:
         Verifies length, the identity record (the payload names this entry's lineage digest, layout and
         device: every read) and the XXH3-128 checksum; a mismatch raises CacheError and marks the entry
         invalid. The checksum is computed while the payload is read (chunk by chunk, GIL released), on
-        the first read of an entry in this process only: payload files are immutable once published (an
-        update writes a new generation), and an evicted object restored once per token need not pay it
-        again.
+        the first read of an entry in this process only: a payload that matched is remembered by its data
+        file's fingerprint (``payload_hash.payload_identity``, from ``fstat`` of the descriptor read), so a
+        second session, or an evicted object restored once per token, does not hash it again, while a
+        rewritten or replaced data file (another fingerprint) is hashed again. Without locks (a network
+        filesystem, where timestamps come from another host's clock) the memo is this store's only.
 
         Without ``out`` the payload is a read-only view of a populated file mapping (``mapping``; no
         copy, no fresh buffer to fault in: ``cache_io.map_payload`` says why), hashed whole once mapped.
         """
-        ident = (entry.file, entry.offset, entry.checksum)
+        try:
+            fd = self._fd(entry)
+            st = os.fstat(fd)
+        except OSError as e:
+            raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
+        ident = payload_hash.payload_identity(st, entry.offset, entry.length, entry.checksum)
         if out is None and self.mapping:
-            buf = self._read_mapped(entry, ident)
+            buf = self._read_mapped(entry, fd, ident, st)
             if buf is not None:
                 return buf
         if out is not None:
@@ -342,9 +349,8 @@ class PreparedModelStore:
         else:
             buf = np.empty(entry.length, dtype=np.uint8)
         record = bytearray(ID_SIZE)
-        hasher = payload_hash.hasher() if ident not in self._verified else None
+        hasher = payload_hash.hasher() if not self._was_verified(ident) else None
         try:
-            fd = self._fd(entry)
             got = io.pread_into(fd, buf, entry.offset, record, hasher=hasher)  # payload, then its identity
         except OSError as e:
             raise self._corrupt(entry, f"cannot read payload: {e.strerror or e}") from None
@@ -354,13 +360,12 @@ class PreparedModelStore:
         why = identity_problem(record, entry)
         if why is not None:
             raise self._corrupt(entry, why)
-        self._check_sum(entry, ident, hasher)
+        self._check_sum(entry, ident, st, hasher)
         return buf
 
-    def _read_mapped(self, entry: CacheEntry, ident: tuple[str, int, str]) -> np.ndarray | None:
+    def _read_mapped(self, entry: CacheEntry, fd: int, ident: tuple, st: os.stat_result) -> np.ndarray | None:
         """``read_payload`` through a file mapping; None when this file cannot be mapped (copy it)."""
         try:
-            fd = self._fd(entry)
             mapped = io.map_payload(fd, entry.offset, entry.length + ID_SIZE)
         except OSError as e:
             if e.errno in _NO_MAPPING:
@@ -376,19 +381,24 @@ class PreparedModelStore:
             if why is not None:
                 raise self._corrupt(entry, why)
             hasher = None
-            if ident not in self._verified:
+            if not self._was_verified(ident):
                 hasher = payload_hash.hasher()
                 hasher.update(view[at: at + entry.length])
-        self._check_sum(entry, ident, hasher)
+        self._check_sum(entry, ident, st, hasher)
         return np.frombuffer(mm, np.uint8, entry.length, at)
 
-    def _check_sum(self, entry: CacheEntry, ident: tuple[str, int, str], hasher) -> None:
+    def _was_verified(self, ident: tuple) -> bool:
+        return ident in self._verified or (self.locking and payload_hash.verified_in_process(ident))
+
+    def _check_sum(self, entry: CacheEntry, ident: tuple, st: os.stat_result, hasher) -> None:
         """Compare a payload's hash (None: verified earlier in this process) and count its bytes."""
         if hasher is not None:
             if hasher.hexdigest() != entry.checksum:
                 raise self._corrupt(entry, f"payload checksum mismatch (corrupt bytes; {payload_hash.ALGORITHM})")
             with self._lock:
                 self._verified.add(ident)
+            if self.locking:
+                payload_hash.remember_verified(ident, st)
         with self._lock:
             self.bytes_read += entry.length
 

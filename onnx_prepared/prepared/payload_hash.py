@@ -15,7 +15,10 @@ hashed). Either way in whichever I/O worker reads it, with the GIL released.
 
 from __future__ import annotations
 
+import os
 import string
+import threading
+import time
 
 #: Name of the algorithm, as the companion's ``payload_checksum`` metadata records it.
 ALGORITHM = "xxh3_128"
@@ -41,3 +44,45 @@ def checksum(data) -> str:
 def is_checksum(value: str) -> bool:
     """True for a lower-case hex XXH3-128 (32 digits)."""
     return len(value) == 32 and set(value) <= _HEX
+
+
+# ---- verified once per process -----------------------------------------------------------------------
+
+#: A data file changed less than this many seconds ago is not remembered: file timestamps come from a
+#: coarse clock (a few ms), so a rewrite in place right after the hash could keep the same fingerprint.
+RACY_S = 1.0
+#: At most this many payloads are remembered (then the memo starts over: a re-hash, never a wrong hit).
+MEMO_LIMIT = 1 << 16
+_memo: set[tuple[str, int, int, str]] = set()
+_memo_lock = threading.Lock()
+
+
+def payload_identity(st: os.stat_result, offset: int, length: int, checksum_hex: str) -> tuple[str, int, int, str]:
+    """What a verified payload is remembered by: its data file's fingerprint (device, inode, size,
+    mtime_ns, ctime_ns, from ``fstat`` of the descriptor read), its offset and length, and the checksum
+    it matched. A rewritten or replaced file has another fingerprint, so it is hashed again."""
+    fp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return fp, offset, length, checksum_hex
+
+
+def verified_in_process(ident: tuple[str, int, int, str]) -> bool:
+    """Whether a store of this process already matched this payload against its checksum."""
+    return ident in _memo
+
+
+def remember_verified(ident: tuple[str, int, int, str], st: os.stat_result) -> bool:
+    """Remember a payload that matched its checksum, unless its file changed within ``RACY_S`` seconds
+    (its fingerprint would not yet tell a rewrite apart); True if remembered."""
+    if st.st_ctime_ns > time.time_ns() - int(RACY_S * 1e9) or st.st_mtime_ns > time.time_ns() - int(RACY_S * 1e9):
+        return False
+    with _memo_lock:
+        if len(_memo) >= MEMO_LIMIT:
+            _memo.clear()
+        _memo.add(ident)
+    return True
+
+
+def forget_verified() -> None:
+    """Drop the process memo (tests, or after restoring a file's timestamps by hand)."""
+    with _memo_lock:
+        _memo.clear()

@@ -83,6 +83,71 @@ def test_a_payload_is_hashed_once_per_entry_in_a_store(tmp_path, spy):
         assert spy["hashers"] == 2 and len(spy["map"]) == 6
 
 
+@pytest.fixture
+def aged(monkeypatch):
+    """The process memo remembers files changed at least ``RACY_S`` ago; 0 here, so a file built by the
+    test counts as settled (no sleep). The memo starts empty and is emptied afterwards."""
+    monkeypatch.setattr(payload_hash, "RACY_S", 0.0)
+    payload_hash.forget_verified()
+    yield
+    payload_hash.forget_verified()
+
+
+@pytest.mark.parametrize("mmap_env", ["1", "0"])
+def test_a_second_session_in_the_process_hashes_nothing(tmp_path, spy, aged, monkeypatch, mmap_env):
+    """Issue 12: verification once per entry per process, not per store."""
+    monkeypatch.setenv(cache_io.MAP_ENV, mmap_env)
+    path = tmp_path / "m.prepared.onnx"
+    items = {key("A"): payload(1, 9000), key("B"): payload(2, 5000)}
+    build(path, items)
+    for want_hashers in (2, 0):
+        spy["hashers"] = 0
+        with PreparedModelStore(path, source_digest=SRC, policy=RO) as r:
+            for k, v in items.items():
+                np.testing.assert_array_equal(r.read_payload(r.lookup(k)), v)
+        assert spy["hashers"] == want_hashers
+
+
+def test_a_rewritten_companion_is_verified_again_and_a_corrupt_one_misses(tmp_path, spy, aged):
+    """A new generation (new data file) is hashed again; a payload flipped in place (same size, new
+    ctime) too, and it is a CacheError, then a miss naming the checksum."""
+    path = tmp_path / "m.prepared.onnx"
+    build(path, {key("A"): payload(1, 9000)})
+    with PreparedModelStore(path, source_digest=SRC, policy=RO) as r:
+        r.read_payload(r.lookup(key("A")))
+    build(path, {key("B"): payload(2, 5000)})  # merges A into a new index; B in a new data file
+    spy["hashers"] = 0
+    with PreparedModelStore(path, source_digest=SRC, policy=RO) as r:
+        a, b = r.lookup(key("A")), r.lookup(key("B"))
+        r.read_payload(a)
+        r.read_payload(b)
+    assert spy["hashers"] == 1  # A (unchanged file) remembered, B's new file hashed
+    with open(a.file, "r+b") as f:  # a bit flip in place: same size, same inode
+        f.seek(a.offset + 17)
+        byte = f.read(1)
+        f.seek(a.offset + 17)
+        f.write(bytes([byte[0] ^ 1]))
+    spy["hashers"] = 0
+    with PreparedModelStore(path, source_digest=SRC, policy=RO) as r:
+        with pytest.raises(CacheError, match="checksum mismatch"):
+            r.read_payload(r.lookup(key("A")))
+        assert spy["hashers"] == 1
+        assert r.lookup(key("A")) is None and "checksum mismatch" in r.explain_miss(key("A"))
+
+
+def test_a_file_changed_just_now_is_not_remembered(tmp_path, spy, monkeypatch):
+    """Timestamps are coarse: a file changed within ``RACY_S`` could be rewritten in place under the same
+    fingerprint, so a second session hashes it again."""
+    monkeypatch.setattr(payload_hash, "RACY_S", 3600.0)
+    path = tmp_path / "m.prepared.onnx"
+    build(path, {key("A"): payload(1, 9000)})
+    spy["hashers"] = 0
+    for _ in range(2):
+        with PreparedModelStore(path, source_digest=SRC, policy=RO) as r:
+            r.read_payload(r.lookup(key("A")))
+    assert spy["hashers"] == 2
+
+
 def test_mapping_off_copies_into_fresh_buffers_with_one_read_per_entry(tmp_path, spy, monkeypatch):
     monkeypatch.setenv(cache_io.MAP_ENV, "0")
     path = tmp_path / "m.prepared.onnx"
