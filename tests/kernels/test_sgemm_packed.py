@@ -74,9 +74,9 @@ def test_sgemm_packed_is_thread_count_independent(level):
 @pytest.mark.parametrize("n", [32, 45, 300])
 @pytest.mark.parametrize(("lo", "hi", "act"), [(-np.inf, np.inf, 0), (0.0, 6.0, 0), (-np.inf, np.inf, 1)])
 def test_avx512_column_task_equals_the_row_task(n, lo, hi, act):
-    """From SG_NCOLS_MIN columns on, AVX-512 runs the column-vectorised task (sg_ntask_avx512): the same
-    k-order FMA chains and epilogue as the row-vectorised task, so the same bits as computing the columns
-    in blocks of 8 (which take the row task)."""
+    """From SG_NCOLS_MIN columns on (K <= SG_NCOLS_MAXK), AVX-512 runs the column-vectorised task
+    (sg_ntask_avx512): the same k-order FMA chains and epilogue as the row-vectorised task, so the same
+    bits as computing the columns in blocks of 8 (which take the row task)."""
     a = RNG.standard_normal((2, 37, 29)).astype(np.float32)
     x = RNG.standard_normal((1, 2, 29, n)).astype(np.float32) * 3
     bias = RNG.standard_normal(74).astype(np.float32)

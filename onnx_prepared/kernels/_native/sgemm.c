@@ -29,7 +29,7 @@ static long ceil_div(long a, long b) { return (a + b - 1) / b; }
  * 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
 static int sg_run(sg_job *j, long B)
 {
-    const int level = ext_isa_level(), by_cols = level >= 3 && j->N >= SG_NCOLS_MIN;
+    const int level = ext_isa_level(), by_cols = level >= 3 && j->N >= SG_NCOLS_MIN && j->K <= SG_NCOLS_MAXK;
     /* the column-vectorised task's tiles are 32 wide: blocks of whole tiles, up to ~128 KiB of x */
     const long align = by_cols ? 32 : SG_NCHUNK_ALIGN, budget = by_cols ? 32768 : 24576;
     long nch = budget / j->K / align * align;

@@ -149,10 +149,10 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long ldb,
 #include "sgemm_task.inc"
 
 /* ---- AVX-512 along the columns: 8 panel rows x 32 columns (16 zmm accumulators) ----
- * For many output positions (N >= SG_NCOLS_MIN): each k broadcasts 8 weights of the panel and multiplies
- * two vectors of x's row k, so the tile's rows are stored as vectors with the epilogue vectorised
- * (the row-vectorised tile above needs a scalar transposing epilogue, which costs more than the FMAs
- * at small K). Same k-order FMA chains from zero as sg_micro5: bit-identical results. */
+ * For many output positions and a short K (sgemm.h: SG_NCOLS_MIN, SG_NCOLS_MAXK): each k broadcasts 8
+ * weights of the panel and multiplies two vectors of x's row k, so the tile's rows are stored as vectors
+ * with the epilogue vectorised (the row-vectorised tile above needs a scalar transposing epilogue,
+ * which costs more than the FMAs at small K). Same k-order FMA chains from zero as sg_micro5: bit-identical results. */
 AI __m512 sgn_epilogue(__m512 v, __m512 lo, __m512 hi, int act)
 {
     v = _mm512_min_ps(hi, _mm512_max_ps(lo, v)); /* max/min return their second operand on NaN: NaN stays */
