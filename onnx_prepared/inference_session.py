@@ -70,11 +70,9 @@ class InferenceSession:
         self._rt = RuntimeSession(model, self._options)
         self._profiling_start_ns = time.time_ns() if self._rt.options.records_trace else 0
         g = model.graph
-        init_names = set(model.weights) | {sp.values.name for sp in g.sparse_initializer}
-        self._inputs = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
-                        if i.name not in init_names]
-        self._overridable = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
-                             if i.name in init_names]
+        self._weights = model.weights
+        self._inputs: list[NodeArg] | None = None  # built on the first get_inputs()
+        self._overridable: list[NodeArg] | None = None
         self._outputs: list[NodeArg] | None = None  # get_outputs() runs shape inference on first call
         self._output_index = {o.name: i for i, o in enumerate(g.output)}
         self._meta = model.model
@@ -86,7 +84,18 @@ class InferenceSession:
 
     # ---- onnxruntime-compatible surface ----
     def get_inputs(self) -> list[NodeArg]:
+        if self._inputs is None:
+            self._describe_inputs()
         return list(self._inputs)
+
+    def _describe_inputs(self) -> None:
+        # on first use, not at construction: most callers never ask (session creation is measured)
+        g = self._meta.graph
+        init_names = set(self._weights) | {sp.values.name for sp in g.sparse_initializer}
+        self._inputs = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
+                        if i.name not in init_names]
+        self._overridable = [NodeArg(i.name, shape_of(i.type), type_string(i.type)) for i in g.input
+                             if i.name in init_names]
 
     def get_outputs(self) -> list[NodeArg]:
         """Declared output shapes merged with shape inference, as onnxruntime reports them
@@ -101,6 +110,8 @@ class InferenceSession:
 
     def get_overridable_initializers(self) -> list[NodeArg]:
         """Graph inputs with an initializer default: feeding one overrides the initializer."""
+        if self._overridable is None:
+            self._describe_inputs()
         return list(self._overridable)
 
     def get_providers(self) -> list[str]:

@@ -182,9 +182,10 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         return PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
 
     for idx, node in enumerate(graph.node):
-        const_pos = frozenset(i for i, n in enumerate(node.input) if n and n in weights)
-        shapes = {i: (weights[node.input[i]].dims, weights[node.input[i]].dtype.name) for i in const_pos
-                  if _has_numpy_dtype(weights[node.input[i]])}
+        ins = tuple(node.input)
+        const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
+        shapes = {i: (weights[ins[i]].dims, _dtype_name(weights[ins[i]].dtype)) for i in const_pos
+                  if _has_numpy_dtype(weights[ins[i]])}
         spec = None
         attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
@@ -294,6 +295,16 @@ def _skeleton(src: onnx.GraphProto) -> onnx.GraphProto:
         else:
             setattr(g, f.name, value)
     return g
+
+
+_DTYPE_NAMES: dict = {}  # np.dtype -> its name (dtype.name is computed in Python, ~1.5 us a call)
+
+
+def _dtype_name(dt) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
 
 
 def _has_numpy_dtype(d: WeightDescriptor) -> bool:
