@@ -50,13 +50,17 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_gc(args: argparse.Namespace) -> int:
-    """Remove superseded data files and dead writers' temporary files of a companion (safe while others write)."""
+    """Drop superseded-layout entries, compact mostly-dead data files, remove unreferenced data files and dead
+    writers' temporary files of a companion (safe while others write)."""
     from onnx_prepared.prepared.cache import collect_garbage
 
-    removed = collect_garbage(args.path)
+    dropped: list[str] = []
+    removed = collect_garbage(args.path, dropped=dropped)
+    for name in dropped:
+        print(f"dropped entry {name}")
     for name in removed:
         print(f"removed {name}")
-    print(f"{args.path}: {len(removed)} file(s) removed")
+    print(f"{args.path}: {len(removed)} file(s) removed, {len(dropped)} stale entries dropped")
     return 0
 
 
@@ -104,7 +108,8 @@ def add_cache_parser(subparsers: Any) -> None:
     v.add_argument("--model", type=existing_file("model"), default=None,
                    help="also check the companion belongs to this source model")
     v.set_defaults(fn=cmd_cache_verify)
-    g = sub.add_parser("gc", help="remove superseded data files and orphaned temporary files of a companion")
+    g = sub.add_parser("gc", help="drop superseded-layout entries, compact, remove unreferenced data files "
+                                  "and orphaned temporary files")
     g.add_argument("path", help="the companion prepared model (.onnx); need not exist (orphans are removed)")
     g.set_defaults(fn=cmd_cache_gc)
     i = sub.add_parser("info", help="entries, bytes, layouts, devices, kernel ABI (metadata only; exit 1 on a "

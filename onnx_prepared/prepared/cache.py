@@ -50,8 +50,8 @@ from onnx_prepared.kernels.prepack import KERNEL_ABI
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
 from onnx_prepared.options import PreparedModelPolicy  # its one home: the option's values
+from onnx_prepared.prepared import cache_gc, payload_hash
 from onnx_prepared.prepared import cache_io as io
-from onnx_prepared.prepared import payload_hash
 from onnx_prepared.prepared.cache_check import info, verify
 from onnx_prepared.prepared.cache_format import (
     ABI_KEY,
@@ -66,6 +66,7 @@ from onnx_prepared.prepared.cache_format import (
     identity_problem,
     identity_record,
     is_sha256,
+    superseded,
 )
 from onnx_prepared.resolve.keys import PreparedKey
 
@@ -597,7 +598,8 @@ class PreparedModelStore:
         disk, _ = io.read_index(self.path)
         if disk is None:
             return not new
-        return all(n in disk.entries and disk.entries[n].lineage_digest == e.lineage_digest for n, e in new.items())
+        have = {**disk.superseded, **disk.entries}  # an older-version entry of ours is dropped, not lost
+        return all(n in have and have[n].lineage_digest == e.lineage_digest for n, e in new.items())
 
     def _publish(self, new: dict[str, CacheEntry], digests: dict[str, tuple[str, str | None]]) -> bool:
         """Merge ``new`` into the companion index on disk and replace it; True. Caller holds the exclusive
@@ -619,6 +621,8 @@ class PreparedModelStore:
                 stamps[n] = s
         fds, invalid = io.open_files(list(kept.values()) + list(new.values()))
         merged = {n: e for n, e in {**kept, **new}.items() if n not in invalid}  # lost files: dropped
+        for n in superseded(merged.values()):  # a layout version bump's first build drops the old layout
+            del merged[n]
         meta = {SOURCE_MODEL_KEY: self.source_digest, ABI_KEY: self.kernel_abi, GENERATION_KEY: str(gen + 1)}
         model = encode(meta, list(merged.values()), src, stamps)
         unchanged = None if self.locking else (lambda: io.inode(self.path) == ino)
@@ -685,8 +689,15 @@ _READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 _LOCKLESS_REPUBLISH = 8
 
 
-def collect_garbage(path: str | os.PathLike, *, locking: bool | None = None) -> list[str]:
-    """``cache gc``: delete the companion's unreferenced data files and dead writers' temporary files.
+def collect_garbage(path: str | os.PathLike, *, locking: bool | None = None,
+                    dropped: list[str] | None = None) -> list[str]:
+    """``cache gc``: compact the companion, then delete its unreferenced data files and dead writers'
+    temporary files; returns the file names removed (``dropped``, when given, receives the names of the
+    entries compaction dropped).
+
+    Compaction (``cache_gc``) drops entries of a superseded layout version and entries whose payload
+    file is gone, and copies the live payloads out of data files that are mostly dead bytes, as one new
+    generation published atomically.
 
     Without locks (``locking=False``, ``$ONNX_PREPARED_CACHE_LOCKING=0``, or a filesystem whose flock
     fails) only files older than ``cache_io.LOCKLESS_GRACE_S`` go: a younger one may be a live writer's.
@@ -704,9 +715,13 @@ def collect_garbage(path: str | os.PathLike, *, locking: bool | None = None) -> 
             lock_fd = None
     try:
         with io.flocked(lock_fd, exclusive=True):
-            m, _ = io.read_index(path)
+            m, ino = io.read_index(path)
             if m is not None:
                 _raise_problems(m)
+                if m.format_version == FORMAT_VERSION:
+                    gone = cache_gc.compact(path, root, m, ino, locking=lock_fd is not None)
+                    if dropped is not None:
+                        dropped.extend(gone)
             referenced = set() if m is None else {e.location for e in m.entries.values()}
             return io.cleanup(folder, root, referenced, min_age=0.0 if lock_fd is not None else io.LOCKLESS_GRACE_S)
     finally:

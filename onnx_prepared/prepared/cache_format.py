@@ -105,6 +105,9 @@ class CompanionIndex:
     source_digests: dict[str, str]
     source_stamps: dict[str, str]
     problems: list[tuple[str, str]]  # (entry name or "", message): structural corruption
+    # entries of a superseded layout version (``superseded``): left out of ``entries``, so no reader opens,
+    # maps or hashes them, the next publication drops them and gc deletes what only they still reference
+    superseded: dict[str, CacheEntry] = field(default_factory=dict)
 
     @property
     def format_version(self) -> str | None:
@@ -241,7 +244,30 @@ def decode(model: onnx.ModelProto, path: str, *, entries: bool = True) -> Compan
             m.problems.append((t.name, "duplicate entry name"))
             continue
         m.entries[e.key_name] = e
+    for n in superseded(m.entries.values()):
+        m.superseded[n] = m.entries.pop(n)
     return m
+
+
+_VERSION = re.compile(r"-v(\d+)(?=-|$)")
+
+
+def superseded(entries) -> set[str]:
+    """Names of entries whose layout is an older version of another entry's layout for the same sources
+    and device (``...-panel16-v1-...`` beside ``...-panel16-v2-...``: a layout version bump makes every
+    current build write the new key and never ask for the old one again). Only the layout's version
+    token is compared, never a source name; a layout without one is never superseded."""
+    newest: dict[tuple, int] = {}
+    versioned = []
+    for e in entries:
+        m = _VERSION.search(e.layout)
+        if m is None:
+            continue
+        family = (e.lineage, e.device, e.kernel_abi, e.layout[:m.start()] + "-v*" + e.layout[m.end():])
+        v = int(m.group(1))
+        versioned.append((e.key_name, family, v))
+        newest[family] = max(newest.get(family, v), v)
+    return {n for n, family, v in versioned if v < newest[family]}
 
 
 def _entry(t: onnx.TensorProto, folder: str, real_folder: str, files: dict[str, str]) -> CacheEntry:
