@@ -3,7 +3,8 @@
 Output size, pads and auto_pad follow onnxruntime: with ``output_shape`` (or SAME_* auto_pad) the total
 padding is ``stride*(in-1) + output_padding + dilation*(k-1) + 1 - out`` (at least 0), its smaller half
 at the head for SAME_UPPER, its larger half at the head for SAME_LOWER and an explicit
-output_shape. Half-precision computes in float32.
+output_shape. Half-precision computes in float32. When every stride equals its kernel extent (no
+dilation, pads or output padding) the taps tile the output and col2im is a single transpose.
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ def conv_transpose(
     wt = W.astype(wd, copy=False).reshape(group, cg, mg * k).transpose(0, 2, 1)
     cols = np.matmul(wt, X.astype(wd, copy=False).reshape(n, group, cg, p_in))
     cols = cols.reshape((n, m, k) + X.shape[2:])
+    if all(strides[i] == kshape[i] and dilations[i] == 1 and not begins[i] and out[i] == kshape[i] * X.shape[2 + i]
+           for i in range(nd)):
+        # stride = kernel (a UNet's 2x2 upsampling): the taps tile the output without overlap, so col2im
+        # is one transpose: y[.., i*k + a, ..] = cols[.., tap a, .., i, ..]
+        y = cols.reshape((n, m) + kshape + X.shape[2:]).transpose(
+            (0, 1) + tuple(a for i in range(nd) for a in (2 + nd + i, 2 + i))).reshape((n, m) + tuple(out))
+        if B is not None:
+            if B.shape != (m,):
+                raise KernelError(f"ConvTranspose: bias shape {list(B.shape)} is not [{m}]")
+            y += B.astype(wd, copy=False).reshape((m,) + (1,) * nd)
+        return (y.astype(X.dtype, copy=False),)
     # col2im into a buffer covering every scattered position and the cropped window
     span = [strides[i] * (X.shape[2 + i] - 1) + dilations[i] * (kshape[i] - 1) + 1 for i in range(nd)]
     size = [max(span[i], begins[i] + out[i]) for i in range(nd)]

@@ -53,3 +53,18 @@ def test_conv_transpose_float64_against_reference():
     x, w = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((2, 3, 3, 3))
     (y,) = check("ConvTranspose", [x, w], opset=11, rtol=1e-10, atol=1e-10, strides=[2, 2], output_padding=[1, 1])
     assert y.dtype == np.float64
+
+
+@pytest.mark.parametrize(("xs", "ws", "strides", "group"), [
+    ((1, 16, 8, 8), (16, 16, 2, 2), [2, 2], 1),  # UNet's upsampling
+    ((2, 4, 3, 5), (4, 3, 3, 2), [3, 2], 2),
+    ((1, 3, 7), (3, 2, 4), [4], 1),
+])
+def test_conv_transpose_stride_equal_to_kernel_is_one_transpose(xs, ws, strides, group):
+    """The taps tile the output without overlap: the transpose path against onnxruntime, bias included."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[1] * group).astype(np.float32)
+    check_ort("ConvTranspose", [x, w, b], opset=17, strides=strides, group=group)
+    check_ort("ConvTranspose", [x, w], opset=17, strides=strides, group=group)
