@@ -2,7 +2,6 @@
 
 from onnx_prepared.errors import (
     Cancelled,
-    CancelledError,
     ExternalDataError,
     InvalidFeedError,
     InvalidOptionError,
@@ -35,6 +34,7 @@ __all__ = [
 # so every CLI command's start, `--help` included) stays light, and a session's modules load with it.
 _API = "onnx_prepared.compat.api"
 _LAZY = {
+    "CancelledError": "onnx_prepared.errors",  # built on first use (errors.py: its base imports logging)
     "InferenceSession": "onnx_prepared.inference_session",
     "NodeArg": "onnx_prepared.inference_session",
     "RuntimeSession": "onnx_prepared.runtime",

@@ -9,7 +9,7 @@ broad ``except Exception`` inside a task cannot swallow a cancellation; a waiter
 
 from __future__ import annotations
 
-import concurrent.futures
+import _thread
 
 #: Longest message an error keeps; the middle of a longer one is elided (a 10 MB node name must not
 #: become a 10-million-character message).
@@ -115,10 +115,35 @@ class Cancelled(BaseException):
     """The operation was cancelled and its effect did not happen."""
 
 
-class CancelledError(concurrent.futures.CancelledError, Cancelled):
-    """What a waiter sees for a cancelled submission (``wait``, ``result``, ``exception``; rule W1).
+def _cancelled_error() -> type:
+    """Build :class:`CancelledError` on first use.
 
-    A ``concurrent.futures.CancelledError`` (an ``Exception``: a server's ``except Exception`` contains it,
-    as it would a cancelled ``Future``'s) and a :class:`Cancelled` (code written for trio-style
-    cancellation still catches it).
+    Its base ``concurrent.futures.CancelledError`` lives in ``concurrent.futures._base``, whose import
+    pulls in ``logging`` (2.5-5 ms of every start-up); nothing before the first cancellation needs it.
+    ``except`` matches on the real base classes, so the class has to subclass it, not register with it.
     """
+    import concurrent.futures
+
+    class CancelledError(concurrent.futures.CancelledError, Cancelled):
+        """What a waiter sees for a cancelled submission (``wait``, ``result``, ``exception``; rule W1).
+
+        A ``concurrent.futures.CancelledError`` (an ``Exception``: a server's ``except Exception`` contains it,
+        as it would a cancelled ``Future``'s) and a :class:`Cancelled` (code written for trio-style
+        cancellation still catches it).
+        """
+
+    CancelledError.__module__, CancelledError.__qualname__ = __name__, "CancelledError"
+    return CancelledError
+
+
+_cancelled_lock = _thread.allocate_lock()
+
+
+def __getattr__(name: str) -> type:
+    if name == "CancelledError":
+        with _cancelled_lock:  # one class for every thread: ``except`` compares classes, not names
+            cls = globals().get("CancelledError")
+            if cls is None:
+                cls = globals()["CancelledError"] = _cancelled_error()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,6 @@ Everything runs through prepared execution: the model is resolved metadata-only,
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -176,6 +175,8 @@ class InferenceSession:
         self._profiling_start_ns = 0
         prefix = getattr(self._rt.options, "profile_file_prefix", "onnxruntime_profile_")
         path = f"{prefix}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
+        import json  # only end_profiling writes JSON
+
         with open(path, "w", encoding="utf-8") as f:
             json.dump(trace.to_chrome()["traceEvents"], f)
         return path

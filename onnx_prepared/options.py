@@ -10,7 +10,6 @@ option and the allowed values, at the assignment rather than at session creation
 from __future__ import annotations
 
 import enum
-import logging
 import os
 import re
 import warnings
@@ -150,6 +149,8 @@ def _log_severity(name: str, v: Any) -> int:
         raise InvalidOptionError(name, v, "an int from -1 (default) to 4: 0 verbose, 1 info, 2 warning, 3 error, "
                                           "4 fatal")
     if v >= 0:  # like onnxruntime's default logger, the threshold is process-wide
+        import logging
+
         logging.getLogger("onnx_prepared").setLevel((logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
                                                      logging.CRITICAL)[v])
     return v

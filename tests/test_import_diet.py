@@ -8,7 +8,7 @@ needs the fallback, the ``onnx`` package itself (helper, compose, ...) not at al
 
 from __future__ import annotations
 
-import json
+import ast
 import subprocess
 import sys
 
@@ -22,9 +22,9 @@ _KERNEL_MODULES = {f"onnx_prepared.kernels.{m}" for m in MODULES}
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(sorted(sys.modules))"],  # (no json)
                          capture_output=True, text=True, check=True).stdout
-    return set(json.loads(out.strip().splitlines()[-1]))
+    return set(ast.literal_eval(out.strip().splitlines()[-1]))
 
 
 def _heavy(mods: set[str]) -> set[str]:
@@ -53,6 +53,21 @@ def test_bare_import_builds_no_runtime():
     mods = _modules_after("import onnx_prepared")
     assert {m for m in mods if m.startswith("onnx_prepared")} == {"onnx_prepared", "onnx_prepared.errors",
                                                                   "onnx_prepared.options"}
+
+
+def test_import_leaves_logging_futures_and_hashing_for_later():
+    """``logging`` (pulled by ``concurrent.futures._base``, the base of ``CancelledError`` and of a handle's
+    future), OpenSSL's ``hashlib`` and ``json`` load when a cancellation, a log message, a checksum or a
+    cache file first needs them, not with the import a user's first line makes."""
+    mods = _modules_after("import numpy\nfrom onnx_prepared import InferenceSession, RuntimeSession")
+    assert not mods & {"logging", "concurrent.futures", "concurrent.futures._base", "hashlib", "json"}
+    mods = _modules_after("from onnx_prepared import CancelledError\nimport concurrent.futures, asyncio\n"
+                          "from onnx_prepared import errors, scheduler\n"
+                          "assert CancelledError is errors.CancelledError is scheduler.CancelledError\n"
+                          "assert issubclass(CancelledError, (concurrent.futures.CancelledError, errors.Cancelled))\n"
+                          "try:\n    raise CancelledError('x')\nexcept concurrent.futures.CancelledError as e:\n"
+                          "    assert isinstance(e, errors.Cancelled) and not isinstance(e, asyncio.CancelledError)")
+    assert "concurrent.futures" in mods
 
 
 def test_session_loads_only_its_kernels(tmp_path):

@@ -9,20 +9,19 @@ are not verifiable here.
 
 from __future__ import annotations
 
-import hashlib
-import string
-
 import numpy as np
 
 from onnx_prepared.model.descriptors import WeightDescriptor, is_packed
 
-_HEX = frozenset(string.hexdigits)
+_HEX = frozenset("0123456789abcdefABCDEF")  # string.hexdigits
 
 
 def sha256_hex(data: bytes | bytearray | memoryview | np.ndarray) -> str:
     """Hex sha256 of ``data`` (an ndarray is hashed as its C-order bytes; the GIL is released while hashing)."""
     if isinstance(data, np.ndarray):
         data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    import hashlib  # OpenSSL loads on the first checksum, not with the package
+
     return hashlib.sha256(data).hexdigest()
 
 

@@ -14,7 +14,6 @@ once): it is mapped with ``MAP_POPULATE`` (:func:`mapped_sources` says why and w
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
 import threading
@@ -332,6 +331,8 @@ class ExternalDataReader:
 
     def _stream_sha256(self, desc: WeightDescriptor, piece: int) -> str | None:
         """sha256 of ``desc``'s stored bytes read ``piece`` bytes at a time into one reused buffer."""
+        import hashlib  # OpenSSL loads with the first hash, not with the package
+
         p = desc.payload
         h, buf = hashlib.sha256(), np.empty(piece, np.uint8)
         for off in range(0, p.length, piece):

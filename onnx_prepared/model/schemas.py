@@ -15,8 +15,6 @@ error (an op its opset does not define) always go to the registry, which words t
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import threading
 
@@ -88,6 +86,8 @@ class SchemaCache:
     """Schema facts of one onnx build: from the cache file, else from the registry (then saved)."""
 
     def __init__(self, folder: str | None, build: str | None) -> None:
+        import hashlib  # hashlib and json load with the first session, not with the package
+
         self._lock = threading.Lock()
         self._build = build
         self._path = (os.path.join(folder, hashlib.sha256(build.encode()).hexdigest()[:32] + ".json")
@@ -101,6 +101,8 @@ class SchemaCache:
     def _load(self) -> None:
         if self._path is None:
             return
+        import json
+
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             with open(self._path, "rb") as f:
                 data = json.loads(f.read(_LIMIT))
@@ -157,6 +159,8 @@ class SchemaCache:
         """Write the file if a lookup missed since it was read (a cache: any OSError is ignored)."""
         if not self._dirty or self._path is None:
             return
+        import json
+
         with self._lock:
             body = json.dumps({"build": self._build, "opsets": self._opsets, "ops": self._ops})
             self._dirty = False

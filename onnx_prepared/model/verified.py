@@ -17,8 +17,6 @@ written is skipped silently, and at most ``MAX_RECORDS`` files are kept (oldest 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 
 from onnx_prepared.model.safe_open import fingerprint, read_regular
@@ -33,11 +31,15 @@ def default_dir() -> str:
 
 
 def _path(folder: str, file: str) -> str:
+    import hashlib  # hashlib and json load with the first record, not with the package
+
     return os.path.join(folder, hashlib.sha256(os.path.realpath(file).encode()).hexdigest()[:32] + ".json")
 
 
 def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
     """{(offset, length): sha256} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
+    import json
+
     try:
         data, _ = read_regular(_path(folder, file), limit=_LIMIT)
         rec = json.loads(data)
@@ -55,6 +57,8 @@ def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
 
 def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) -> None:
     """Record ``ranges`` (merged with a record of the same fingerprint) if ``file`` still has ``fp``."""
+    import json
+
     with contextlib.suppress(OSError, ValueError):
         if fingerprint(os.stat(file)) != fp:
             return  # changed since it was hashed: the record would be ignored anyway

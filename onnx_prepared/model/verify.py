@@ -17,7 +17,6 @@ the hash's pace instead of keeping released buffers alive.
 from __future__ import annotations
 
 import copy
-import hashlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +31,8 @@ CHUNK = 8 << 20
 
 def sha256_chunked(buf: np.ndarray, stop: Callable[[], bool] | None = None) -> str | None:
     """Hex sha256 of a 1-D uint8 array, hashed in ``CHUNK`` pieces; None if ``stop()`` turned true."""
+    import hashlib  # OpenSSL loads with the first hash, not with the package
+
     h, mv = hashlib.sha256(), memoryview(buf).cast("B")
     for i in range(0, len(mv), CHUNK):
         if stop is not None and stop():

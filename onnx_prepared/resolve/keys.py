@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import field
 
@@ -41,6 +40,8 @@ class PreparedKey:
     @property
     def file_safe(self) -> str:
         """A short, stable, filesystem-safe name (for cache payload names)."""
+        import hashlib  # (1.5-2 ms of OpenSSL loading, lazily: the first cache key, not every import)
+
         base = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.lineage[0])[:60]
         h = hashlib.sha256(f"{self.lineage}|{self.layout}|{self.device}".encode()).hexdigest()[:16]
         return f"{base}-{h}"
@@ -50,6 +51,8 @@ def lineage_digest(checksums: list[str | None], names: tuple[str, ...], types: l
     """Aggregate digest over ordered source identities, types and content checksums; None if any is unknown."""
     if any(c is None for c in checksums):
         return None
+    import hashlib
+
     h = hashlib.sha256()
     for n, t, c in zip(names, types, checksums):
         h.update(f"{n}\0{t}\0{c}\n".encode())

@@ -113,7 +113,7 @@ W4. ``handle.future`` is a ``concurrent.futures.Future`` given the same outcome 
 
 from __future__ import annotations
 
-from onnx_prepared.errors import Cancelled, CancelledError
+from onnx_prepared.errors import Cancelled
 from onnx_prepared.memory import Domain, MemoryBudget
 from onnx_prepared.scheduler.estimates import MemoryEstimate, MemoryLease
 from onnx_prepared.scheduler.executor import CpuExecutor
@@ -145,3 +145,11 @@ __all__ = [
     "TraceRecord",
     "WorkerPool",
 ]
+
+
+def __getattr__(name: str):
+    if name == "CancelledError":  # built on first use (onnx_prepared/errors.py: its base imports logging)
+        from onnx_prepared import errors
+
+        return errors.CancelledError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,24 +8,23 @@ waits for the submission (the spec's documented choice: tasks may still use call
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import contextlib
-import logging
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from onnx_prepared.errors import CancelledError, InternalError
+from onnx_prepared import errors
+from onnx_prepared.errors import InternalError
 from onnx_prepared.records import record
 from onnx_prepared.scheduler.task import Task
-from onnx_prepared.scheduler.workers import current_pool
+from onnx_prepared.scheduler.workers import _log, current_pool
 
 if TYPE_CHECKING:
     import asyncio
+    import concurrent.futures
 
-_log = logging.getLogger("onnx_prepared.scheduler")
 _future_lock = threading.Lock()  # creates a handle's future once (rare: only callers that ask for one)
 
 
@@ -176,7 +175,7 @@ class ExecutionHandle:
 
     def __init__(self, sub: _Submission):
         self._sub = sub
-        self._future: _HandleFuture | None = None
+        self._future: concurrent.futures.Future | None = None
 
     # **** completion ****
 
@@ -212,7 +211,7 @@ class ExecutionHandle:
         if st is H.FAILED:
             raise sub.errors[0]
         if st is H.CANCELLED:
-            raise CancelledError(self._cancel_reason())
+            raise errors.CancelledError(self._cancel_reason())
 
     def result(self, timeout: float | None = None) -> Any:
         """:meth:`wait`, then the designated result: a task's value, or a callable's (called once)."""
@@ -239,7 +238,7 @@ class ExecutionHandle:
         """``Future.exception()``: the error ``result()`` would raise, or None; CancelledError if cancelled."""
         try:
             self.result(timeout)
-        except CancelledError:
+        except errors.CancelledError:
             raise
         except TimeoutError:
             if not self.done():
@@ -262,7 +261,7 @@ class ExecutionHandle:
             with _future_lock:
                 fut = self._future
                 if fut is None:
-                    fut = self._future = _HandleFuture(sub)
+                    fut = self._future = _handle_future(sub)
                     sub.scheduler._add_sub_callback(sub, lambda: _complete(fut, sub))
         return fut
 
@@ -342,9 +341,9 @@ class ExecutionHandle:
         pool = current_pool()
         if pool is not None and sub.scheduler._owns_pool(pool):
             # NOTE: blocking here could wait for the very slot this thread holds (deadlock).
-            _log.warning("live ExecutionHandle dropped on a scheduler worker; not waiting for it")
+            _log().warning("live ExecutionHandle dropped on a scheduler worker; not waiting for it")
             return
-        _log.debug("waiting for a live ExecutionHandle that was dropped before completion")
+        _log().debug("waiting for a live ExecutionHandle that was dropped before completion")
         sub.done.wait()
 
     def _cancel_reason(self) -> str:
@@ -358,26 +357,42 @@ class ExecutionHandle:
         return f"<ExecutionHandle {self._sub.state.name} tasks={len(self._sub.members)}>"
 
 
-class _HandleFuture(concurrent.futures.Future):
-    """The handle's ``concurrent.futures.Future``: ``cancel()`` cancels the submission; the outcome is set
-    by :func:`_complete` when the submission is terminal (so done() means terminal, as for the handle)."""
-
-    def __init__(self, sub: _Submission):
-        super().__init__()
-        self._submission = sub
-
-    def cancel(self) -> bool:
-        if self.done():
-            return self.cancelled()
-        self._submission.scheduler._cancel_submission(self._submission)
-        return True
+_future_class: type | None = None
 
 
-def _complete(fut: _HandleFuture, sub: _Submission) -> None:
+def _handle_future(sub: _Submission) -> concurrent.futures.Future:
+    """A new :class:`_HandleFuture` (the class is made on first use, under ``_future_lock``: its base
+    module ``concurrent.futures._base`` imports ``logging``, which no start-up needs)."""
+    global _future_class
+    if _future_class is None:
+        import concurrent.futures
+
+        class _HandleFuture(concurrent.futures.Future):
+            """The handle's ``concurrent.futures.Future``: ``cancel()`` cancels the submission; the outcome
+            is set by :func:`_complete` when the submission is terminal (so done() means terminal, as for
+            the handle)."""
+
+            def __init__(self, sub: _Submission):
+                super().__init__()
+                self._submission = sub
+
+            def cancel(self) -> bool:
+                if self.done():
+                    return self.cancelled()
+                self._submission.scheduler._cancel_submission(self._submission)
+                return True
+
+        _future_class = _HandleFuture
+    return _future_class(sub)
+
+
+def _complete(fut: concurrent.futures.Future, sub: _Submission) -> None:
     """Copy a terminal submission's outcome into its future (a done callback; never raises)."""
     if fut.done():
         return
     if sub.state is H.CANCELLED:
+        import concurrent.futures  # loaded with the future's class
+
         concurrent.futures.Future.cancel(fut)
         fut.set_running_or_notify_cancel()  # wakes concurrent.futures.wait / as_completed
         return

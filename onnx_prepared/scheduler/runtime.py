@@ -819,5 +819,5 @@ def _call_logged(cb: Callable[..., Any], *args: Any) -> None:
     try:
         cb(*args)
     except Exception:
-        _log.exception("callback %r raised", cb)
+        _log().exception("callback %r raised", cb)
 

@@ -6,7 +6,6 @@ Disabled tracing costs one ``is None`` check per task run. Enabled, each run seg
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -80,5 +79,7 @@ class Trace:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_chrome` as JSON; returns the path."""
         p = Path(path)
+        import json  # only saving a trace needs it
+
         p.write_text(json.dumps(self.to_chrome()))
         return p

@@ -8,7 +8,6 @@ that raises anyway is logged and recorded, and :meth:`WorkerPool.close` reports 
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -16,8 +15,14 @@ from typing import Any
 
 from onnx_prepared.errors import InternalError
 
-_log = logging.getLogger("onnx_prepared.scheduler")
 _tls = threading.local()
+
+
+def _log():
+    """The scheduler's logger; ``logging`` loads on the first message (a bug's), not at start-up."""
+    import logging
+
+    return logging.getLogger("onnx_prepared.scheduler")
 
 
 def current_pool() -> WorkerPool | None:
@@ -103,7 +108,7 @@ class WorkerPool:
                 job[0](*job[1])
             except BaseException as e:  # a job's own bug: keep the worker alive, report at close()
                 self._errors.append(e)
-                _log.exception("job raised in WorkerPool %r", self.name)
+                _log().exception("job raised in WorkerPool %r", self.name)
             del job  # drop references to the job's arguments before blocking again
 
     def __repr__(self) -> str:
