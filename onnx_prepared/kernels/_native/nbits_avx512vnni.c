@@ -107,6 +107,14 @@ NB_INLINE __m512i dp(__m512i acc, __m512i u, const int8_t *a)
     return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(a32(a)));
 }
 
+/* dp with A's 4 bytes as an embedded broadcast memory operand ({1to16}): the compiler emits a separate
+ * vpbroadcastd for _mm512_set1_epi32 */
+NB_INLINE __m512i dpm(__m512i acc, __m512i u, const int8_t *a)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)(const void *)a));
+    return acc;
+}
+
 /* the zero-point term's factor of block b for panel p: sb (symmetric: asum holds 8 * ablk) or sb * zp, so
  * that z = fnmadd(asum, zs, z) over the blocks in order is onnxruntime's fma chain of ablk * -(sb * zp) */
 NB_INLINE __m512 zs_vec(const nb_weights *w, int p, int b)
@@ -519,7 +527,7 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
                     UNROLL for (int r = 0; r < R; r++) {
                         const int8_t *ab = a[r] + (size_t)b * 32 + 16 * pr + 4 * hi;
                         UNROLL for (int h = 0; h < NP; h++) {
-                            const __m512i x = dp(dp(_mm512_setzero_si512(), w0[h], ab), w1[h], ab + 8);
+                            const __m512i x = dpm(dpm(_mm512_setzero_si512(), w0[h], ab), w1[h], ab + 8);
                             F[r][h][2 * pr + hi] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), s[r][h], F[r][h][2 * pr + hi]);
                         }
                     }
