@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
-from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.registry import kernel, specializes
 
 _FLOAT8 = frozenset({
     onnx.TensorProto.FLOAT8E4M3FN,
@@ -45,6 +45,28 @@ def _cast(x: np.ndarray, to: int, saturate: int, round_mode: str) -> np.ndarray:
 def cast(x: np.ndarray, *, to: int, saturate: int = 1, round_mode: str = "up") -> tuple[np.ndarray]:
     """``to`` is an ONNX TensorProto element type; ``round_mode`` (opset 24) only affects float8e8m0."""
     return (_cast(x, to, saturate, round_mode),)
+
+
+@specializes(cast)
+def _cast_bound(consts: dict, n_inputs: int, *, to: int, saturate: int = 1, round_mode: str = "up"):
+    """A plain numeric target (not string, float8 or e8m0): its numpy dtype once, and the error state
+    set only for a float source (the one that can overflow or be NaN), not on every call."""
+    if to == onnx.TensorProto.STRING or to in _FLOAT8 or to == _E8M0:
+        return None
+    try:
+        dtype = onnx.tensor_dtype_to_np_dtype(to)
+    except Exception:
+        return None  # an unknown type: the kernel's own call reports it when the node runs
+
+    def cast_to(x: np.ndarray) -> tuple[np.ndarray]:
+        if x.dtype == dtype:
+            return (x,)
+        if x.dtype.kind in "fc":
+            with np.errstate(invalid="ignore", over="ignore"):
+                return (np.asarray(x.astype(dtype)),)
+        return (np.asarray(x.astype(dtype)),)
+
+    return cast_to
 
 
 @kernel("CastLike", since=15)

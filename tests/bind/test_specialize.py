@@ -93,3 +93,30 @@ def test_recurrent_nodes_bind_their_attributes_once(tmp_path, op):
     for _ in range(2):
         for a, b in zip(ours.run(None, feeds), ref.run(None, feeds)):
             np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_cast_binds_its_target_once_and_matches_onnxruntime(tmp_path):
+    nodes = [helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32),
+             helper.make_node("Cast", ["b"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["x"], ["same"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["x"], ["s"], to=TensorProto.STRING)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4]),
+                                       helper.make_tensor_value_info("b", TensorProto.BOOL, [4])],
+                          [helper.make_tensor_value_info(o, t, None) for o, t in
+                           (("i", TensorProto.INT32), ("f", F), ("same", F), ("s", TensorProto.STRING))])
+    path = tmp_path / "cast.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    ours = onnx_prepared.InferenceSession(str(path))
+    names = [getattr(a.kernel.call, "__name__", None) or a.kernel.call.func.__name__
+             for a in ours._rt.plan.execution.actions]
+    assert names == ["cast_to", "cast_to", "cast_to", "cast"]  # the string target keeps the kernel
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.array([1.5, -2.7, 3e9, 0.0], np.float32), "b": np.array([True, False, True, False])}
+    with np.errstate(all="raise"):  # no warning escapes for the overflowing float -> int32
+        got = ours.run(None, feeds)
+    want = ref.run(None, feeds)
+    for a, b in zip(got[:3], want[:3]):
+        assert a.dtype == b.dtype
+    np.testing.assert_array_equal(got[0][[0, 1, 3]], want[0][[0, 1, 3]])  # 3e9 is implementation-defined
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], feeds["x"])
