@@ -52,8 +52,9 @@ class ExternalDataReader:
     returns them; with ``defer_verify`` (a session that does not persist what it reads) the hash runs on
     a background thread (``model/verify.py``) and the bytes are returned at once: whoever consumed them
     must call ``check_verified()`` before its result counts, which waits for every verification queued
-    so far and raises a mismatch. With ``verified_dir`` what matched is recorded at ``close()`` under the
-    data file's fingerprint, and a later reader trusts it while the fingerprint is unchanged
+    so far and raises a mismatch. With ``verified_dir`` what matched is recorded under the data file's
+    fingerprint once a ``check_verified()`` passed (in the background: after a session's first run) and
+    at ``close()``, and a later reader trusts it while the fingerprint is unchanged
     (``model/verified.py``), so repeated cold starts do not re-hash unchanged weights.
     ``verify_checksums=False`` skips verification (tests, tools). With
     ``hash_reads`` every external read is hashed inline. ``source_digest`` then gives (sha256,
@@ -80,7 +81,9 @@ class ExternalDataReader:
         self._queued: set[tuple[str, int, int, str]] = set()  # (file, offset, length, fp) being verified
         self.verified_dir = verified_dir
         self._records_read: set[tuple[str, str]] = set()  # (file, fp) whose verification record was loaded
-        self._records_new: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # verified by this reader
+        self._records_new: dict[tuple[str, str], dict[tuple[int, int], str]] = {}  # verified, not yet saved
+        self._saver: threading.Thread | None = None  # the last background save (check_verified)
+        self._save_lock = threading.Lock()
         self._digests: dict[tuple[str, int, int], tuple[str, str]] = {}  # (file, offset, length) -> (sha, fp)
         self._transient: set[tuple[str, int, int]] = set()  # (file, offset, length) read_bytes may map (mark_transient)
 
@@ -94,16 +97,42 @@ class ExternalDataReader:
         verified (``verified_dir``). Idempotent."""
         self.verifier.close()
         self._pool.close()
-        with self._lock:
-            new, self._records_new = self._records_new, {}
-        if self.verified_dir is not None:
-            for (file, fp), ranges in new.items():
-                verified.save(self.verified_dir, file, fp, ranges)
+        self.save_records()
 
     def check_verified(self) -> None:
         """Wait for every checksum verification queued so far; raise :class:`ExternalDataError` if any
-        bytes this reader returned did not match their recorded sha256 (on every call from then on)."""
+        bytes this reader returned did not match their recorded sha256 (on every call from then on).
+
+        What matched since the last save is then recorded (``verified_dir``) on a thread of its own, so
+        a process killed without closing (a replica) leaves the records of every run that returned."""
         self.verifier.check()
+        if self._records_new and self.verified_dir is not None:  # NOTE: unlocked test: hot runs pass here
+            self.save_records(background=True)
+
+    def save_records(self, *, background: bool = False) -> None:
+        """Record what this reader verified and has not recorded yet (``verified_dir``; atomic per data
+        file, ``verified.save``); ``background`` on a daemon thread (``wait_records`` joins it)."""
+        with self._lock:
+            new, self._records_new = self._records_new, {}
+        if not new or self.verified_dir is None:
+            return
+        if not background:
+            self._save_records(new)
+            return
+        t = threading.Thread(target=self._save_records, args=(new,), name="onnx-prepared-records", daemon=True)
+        self._saver = t
+        t.start()
+
+    def wait_records(self) -> None:
+        """Wait for the last background save of verification records (tests, tools)."""
+        t = self._saver
+        if t is not None:
+            t.join()
+
+    def _save_records(self, new: dict[tuple[str, str], dict[tuple[int, int], str]]) -> None:
+        with self._save_lock:  # one save at a time: each merges with the record on disk
+            for (file, fp), ranges in new.items():
+                verified.save(self.verified_dir, file, fp, ranges)
 
     def __enter__(self) -> ExternalDataReader:
         return self
