@@ -98,6 +98,7 @@ class ExternalDataReader:
         self.verifier.close()
         self._pool.close()
         self.save_records()
+        self.wait_records()  # a background save still writing: closed means recorded
 
     def check_verified(self) -> None:
         """Wait for every checksum verification queued so far; raise :class:`ExternalDataError` if any
