@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onnx_prepared import onnx_proto as onnx
@@ -19,6 +18,7 @@ from onnx_prepared.errors import InvalidFeedError
 from onnx_prepared.model import LoadedModel, load_model
 from onnx_prepared.model.loader import describe_model, load_model_bytes
 from onnx_prepared.options import SessionOptions
+from onnx_prepared.records import record
 from onnx_prepared.runtime import RuntimeSession
 from onnx_prepared.runtime.feeds import shape_of, type_string
 from onnx_prepared.scheduler import ExecutionHandle
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["InferenceSession", "ModelMetadata", "NodeArg", "SessionOptions"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeArg:
     """An input or output as onnxruntime describes it: name, shape (ints, strings or None), type string."""
 
@@ -38,7 +38,7 @@ class NodeArg:
     type: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelMetadata:
     producer_name: str
     graph_name: str

@@ -6,6 +6,9 @@ twice: about 0.4 ms per frozen class, 13 ms over the 34 classes constructing a s
 of our import). ``record`` generates the same methods in one ``exec`` and builds a slotted class once.
 ``dataclasses.fields``/``replace``/``asdict`` keep working: ``__dataclass_fields__`` is computed on first
 access by running ``dataclass`` itself on a shadow copy of the class (only introspection pays for it).
+The ``dataclasses`` module itself (with ``inspect``, ``dis`` and ``ast``: 3-4 ms) loads only then, or for
+a class ``record`` hands over: declare fields with this module's :func:`field` and copy with
+:func:`replace`.
 
 Supported: positional fields with plain defaults or ``field(default=..., default_factory=...,
 init=..., compare=..., repr=..., hash=...)``, ``frozen``, ``eq``, ``slots``, ``__post_init__``, no
@@ -16,11 +19,79 @@ different thing.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
+import sys
 from typing import Any
 
-_MISSING = dataclasses.MISSING
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+_MISSING: Any = _Missing()
+
+
+class _Field:
+    """What :func:`field` declares (``dataclasses.Field``'s attributes, without importing dataclasses)."""
+
+    __slots__ = ("compare", "default", "default_factory", "hash", "init", "kw_only", "metadata", "repr")
+
+    def __init__(self, default, default_factory, init, repr, hash, compare, metadata, kw_only) -> None:
+        if default is not _MISSING and default_factory is not _MISSING:
+            raise ValueError("cannot specify both default and default_factory")
+        self.default, self.default_factory, self.init, self.repr = default, default_factory, init, repr
+        self.hash, self.compare, self.metadata, self.kw_only = hash, compare, metadata, kw_only
+
+
+def field(*, default: Any = _MISSING, default_factory: Any = _MISSING, init: bool = True, repr: bool = True,
+          hash: bool | None = None, compare: bool = True, metadata: Any = None, kw_only: Any = _MISSING) -> Any:
+    """``dataclasses.field`` for a :func:`record` (converted to a real one if ``dataclasses`` builds the class)."""
+    return _Field(default, default_factory, init, repr, hash, compare, metadata, kw_only)
+
+
+def replace(obj: Any, /, **changes: Any) -> Any:
+    """``dataclasses.replace`` (the module loads on the first call)."""
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def _as_field(v: Any) -> _Field | None:
+    """``v`` as a :class:`_Field` if it declares a field (ours or a ``dataclasses.Field``), else None."""
+    if isinstance(v, _Field):
+        return v
+    dc = sys.modules.get("dataclasses")
+    if dc is not None and isinstance(v, dc.Field):
+        def own(x):
+            return _MISSING if x is dc.MISSING else x
+
+        return _Field(own(v.default), own(v.default_factory), v.init, v.repr, v.hash, v.compare,
+                      v.metadata or None, own(v.kw_only))
+    return None
+
+
+def _to_dataclasses(v: Any) -> Any:
+    """A :class:`_Field` as a ``dataclasses.field`` (anything else unchanged)."""
+    if not isinstance(v, _Field):
+        return v
+    import dataclasses
+
+    def theirs(x):
+        return dataclasses.MISSING if x is _MISSING else x
+
+    return dataclasses.field(default=theirs(v.default), default_factory=theirs(v.default_factory), init=v.init,
+                             repr=v.repr, hash=v.hash, compare=v.compare, metadata=v.metadata,
+                             kw_only=theirs(v.kw_only))
+
+
+def _frozen() -> type:
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError
+
+
+def _annotations(cls: type) -> dict[str, Any]:
+    return dict(cls.__dict__.get("__annotations__", {}))  # noqa: RUF063 (inspect is what we avoid loading)
 
 
 class _LazyFields:
@@ -30,9 +101,12 @@ class _LazyFields:
         self.attr, self.spec = attr, spec
 
     def __get__(self, obj: Any, owner: type) -> Any:
+        import dataclasses
+
         spec = self.spec
+        defaults = {k: _to_dataclasses(v) for k, v in spec["defaults"].items()}
         shadow = dataclasses.dataclass(frozen=spec["frozen"], eq=spec["eq"])(
-            type(owner.__name__, (), {"__annotations__": spec["annotations"], **spec["defaults"]}))
+            type(owner.__name__, (), {"__annotations__": spec["annotations"], **defaults}))
         for attr in ("__dataclass_fields__", "__dataclass_params__"):
             setattr(owner, attr, getattr(shadow, attr))
         return getattr(owner, self.attr)
@@ -42,13 +116,13 @@ def _plain(cls: type, kwargs: dict[str, Any]) -> bool:
     """Whether ``record`` can build ``cls`` itself (see the module docstring)."""
     if set(kwargs) - {"frozen", "eq", "slots", "repr"} or not kwargs.get("repr", True):
         return False
-    if any(dataclasses.is_dataclass(b) or getattr(b, "__slots__", ()) for b in cls.__mro__[1:-1]):
+    if any("__dataclass_fields__" in vars(b) or getattr(b, "__slots__", ()) for b in cls.__mro__[1:-1]):
         return False
-    for name, ann in inspect.get_annotations(cls).items():
+    for name, ann in _annotations(cls).items():
         if not isinstance(ann, str) or ann.startswith(("ClassVar", "InitVar", "dataclasses.", "KW_ONLY", "typing.")):
             return False
-        v = cls.__dict__.get(name, _MISSING)
-        if isinstance(v, dataclasses.Field) and (v.kw_only is True or v.metadata):
+        f = _as_field(cls.__dict__.get(name, _MISSING))
+        if f is not None and (f.kw_only is True or f.metadata):
             return False
     return True
 
@@ -58,9 +132,14 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     if cls is None:
         return lambda c: record(c, **kwargs)
     if not _plain(cls, kwargs):
+        import dataclasses
+
+        for n, v in list(cls.__dict__.items()):
+            if isinstance(v, _Field):
+                setattr(cls, n, _to_dataclasses(v))
         return dataclasses.dataclass(cls, **kwargs)
     frozen, eq, slots = kwargs.get("frozen", False), kwargs.get("eq", True), kwargs.get("slots", False)
-    annotations = dict(inspect.get_annotations(cls))
+    annotations = _annotations(cls)
     names = list(annotations)
     defaults: dict[str, Any] = {}  # name -> dataclasses.Field or plain default, as declared
     ns: dict[str, Any] = {"_MISSING": _MISSING, "_setattr": object.__setattr__}
@@ -68,9 +147,9 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     compared, shown, hashed = [], [], []
     for n in names:
         v = cls.__dict__.get(n, _MISSING)
-        f = v if isinstance(v, dataclasses.Field) else None
+        f = _as_field(v)
         if v is not _MISSING:
-            defaults[n] = v
+            defaults[n] = v if f is None else f
         default = f.default if f is not None else v
         factory = f.default_factory if f is not None else _MISSING
         if f is not None and not f.init:  # set from its default here, or left to __post_init__
@@ -123,10 +202,10 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
             methods.append("__hash__")
     if frozen:
         src += ["def __setattr__(self, name, value):",
-                "  raise _Frozen(f'cannot assign to field {name!r}')",
+                "  raise _frozen()(f'cannot assign to field {name!r}')",
                 "def __delattr__(self, name):",
-                "  raise _Frozen(f'cannot delete field {name!r}')"]
-        ns["_Frozen"] = dataclasses.FrozenInstanceError
+                "  raise _frozen()(f'cannot delete field {name!r}')"]
+        ns["_frozen"] = _frozen
         methods += ["__setattr__", "__delattr__"]
     if frozen and slots:  # pickle and copy restore slots through setattr, which a frozen record refuses
         src += ["def __getstate__(self):", f"  return [{', '.join(f'self.{n}' for n in names)}]",
@@ -147,7 +226,7 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     attrs["__dataclass_params__"] = _LazyFields("__dataclass_params__", spec)
     if not slots:  # as dataclass: the same class, methods added; a plain default stays a class attribute
         for n, v in defaults.items():
-            if isinstance(v, dataclasses.Field):
+            if isinstance(v, _Field):
                 if v.default is _MISSING:
                     delattr(cls, n)
                 else:

@@ -57,10 +57,11 @@ def test_bare_import_builds_no_runtime():
 
 def test_import_leaves_logging_futures_and_hashing_for_later():
     """``logging`` (pulled by ``concurrent.futures._base``, the base of ``CancelledError`` and of a handle's
-    future), OpenSSL's ``hashlib`` and ``json`` load when a cancellation, a log message, a checksum or a
-    cache file first needs them, not with the import a user's first line makes."""
+    future), OpenSSL's ``hashlib``, ``json`` and ``dataclasses`` load when a cancellation, a log message, a
+    checksum, a cache file or dataclass introspection first needs them, not with the import a user's
+    first line makes (records.record builds the classes without dataclasses)."""
     mods = _modules_after("import numpy\nfrom onnx_prepared import InferenceSession, RuntimeSession")
-    assert not mods & {"logging", "concurrent.futures", "concurrent.futures._base", "hashlib", "json"}
+    assert not mods & {"logging", "concurrent.futures", "concurrent.futures._base", "hashlib", "json", "dataclasses"}
     mods = _modules_after("from onnx_prepared import CancelledError\nimport concurrent.futures, asyncio\n"
                           "from onnx_prepared import errors, scheduler\n"
                           "assert CancelledError is errors.CancelledError is scheduler.CancelledError\n"

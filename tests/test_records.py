@@ -9,13 +9,14 @@ from dataclasses import field
 
 import pytest
 
+from onnx_prepared import records
 from onnx_prepared.records import record
 
 
-def _pair(**kw):
-    """The same class body made by dataclass and by record."""
+def _pair(ours: bool = False, **kw):
+    """The same class body made by dataclass and by record (declared with records.field if ``ours``)."""
 
-    def body():
+    def body(field=field):
         class Point:
             """A point."""
 
@@ -29,7 +30,7 @@ def _pair(**kw):
 
         return Point
 
-    return dataclasses.dataclass(body(), **kw), record(body(), **kw)
+    return dataclasses.dataclass(body(), **kw), record(body(records.field if ours else field), **kw)
 
 
 def _hash(x):
@@ -43,9 +44,10 @@ FORMS = [dict(), dict(frozen=True), dict(frozen=True, slots=True), dict(eq=False
          dict(frozen=True, eq=False)]
 
 
+@pytest.mark.parametrize("ours", [False, True], ids=["dataclasses.field", "records.field"])
 @pytest.mark.parametrize("kw", FORMS, ids=str)
-def test_same_behaviour_as_dataclass(kw):
-    D, R = _pair(**kw)
+def test_same_behaviour_as_dataclass(kw, ours):
+    D, R = _pair(ours, **kw)
     for args in ((1,), (2, 3.0), (4, 5.0, [1]), (6, 7.0, [], "m")):
         d, r = D(*args), R(*args)
         assert repr(d) == repr(r)
@@ -63,6 +65,7 @@ def test_same_behaviour_as_dataclass(kw):
         assert [f.name for f in dataclasses.fields(r)] == [f.name for f in dataclasses.fields(d)]
         assert dataclasses.is_dataclass(r) and dataclasses.asdict(r) == dataclasses.asdict(d)
         assert dataclasses.replace(r, x=10).x == 10 and dataclasses.replace(r, x=10).y == r.y
+        assert repr(records.replace(r, x=10)) == repr(dataclasses.replace(r, x=10))
         assert R.__match_args__ == D.__match_args__
     assert R.__doc__ == "A point." and R.__qualname__.endswith("Point")
     assert R(1).tags is not R(1).tags  # a fresh factory value per instance
@@ -157,3 +160,17 @@ def test_unsupported_forms_are_dataclasses():
         c: int = 0
 
     assert B(1) < B(2) and C(1, 2).c == 2 and dataclasses.fields(C)[0].name == "a"
+
+
+def test_records_field_in_a_form_handed_to_dataclass():
+    """A records.field in a class record hands to dataclass becomes a dataclasses.field."""
+
+    @record(order=True)
+    class B:
+        a: int
+        b: list = records.field(default_factory=list, compare=False)
+
+    assert B(1) < B(2) and B(1).b == [] and B(1).b is not B(1).b and B(1, [1]) == B(1, [2])
+    assert [f.name for f in dataclasses.fields(B)] == ["a", "b"]
+    with pytest.raises(ValueError):
+        records.field(default=1, default_factory=list)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import field, replace
 
 import numpy as np
 
 from onnx_prepared.bind.kernel import BoundKernel
 from onnx_prepared.errors import KernelError
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record, replace
 
 #: Slot that reads as None (omitted optional inputs; omitted outputs are written here and cleared).
 NONE_SLOT = 0

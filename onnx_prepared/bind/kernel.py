@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.attributes import parse_attributes
@@ -21,7 +20,7 @@ from onnx_prepared.bind.fallback_env import FallbackEnv, bind_fallback
 from onnx_prepared.bind.scopes import implicit_inputs_of
 from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
 from onnx_prepared.kernels import registry
-from onnx_prepared.records import record
+from onnx_prepared.records import record, replace
 
 
 @record(frozen=True, slots=True)

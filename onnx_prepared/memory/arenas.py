@@ -14,11 +14,10 @@ the allocation and the bytes. Work that may wait for memory waits *before* it al
 from __future__ import annotations
 
 import threading
-from dataclasses import field
 
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.memory.domains import Domain
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 
 class ArenaLimitError(OnnxPreparedError, MemoryError):

@@ -8,12 +8,11 @@ byte, INT2/UINT2 four per byte, FLOAT6 four per three bytes, as ``onnx.numpy_hel
 from __future__ import annotations
 
 import functools
-from dataclasses import field
 
 import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 _T = onnx.TensorProto
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import field
 from types import MappingProxyType
 
 from google.protobuf.message import Error as ProtobufError
@@ -34,7 +33,7 @@ from onnx_prepared.model.safe_open import NotRegularFile, read_regular
 from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.model.types import check_types
 from onnx_prepared.model.versions import check_versions
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 __all__ = [
     "LoadedModel",

@@ -13,7 +13,6 @@ once): it is mapped with ``MAP_POPULATE`` (:func:`mapped_sources` says why and w
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
@@ -27,6 +26,7 @@ from onnx_prepared.model.checksum import recorded_sha256
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor, is_packed
 from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, open_regular, physical_memory
 from onnx_prepared.model.verify import ChecksumVerifier, sha256_chunked
+from onnx_prepared.records import replace
 
 _RAM = physical_memory()
 
@@ -369,8 +369,8 @@ class ExternalDataReader:
             if self.verifier.closed:
                 return None
             n = min(piece, p.length - off)
-            part = dataclasses.replace(p, offset=p.offset + off, length=n, checksum=None)
-            self.read_bytes(dataclasses.replace(desc, payload=part), buf)  # NOTE: only name and payload are read
+            part = replace(p, offset=p.offset + off, length=n, checksum=None)
+            self.read_bytes(replace(desc, payload=part), buf)  # NOTE: only name and payload are read
             h.update(memoryview(buf)[:n])
         return h.hexdigest()
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.options import PreparedModelPolicy
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
 
 

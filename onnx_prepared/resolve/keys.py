@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import field
 
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 #: Layout of a prepared object that is the source tensor itself (read -> publish, no prepack).
 RAW = "raw"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from onnx_prepared.errors import ManifestError
 from onnx_prepared.model import ExternalDataReader, WeightDescriptor
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 
 @record(frozen=True, slots=True)

@@ -10,7 +10,6 @@ requests sharing one key) and freezes the minimal payload manifest. The plan, th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +19,7 @@ from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
 from onnx_prepared.options import PreparedModelPolicy
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 from onnx_prepared.resolve.fusions import (
     forward_initializer_identities,
     fuse_conv_activation,

@@ -27,14 +27,13 @@ and so does every later run.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from onnx_prepared.model import ExternalDataReader, WeightDescriptor
-from onnx_prepared.records import record
+from onnx_prepared.records import record, replace
 
 #: Smaller tables are read whole: one read is cheaper than a few row reads.
 MIN_TABLE_BYTES = 1 << 20
@@ -168,7 +167,7 @@ class RowView:
 
     def reshaped(self, row_shape: tuple[int, ...]) -> RowView:
         """The same rows seen with another row shape (a Reshape that keeps axis 0)."""
-        return RowView(dataclasses.replace(self.desc, dims=(self.desc.dims[0], *row_shape)), self.reader, self._stats)
+        return RowView(replace(self.desc, dims=(self.desc.dims[0], *row_shape)), self.reader, self._stats)
 
     def _runs(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
         """[start, stop) positions in ``rows`` of each contiguous run of row numbers."""
@@ -203,7 +202,7 @@ class RowView:
             starts, stops = self._runs(rows)
             for a, b in zip(starts, stops):
                 first = int(rows[a])
-                sub = dataclasses.replace(p, offset=p.offset + first * row_bytes, length=(b - a) * row_bytes,
+                sub = replace(p, offset=p.offset + first * row_bytes, length=(b - a) * row_bytes,
                                           checksum=None)
                 part = WeightDescriptor(d.name, d.elem_type, (b - a, *row_shape), sub)
                 self.reader.read_bytes(part, out[a * row_bytes: b * row_bytes])

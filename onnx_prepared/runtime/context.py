@@ -17,11 +17,10 @@ submission holds its context until it is terminal.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from onnx_prepared.errors import InvalidFeedError
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 if TYPE_CHECKING:
     from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan

@@ -23,12 +23,11 @@ run exactly when its activation peak would exceed it, on either path, with the s
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Any
 
 from onnx_prepared.bind import ExecutionPlan
 from onnx_prepared.memory import Allocation, Arena
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 from onnx_prepared.resolve import PreparedKey
 from onnx_prepared.runtime.context import RuntimeContext
 

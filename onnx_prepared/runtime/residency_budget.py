@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import field
 from typing import Any
 
 from onnx_prepared.memory import Arena
 from onnx_prepared.options import EvictionPolicy
 from onnx_prepared.prepared import EntryState, PreparedObjectStore
 from onnx_prepared.prepared.residency import ResidencyPolicy
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 
 @record

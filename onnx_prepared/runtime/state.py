@@ -11,7 +11,6 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from onnx_prepared.memory import Arenas
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import EntryState, PreparedObjectStore, ReadEntry
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 from onnx_prepared.resolve import ManifestReader, PreparedKey
 from onnx_prepared.resolve.keys import lineage_digest
 from onnx_prepared.resolve.resolver import source_checksum
