@@ -489,7 +489,7 @@ NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f, __m512 z
     i8_store(c, m, p, y, z);
 }
 
-NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int NP, const float *zb)
+NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int NP, const float *zb, int pf)
 {
     const nb_weights *w = &c->w;
     const int kb = w->kb, kb4 = kb & ~3;
@@ -510,6 +510,8 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
             F[r][h][i] = _mm512_setzero_ps();
         for (int b = beta; b < kb4; b += 4) {
             const uint8_t *q = qp + (size_t)b * 256;
+            if (pf && beta == 0) /* the group of 4 blocks two groups ahead (then the next panel's start) */
+                UNROLL for (int l = 0; l < 16; l++) _mm_prefetch((const char *)q + 2048 + 64 * l, _MM_HINT_T0);
             __m512 s[TR][2];
             UNROLL for (int h = 0; h < NP; h++) {
                 const __m512 sb = _mm512_loadu_ps(sp + ((size_t)h * kb + b) * 16);
@@ -577,9 +579,9 @@ static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
             for (int r = mc; r < me; r += 8) zterms(c, r, me - r < 8 ? me - r : 8, p, zb + 16 * (r - mc));
             for (int m = mc; m < me; m += TR) {
                 switch (me - m < TR ? me - m : TR) {
-                case 4: i8_tile32(c, m, p, 4, 1, zb + 16 * (m - mc)); break;
-                case 3: i8_tile32(c, m, p, 3, 1, zb + 16 * (m - mc)); break;
-                case 2: i8_tile32(c, m, p, 2, 1, zb + 16 * (m - mc)); break;
+                case 4: i8_tile32(c, m, p, 4, 1, zb + 16 * (m - mc), m == mc); break;
+                case 3: i8_tile32(c, m, p, 3, 1, zb + 16 * (m - mc), m == mc); break;
+                case 2: i8_tile32(c, m, p, 2, 1, zb + 16 * (m - mc), m == mc); break;
                 default: i8_row32(c, m, p, 0); break;
                 }
             }
