@@ -84,10 +84,10 @@ def build_session(
     loaded = load(model)
     companion = open_companion(loaded, options)
     reader = reader if reader is not None else make_reader(options)
-    if companion is not None and companion.writable:
-        reader.hash_reads = True  # every source read yields the (digest, fingerprint) the sidecar persists
     resolved = resolve_model(loaded, prepared=companion, policy=_policy(options))
     plan = build_prepared_plan(resolved, persist=companion is not None and companion.writable)
+    if plan.persister:  # something to persist: every source read yields the (digest, fingerprint) it needs
+        reader.hash_reads = True  # (a complete hit hashes no source; a corrupt entry's fallback turns it on)
     # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses
     # against it, and admits critical work above it: the run that needs it is what frees memory),
     # so it is not also a hard PreparedArena limit that a publish could fail on.

@@ -125,6 +125,8 @@ class PreparedExecutionState:
         except CacheError:
             # NOTE: a corrupt entry is ignored, never trusted: rebuild from the dormant source recipe.
             self.counters[f"cache_corrupt:{key}"] += 1
+            if self.companion.writable:
+                self.reader.reader.hash_reads = True  # the rebuilt object is persisted: verify its sources inline
             entries = []
             for s in req.sources:
                 e = ReadEntry(s, users=1)

@@ -218,3 +218,31 @@ def test_the_source_model_digest_of_a_loaded_model_is_computed_once(tmp_path, mo
     assert cache.source_model_digest(path) == d and len(calls) == 2  # parsed again: a new object
     model.graph.name = "changed"
     assert cache.source_model_digest(path, model) != d and len(calls) == 3
+
+
+def test_a_complete_hit_under_build_if_missing_hashes_no_source_read(tmp_path, monkeypatch):
+    """A model without recorded checksums: the building session hashes its source reads (their digests
+    make the lineage the entries are found by); a later session that hits every entry reads only raw
+    sources and has nothing to persist, so it hashes none of them."""
+    from onnx_prepared.model import reader as reader_mod
+    from onnx_prepared.runtime import RuntimeSession
+    from tests.helpers.models import gemm_mlp, reference_mlp
+
+    x = np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)
+    (tmp_path / "m").mkdir()
+    path = gemm_mlp(tmp_path / "m", layers=3)
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "c" / "m.prepared.onnx")}
+    calls: list[int] = []
+    real = reader_mod.sha256_chunked
+    monkeypatch.setattr(reader_mod, "sha256_chunked", lambda buf, stop=None: calls.append(buf.size) or real(buf, stop))
+    with RuntimeSession(path, opts) as s:
+        s.prepare()
+    assert calls  # the build
+    calls.clear()
+    with RuntimeSession(path, opts) as s:
+        (y,) = s.run({"x": x})
+        s.prepare()
+        counters = dict(s.state.counters)
+    assert not any(k.startswith("prepack:") for k in counters) and any(k.startswith("read_packed:") for k in counters)
+    assert calls == []
+    np.testing.assert_allclose(y, reference_mlp(path, x), rtol=1e-5, atol=1e-6)
