@@ -508,7 +508,7 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
         __m512 F[TR][2][4];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) UNROLL for (int i = 0; i < 4; i++)
             F[r][h][i] = _mm512_setzero_ps();
-        for (int b = beta; b < kb4; b += 4) {
+        _Pragma("GCC unroll 2") for (int b = beta; b < kb4; b += 4) {
             const uint8_t *q = qp + (size_t)b * 256;
             if (pf && beta == 0) /* the group of 4 blocks two groups ahead (then the next panel's start) */
                 UNROLL for (int l = 0; l < 16; l++) _mm_prefetch((const char *)q + 2048 + 64 * l, _MM_HINT_T0);
