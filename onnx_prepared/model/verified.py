@@ -7,6 +7,9 @@ A record therefore says "bytes offset..offset+length of this file, under fingerp
 reader trusts it only when the file's fingerprint is F now and S equals the checksum the model records.
 A rewrite (even one that restores mtime) changes ctime, so the record is ignored and the bytes are
 hashed again. Without records every process re-hashes every weight (sha256, ~0.5 ms per MB here).
+File timestamps come from a coarse clock (a few ms), so a file rewritten in place within one tick of
+being hashed could keep its fingerprint: a file changed less than ``RACY_S`` seconds before the save is
+not recorded (the next process hashes it and records it then), as git treats "racily clean" entries.
 
 One JSON file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``), named
 by the sha256 of the data file's real path, written atomically (temporary file + ``os.replace``).
@@ -18,10 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 from onnx_prepared.model.safe_open import fingerprint, read_regular
 
 MAX_RECORDS = 256
+#: A data file changed less than this many seconds before a save is not recorded (see above).
+RACY_S = 1.0
 _LIMIT = 16 << 20  # a record is a few dozen bytes per tensor
 
 
@@ -60,8 +66,11 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
     import json
 
     with contextlib.suppress(OSError, ValueError):
-        if fingerprint(os.stat(file)) != fp:
+        st = os.stat(file)
+        if fingerprint(st) != fp:
             return  # changed since it was hashed: the record would be ignored anyway
+        if max(st.st_mtime_ns, st.st_ctime_ns) > time.time_ns() - int(RACY_S * 1e9):
+            return  # racily fresh: a same-tick rewrite would keep this fingerprint
         merged = {**load(folder, file, fp), **ranges}
         os.makedirs(folder, exist_ok=True)
         body = json.dumps({"file": os.path.realpath(file), "fingerprint": fp,

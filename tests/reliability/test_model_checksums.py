@@ -17,6 +17,7 @@ import pytest
 
 from onnx_prepared.errors import ExternalDataError
 from onnx_prepared.model import reader as reader_mod
+from onnx_prepared.model import verified
 from onnx_prepared.model.verify import ChecksumVerifier
 from onnx_prepared.prepared.cache import PreparedModelStore, source_model_digest
 from onnx_prepared.runtime import RuntimeSession
@@ -29,6 +30,7 @@ X = np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)
 @pytest.fixture(autouse=True)
 def _own_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-home"))  # verification records land here
+    monkeypatch.setattr(verified, "RACY_S", 0.0)  # the files here are seconds old: record them anyway
 
 
 def _model(tmp_path, *, corrupt: str | None = None):
@@ -150,6 +152,23 @@ def test_a_later_process_trusts_what_was_verified_only_under_the_same_fingerprin
     with RuntimeSession(path) as s, pytest.raises(ExternalDataError, match="checksum mismatch"):
         s.run({"x": X})
     assert len(calls) >= 1  # the record was not trusted: the bytes were hashed again
+
+
+def test_a_file_changed_within_the_racy_window_is_not_recorded(tmp_path, monkeypatch):
+    """Timestamps are coarse: a file rewritten in place within one tick of its hash could keep its
+    fingerprint, so a file changed less than ``RACY_S`` ago gets no record and the next process hashes
+    it again."""
+    monkeypatch.setattr(verified, "RACY_S", 3600.0)
+    calls = _count_hashes(monkeypatch)
+    path = _model(tmp_path)
+    n = sum(t.data_location == onnx.TensorProto.EXTERNAL
+            for t in onnx.load(path, load_external_data=False).graph.initializer)
+    for _ in range(2):
+        calls.clear()
+        with RuntimeSession(path) as s:
+            s.run({"x": X})
+        assert len(calls) == n  # hashed both times: nothing was recorded
+    assert not os.path.isdir(verified.default_dir()) or not os.listdir(verified.default_dir())
 
 
 def test_verifier_bounds_its_backlog_and_keeps_the_first_failure():
