@@ -14,7 +14,10 @@ contiguous run of rows, on the critical path, and gathers from that compact bloc
 read at background priority behind the run's other reads (or never, under a residency budget) and, once
 resident, runs gather from it as before. A table whose source also feeds a consumer that needs all of it
 (a tied embedding that is also the MatMulNBits LM head's packed source) is still read whole for that
-consumer: :attr:`RowTable.whole_for` names it, ``inspect --plan`` prints both.
+consumer: :attr:`RowTable.whole_for` names it, ``inspect --plan`` prints both. On a companion hit that
+consumer's packed form is read from the companion and the source is a dormant payload for it, so
+nothing needs the table whole before the output: it is read by rows and whole at background priority
+after the run, like an untied table (:attr:`RowTable.cached_for` names the consumers served so).
 
 A recorded sha256 covers the whole tensor, so a row read cannot be checked by itself, and under a
 residency budget the whole tensor is never read. The first row read of a view therefore asks the
@@ -51,10 +54,13 @@ class RowTable:
     row_bytes: int
     row_nodes: tuple[str, ...]  # nodes that gather rows of it
     whole_for: tuple[str, ...] = ()  # other requirements built from the same source (read whole for them)
+    cached_for: tuple[str, ...] = ()  # other requirements of the source served by the companion cache
 
     def describe(self) -> str:
         whole = f"; whole tensor for {', '.join(self.whole_for)}" if self.whole_for else \
             "; whole tensor at background priority"
+        if self.cached_for:
+            whole += f" (cached packed form for {', '.join(self.cached_for)})"
         return (f"row-granular reads ({self.rows} rows x {self.row_bytes} B) for node(s) "
                 f"{', '.join(repr(n) for n in self.row_nodes)}{whole}")
 
@@ -126,8 +132,10 @@ def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any]
         for c in r.consumers:
             via = [nodes[u] for u in readers[nodes[c].output[0]]] if c in reshapes else [nodes[c]]
             row_nodes += [n.name or n.op_type for n in via if (n.name or n.op_type) not in row_nodes]
-        whole = tuple(str(o.key) for o in requirements if o is not r and name in o.sources)
-        tables[name] = RowTable(name, d.dims[0], d.nbytes // d.dims[0], tuple(row_nodes), whole)
+        others = [o for o in requirements if o is not r and name in o.sources]
+        whole = tuple(str(o.key) for o in others if not o.cached)
+        cached = tuple(str(o.key) for o in others if o.cached)
+        tables[name] = RowTable(name, d.dims[0], d.nbytes // d.dims[0], tuple(row_nodes), whole, cached)
     viewable = set(tables) | {nodes[i].output[0] for i, t in reshapes.items() if t in tables}
     wrapped: dict[int, tuple[int, ...]] = {i: () for i, t in reshapes.items() if t in tables}
     for i, spec in row_ops.items():

@@ -35,26 +35,28 @@ class CountingReader(ExternalDataReader):
     (``open_after_rows``: the gate opens once a row read of it completed). The pieces in which the
     whole table's checksum is verified (``verify_whole``, ``STREAM`` bytes each) go to ``streamed``."""
 
-    def __init__(self, gated: str, *, open_after_rows: bool = False) -> None:
+    def __init__(self, gated: str | tuple[str, ...], *, open_after_rows: bool = False) -> None:
         super().__init__()
         self.stream_piece = STREAM
-        self.gated = gated
+        self.gated = {gated} if isinstance(gated, str) else set(gated)
         self.open_after_rows = open_after_rows
         self.gate = threading.Event()
         self.done: list[tuple[str, int, int]] = []
         self.streamed: list[tuple[str, int]] = []
         self.whole_started = 0
+        self.events: list[tuple[str, object]] = []  # ("whole", tensor) in order, with the test's own events
 
     def read_bytes(self, desc, out=None):
-        if desc.name == self.gated and out is None:  # a row read lands in a caller's buffer
+        if desc.name in self.gated and out is None:  # a row read lands in a caller's buffer
             self.whole_started += 1
+            self.events.append(("whole", desc.name))
             assert self.gate.wait(60)
         r = super().read_bytes(desc, out)
         if out is not None and desc.payload.length == STREAM:
             self.streamed.append((desc.name, desc.payload.length))
             return r
         self.done.append((desc.name, desc.payload.offset, desc.payload.length))
-        if self.open_after_rows and desc.name == self.gated and out is not None:
+        if self.open_after_rows and desc.name in self.gated and out is not None:
             self.gate.set()
         return r
 
@@ -260,3 +262,47 @@ def test_row_reshape_keeps_rows_or_reads_the_whole_table(tmp_path):
     (whole,) = call(view, np.array([80, 4]))  # axis 0 changes: read whole, reshape as written
     np.testing.assert_array_equal(whole, x.reshape(80, 4))
     assert view.rows_read == 2 + 40
+
+
+def test_on_a_cache_hit_the_tied_table_is_read_by_rows_and_whole_only_after_the_output(tmp_path, monkeypatch):
+    """On a complete companion hit the LM head's packed form comes from the companion: a 16-token prompt
+    reads only its 16 rows of the tied INT4 table (data and scales) before its output, none whole."""
+    import onnx_prepared.resolve.rows as rows_mod
+
+    monkeypatch.setattr(rows_mod, "MIN_TABLE_BYTES", 64 << 10)  # the scales (256 KiB) are a row table too
+    cfg = dict(SMALL, vocab=32768, embedding="tied")  # INT4 [32768, 64/2]: 1 MiB
+    path = generate_tiny_llm(tmp_path / "tied", **cfg)
+    weight = "lm_head.MatMul.weight_Q4G16"
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "tied.prepared.onnx")}
+    tokens = [3 + 1000 * k for k in range(16)]  # 16 distinct rows, none adjacent
+    feeds = prefill_feeds(TinyLlmConfig.from_preset(None, **cfg), tokens)
+    with RuntimeSession(path, opts) as sess:  # the miss: builds the companion
+        expected = sess.run(feeds)[0]
+        assert sess.resolved.row_tables[weight].whole_for  # read whole for the LM head's prepack
+        sess.prepare()
+        sess.flush_cache()
+    scales = "lm_head.MatMul.weight_scale"
+    reader = CountingReader((weight, scales))  # a whole read of either waits for the gate, opened after the run
+    with RuntimeSession(path, opts, reader=reader) as sess:
+        tables = sess.resolved.row_tables
+        assert set(tables) == {weight, scales}
+        for t in tables.values():
+            assert t.whole_for == () and len(t.cached_for) == 1  # nothing needs it whole before the output
+            assert "whole tensor at background priority (cached packed form for" in t.describe()
+            assert "row-granular reads" in sess.resolved.manifest.active[t.source].rows
+        last = len(sess.inference.plan.execution.actions) - 1
+        with sess.trace_actions(lambda i: i == last and reader.events.append(("output", list(reader.done)))):
+            first = sess.run(feeds)[0]
+        (at_output,) = [v for e, v in reader.events if e == "output"]
+        assert reader.events[0][0] == "output"  # no whole read of either table started before the output
+        for name, t in tables.items():
+            desc = sess.resolved.manifest.active[name].descriptor
+            reads = [(off, ln) for n, off, ln in at_output if n == name]
+            assert sorted((off - desc.payload.offset) // t.row_bytes for off, ln in reads) == tokens
+            assert {ln for _, ln in reads} == {t.row_bytes}  # 16 row reads, one each, no whole read
+        reader.gate.set()
+        sess.prepare()  # then read whole, at background priority, for the hot path
+        again = sess.run(feeds)[0]
+        assert sess.counters["hot_runs"] == 1
+    np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(first, again)
