@@ -139,7 +139,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from onnx_prepared.runtime.feeds import type_string as _type_string
 
     m = load_model(args.model)
-    resolved = resolve_model(m)  # binds every node once: "(fallback)" below reads those bindings
+    companion = None
+    if getattr(args, "cache", None):  # the plan of a session on this companion (read only): hits, dormant reads
+        from onnx_prepared.prepared.cache import PreparedModelStore, source_model_digest
+
+        companion = PreparedModelStore(args.cache, source_digest=source_model_digest(m.path, m.model),
+                                       policy="read_only")
+        companion.bind_sources(m.weights)
+    try:
+        resolved = resolve_model(m, prepared=companion, policy="read_only" if companion else "disabled")
+    finally:
+        if companion is not None:
+            companion.close()
     if args.plan:
         from onnx_prepared.plan.prepared_plan import build_prepared_plan
 
@@ -238,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model", type=existing_file("model"), help="the .onnx file")
     i.add_argument("--plan", action="store_true", help="print the prepared execution plan's tasks instead")
     i.add_argument("--wide", action="store_true", help="with --plan: one table row per task (no wrapping)")
+    i.add_argument("--cache", default=None, metavar="PATH",
+                   help="with --plan: the plan on this companion prepared model (read only; its hits)")
     i.set_defaults(fn=cmd_inspect)
     from onnx_prepared.bench import add_bench_parser
     from onnx_prepared.cache_cli import add_cache_parser

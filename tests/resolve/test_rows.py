@@ -264,7 +264,8 @@ def test_row_reshape_keeps_rows_or_reads_the_whole_table(tmp_path):
     assert view.rows_read == 2 + 40
 
 
-def test_on_a_cache_hit_the_tied_table_is_read_by_rows_and_whole_only_after_the_output(tmp_path, monkeypatch):
+def test_on_a_cache_hit_the_tied_table_is_read_by_rows_and_whole_only_after_the_output(tmp_path, monkeypatch,
+                                                                                        capsys):
     """On a complete companion hit the LM head's packed form comes from the companion: a 16-token prompt
     reads only its 16 rows of the tied INT4 table (data and scales) before its output, none whole."""
     import onnx_prepared.resolve.rows as rows_mod
@@ -306,3 +307,8 @@ def test_on_a_cache_hit_the_tied_table_is_read_by_rows_and_whole_only_after_the_
         assert sess.counters["hot_runs"] == 1
     np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(first, again)
+    capsys.readouterr()
+    assert main(["inspect", path, "--plan", "--cache", opts["prepared_model_path"]]) == 0
+    out = capsys.readouterr().out
+    assert f"{weight}: row-granular reads (32768 rows x 32 B)" in out
+    assert "whole tensor at background priority (cached packed form for lm_head.MatMul.weight_Q4G16+" in out
