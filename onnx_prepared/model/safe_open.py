@@ -19,6 +19,7 @@ import os
 import resource
 import stat
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -91,6 +92,13 @@ def fingerprint(st: os.stat_result) -> str:
     ``ctime_ns`` cannot be set from user space, so a rewrite that restores ``mtime`` still changes it.
     """
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def changed_within(st: os.stat_result, seconds: float) -> bool:
+    """Whether the file changed (mtime or ctime) less than ``seconds`` ago. Timestamps come from a coarse
+    clock (a few ms), so a rewrite in place that soon after a hash could keep the fingerprint: such a
+    file is "racily clean" (as git calls it) and its hash is not remembered."""
+    return max(st.st_mtime_ns, st.st_ctime_ns) > time.time_ns() - int(seconds * 1e9)
 
 
 def physical_memory() -> int | None:

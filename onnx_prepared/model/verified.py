@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
-from onnx_prepared.model.safe_open import fingerprint, read_regular
+from onnx_prepared.model.safe_open import changed_within, fingerprint, read_regular
 
 MAX_RECORDS = 256
 #: A data file changed less than this many seconds before a save is not recorded (see above).
@@ -69,7 +68,7 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
         st = os.stat(file)
         if fingerprint(st) != fp:
             return  # changed since it was hashed: the record would be ignored anyway
-        if max(st.st_mtime_ns, st.st_ctime_ns) > time.time_ns() - int(RACY_S * 1e9):
+        if changed_within(st, RACY_S):
             return  # racily fresh: a same-tick rewrite would keep this fingerprint
         merged = {**load(folder, file, fp), **ranges}
         os.makedirs(folder, exist_ok=True)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import string
 import threading
-import time
+
+from onnx_prepared.model.safe_open import changed_within, fingerprint
 
 #: Name of the algorithm, as the companion's ``payload_checksum`` metadata records it.
 ALGORITHM = "xxh3_128"
@@ -61,8 +62,7 @@ def payload_identity(st: os.stat_result, offset: int, length: int, checksum_hex:
     """What a verified payload is remembered by: its data file's fingerprint (device, inode, size,
     mtime_ns, ctime_ns, from ``fstat`` of the descriptor read), its offset and length, and the checksum
     it matched. A rewritten or replaced file has another fingerprint, so it is hashed again."""
-    fp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-    return fp, offset, length, checksum_hex
+    return fingerprint(st), offset, length, checksum_hex
 
 
 def verified_in_process(ident: tuple[str, int, int, str]) -> bool:
@@ -73,7 +73,7 @@ def verified_in_process(ident: tuple[str, int, int, str]) -> bool:
 def remember_verified(ident: tuple[str, int, int, str], st: os.stat_result) -> bool:
     """Remember a payload that matched its checksum, unless its file changed within ``RACY_S`` seconds
     (its fingerprint would not yet tell a rewrite apart); True if remembered."""
-    if st.st_ctime_ns > time.time_ns() - int(RACY_S * 1e9) or st.st_mtime_ns > time.time_ns() - int(RACY_S * 1e9):
+    if changed_within(st, RACY_S):
         return False
     with _memo_lock:
         if len(_memo) >= MEMO_LIMIT:

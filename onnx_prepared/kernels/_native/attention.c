@@ -13,21 +13,6 @@
 #include "pool.h"
 #include "rnn_module.h" /* ext_isa_level */
 
-static __thread float *t_scratch;
-static __thread size_t t_scratch_n;
-
-float *gqa_scratch(size_t n)
-{
-    if (n > t_scratch_n) {
-        float *p = (float *)malloc(n * sizeof(float));
-        if (!p) return NULL;
-        free(t_scratch);
-        t_scratch = p;
-        t_scratch_n = n;
-    }
-    return t_scratch;
-}
-
 typedef struct {
     gqa_job *job;
     void (*task)(gqa_job *, int);

@@ -29,8 +29,6 @@ typedef struct {
     int failed;   /* set by a task whose scratch allocation failed */
 } gqa_job;
 
-/* this thread's scratch of at least n floats (grows, never shrinks; NULL when out of memory) */
-float *gqa_scratch(size_t n);
 
 /* task = b * kvh + kv head: writes that head's present K/V and the output of its query heads */
 void gqa_task_portable(gqa_job *j, int task);

@@ -17,20 +17,6 @@ static void (*g_planes)(const dw_job *, int) = dw_planes_portable; /* set per ca
 
 static void dw_task(void *ctx, int t) { g_planes((const dw_job *)ctx, t); }
 
-static __thread float *dw_buf;
-static __thread size_t dw_cap;
-
-float *dw_scratch(size_t n)
-{
-    if (n > dw_cap) {
-        free(dw_buf);
-        dw_cap = n < 4096 ? 4096 : n;
-        dw_buf = (float *)malloc(dw_cap * sizeof(float));
-        if (!dw_buf) dw_cap = 0;
-    }
-    return dw_buf;
-}
-
 
 /* depthwise2d(x, w, b|None, y, dims int64[15], lo, hi, act): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw;
  * the output is clipped to [lo, hi], then HardSwish'd when act is 1 */

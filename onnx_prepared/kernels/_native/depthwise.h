@@ -25,8 +25,6 @@ static inline long dw_phase_width(const dw_job *j)
     return (span + j->sw - 1) / j->sw + DW_VL;
 }
 
-/* this thread's scratch of at least n floats (grows, kept), or NULL when out of memory */
-float *dw_scratch(size_t n);
 
 /* task t of a job: its block of output planes (depthwise.inc, one build per ISA) */
 void dw_planes_portable(const dw_job *j, int t);

@@ -345,3 +345,19 @@ __attribute__((constructor)) static void register_fork_handler(void)
 {
     pthread_atfork(NULL, NULL, after_fork_child);
 }
+
+static __thread float *t_scratch;
+static __thread size_t t_scratch_n;
+
+float *nb_scratch(size_t n)
+{
+    if (n > t_scratch_n) {
+        const size_t want = n < 4096 ? 4096 : n;
+        float *p = (float *)malloc(want * sizeof(float));
+        if (!p) return NULL;
+        free(t_scratch);
+        t_scratch = p;
+        t_scratch_n = want;
+    }
+    return t_scratch;
+}

@@ -2,6 +2,8 @@
 #ifndef ONNX_PREPARED_POOL_H
 #define ONNX_PREPARED_POOL_H
 
+#include <stddef.h>
+
 typedef void (*nb_task_fn)(void *ctx, int task);
 
 /* Run fn(ctx, 0..ntasks-1) and return when all are done. The caller takes tasks too. A caller that
@@ -19,5 +21,9 @@ long long nb_pool_stalls(void);
 /* Diagnostics since import: pooled jobs, declined, worker joins, tasks run by workers, tasks of pooled jobs,
  * jobs run by the caller alone during a back-off (pool.c). */
 void nb_pool_stats(long long out[6]);
+/* This thread's scratch of at least n floats (NULL when out of memory), grown on demand and kept for the
+ * thread's life: one buffer per thread shared by every kernel's tasks, so a task uses it only until it
+ * returns. */
+float *nb_scratch(size_t n);
 
 #endif

@@ -15,20 +15,6 @@ static void (*g_planes)(const wp_job *, int) = wp_planes_portable; /* set per ca
 
 static void wp_task(void *ctx, int t) { g_planes((const wp_job *)ctx, t); }
 
-static __thread float *wp_buf;
-static __thread size_t wp_cap;
-
-float *wp_scratch(size_t n)
-{
-    if (n > wp_cap) {
-        free(wp_buf);
-        wp_cap = n < 1024 ? 1024 : n;
-        wp_buf = (float *)malloc(wp_cap * sizeof(float));
-        if (!wp_buf) wp_cap = 0;
-    }
-    return wp_buf;
-}
-
 enum { WP_DIMS = 18 };
 
 /* pool2d(x, y, dims int64[18]): dims = N C H W KH KW OH OW pt pl pb pr sh sw dh dw avg include_pad */

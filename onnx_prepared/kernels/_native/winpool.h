@@ -40,8 +40,6 @@ void wp_planes_portable(const wp_job *j, int t);
 void wp_planes_avx2(const wp_job *j, int t);
 void wp_planes_avx512(const wp_job *j, int t);
 
-/* this thread's scratch of at least n floats (grows, kept), or NULL when out of memory */
-float *wp_scratch(size_t n);
 
 PyObject *py_pool2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
