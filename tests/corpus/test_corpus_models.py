@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 import onnx_prepared
-from tests.helpers.corpus import MODELS, assert_matches, ort_session
+from tests.helpers.corpus import MODELS, assert_matches, ort_session, reference_path
 
 # model -> why it does not match yet (strict: a fix turns the xfail into a failure until removed here).
 KNOWN: dict[str, str] = {}
@@ -29,7 +29,7 @@ def _params():
 @pytest.mark.parametrize("name", list(_params()))
 def test_matches_onnxruntime_first_and_later_runs(corpus, name):
     cm = corpus(name)
-    ref = ort_session(cm.path)
+    ref = ort_session(reference_path(cm.path))
     sess = onnx_prepared.InferenceSession(cm.path)
     for i, feeds in enumerate(cm.feeds):
         expected = ref.run(None, feeds)

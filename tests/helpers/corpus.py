@@ -390,6 +390,17 @@ def ort_session(path: str):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
+def reference_path(path: str) -> str:
+    """The model onnxruntime should run as the reference for ``path``: itself, or, where onnxruntime's
+    u8 x s8 GEMM saturates on this CPU, a twin with exact int32 ``MatMulInteger`` (:mod:`tests.helpers.ort_int8`)."""
+    from tests.helpers.ort_int8 import exact_matmul_integer_model, ort_u8s8_saturates
+
+    graph = onnx.load(path, load_external_data=False).graph
+    if ort_u8s8_saturates() and any(n.op_type == "MatMulInteger" for n in graph.node):
+        return exact_matmul_integer_model(path)
+    return path
+
+
 def assert_matches(name: str, ours: list, ref: list, atol: float = 1e-4, rtol: float = 1e-3) -> None:
     """Same count, shapes and dtypes; floats within ``atol + rtol*|ref|``, integers and bools exactly."""
     assert len(ours) == len(ref), f"{name}: {len(ours)} outputs, onnxruntime gives {len(ref)}"

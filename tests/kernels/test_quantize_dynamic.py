@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
+from tests.helpers.ort_int8 import ort_u8s8_saturates, saturated_u8s8
 from tests.kernels.onnx_node_check import assert_same, run_ort, run_ours
 
 pytest.importorskip("onnxruntime")
@@ -43,8 +44,30 @@ def test_matmul_integer_matches_onnxruntime(a_t, b_t, k):
         if a_t == np.int8 and len(inputs) > 2 and inputs[3] is not None and inputs[3].ndim == 1:
             continue  # onnxruntime's int8 x int8 kernel takes per-tensor zero points only
         ours = run_ours("MatMulInteger", inputs, opset=10)
-        ref = run_ort("MatMulInteger", inputs, opset=10, out_elem=TensorProto.INT32)
+        if (a_t, b_t) == (np.uint8, np.int8) and ort_u8s8_saturates():
+            ref = [_exact(*inputs)]  # onnxruntime saturates int16 pairs here: see the test below
+        else:
+            ref = run_ort("MatMulInteger", inputs, opset=10, out_elem=TensorProto.INT32)
         assert_same(ours, ref)
+
+
+def _exact(a, b, azp=None, bzp=None):
+    """The ONNX spec's MatMulInteger: int32 product of the zero-point-centred operands."""
+    a = a.astype(np.int64) - (0 if azp is None else np.asarray(azp, np.int64))
+    b = b.astype(np.int64) - (0 if bzp is None else np.asarray(bzp, np.int64))
+    return (a @ b).astype(np.int32)
+
+
+def test_u8s8_is_exact_where_onnxruntime_saturates():
+    """Full-range u8 x s8 operands: ours is the exact int32 product; onnxruntime's is too, unless its
+    CPU kernel sums pairs in saturating int16 (no VNNI), in which case it is exactly that saturated sum."""
+    a, b = np.full((3, 40), 255, np.uint8), np.full((40, 5), 127, np.int8)
+    b[::3] = -128
+    (ours,) = run_ours("MatMulInteger", [a, b], opset=10)
+    np.testing.assert_array_equal(ours, _exact(a, b))
+    (theirs,) = run_ort("MatMulInteger", [a, b], opset=10, out_elem=TensorProto.INT32)
+    expected_ort = saturated_u8s8(a, b) if ort_u8s8_saturates() else _exact(a, b)
+    np.testing.assert_array_equal(theirs, expected_ort)
 
 
 def test_matmul_integer_per_row_a_zero_point():
