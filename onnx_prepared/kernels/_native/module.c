@@ -23,6 +23,7 @@
 #include "llm_gather.h"
 #include "winpool.h"
 #include "se_block.h"
+#include "qgemm.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -391,6 +392,7 @@ static PyMethodDef methods[] = {
     PREP_PANELS_METHODS
     WINPOOL_METHODS
     SE_BLOCK_METHODS
+    QGEMM_METHODS
     {NULL, NULL, 0, NULL},
 };
 

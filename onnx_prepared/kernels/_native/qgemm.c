@@ -1,0 +1,338 @@
+/* The dynamic INT8 ops of onnxruntime.quantization's models, exact by the ONNX spec.
+ *
+ * dql_u8: DynamicQuantizeLinear into uint8 in two passes (range, then quantize), with the float32
+ * operations of kernels/quantize_dynamic.py's numpy code: scale = (max(hi, 0) - min(lo, 0)) / 255
+ * (1 for an empty range), zp = rint(clamp(0 - lo / scale, 0, 255)), y = clamp(rint(x / scale) + zp, 0, 255)
+ * with rint rounding half to even. Division, not a reciprocal multiply, so the bits are numpy's at every
+ * level. A NaN or infinite input returns None: the caller takes its numpy path.
+ *
+ * qgemm_i16: MatMulInteger with a constant B, prepacked centered, int16 [ceil(K/2), N16, 2] (element
+ * [p, n, j] = B[2p + j, n] - b_zp[n], zero past K and N; N16 = N rounded up to 16). A row is centered
+ * into int16 (a - a_zp, in [-255, 255]) and every pair of k multiplies a pair of B in int32
+ * (vpmaddwd: |product pair| <= 2 * 255 * 255, no saturation), summed in int32. The result is the exact
+ * integer at every level, unlike a vpmaddubsw kernel (onnxruntime's U8S8 on AVX2), which saturates the
+ * int16 sum of two u8*s8 products. Large products split over the pool in fixed blocks. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pool.h"
+#include "qgemm.h"
+#include "rnn_module.h" /* ext_isa_level */
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define QG_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---- DynamicQuantizeLinear ---- */
+
+static int range_portable(const float *x, long n, float *lo, float *hi)
+{
+    float a = 0.0f, b = 0.0f;
+    for (long i = 0; i < n; i++) {
+        const float v = x[i];
+        if (!(v - v == 0.0f)) return 0; /* NaN or inf */
+        a = v < a ? v : a;
+        b = v > b ? v : b;
+    }
+    *lo = a;
+    *hi = b;
+    return 1;
+}
+
+static void quantize_portable(const float *x, uint8_t *y, long n, float scale, float zp)
+{
+    for (long i = 0; i < n; i++) {
+        float q = rintf(x[i] / scale) + zp;
+        q = q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q;
+        y[i] = (uint8_t)q;
+    }
+}
+
+#ifdef QG_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static int range_avx2(const float *x, long n, float *lo, float *hi)
+{
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        a = _mm256_min_ps(a, v);
+        b = _mm256_max_ps(b, v);
+    }
+    if (_mm256_movemask_ps(bad)) return 0;
+    float la[8], ha[8];
+    _mm256_storeu_ps(la, a);
+    _mm256_storeu_ps(ha, b);
+    float l = 0.0f, h = 0.0f;
+    if (!range_portable(x + i, n - i, &l, &h)) return 0;
+    for (int j = 0; j < 8; j++) {
+        l = la[j] < l ? la[j] : l;
+        h = ha[j] > h ? ha[j] : h;
+    }
+    *lo = l;
+    *hi = h;
+    return 1;
+}
+
+static void quantize_avx2(const float *x, uint8_t *y, long n, float scale, float zp)
+{
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zp), top = _mm256_set1_ps(255.0f);
+    const __m256 zero = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(q, z), zero), top);
+        const __m256i w = _mm256_cvtps_epi32(q);
+        const __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        const __m128i p8 = _mm_packus_epi16(p16, p16);
+        _mm_storel_epi64((__m128i *)(y + i), p8);
+    }
+    quantize_portable(x + i, y + i, n - i, scale, zp);
+}
+#pragma GCC pop_options
+#endif
+
+/* dql_u8(x float32, y uint8, n) -> (scale, zero point) or None */
+PyObject *py_dql_u8(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dql_u8 takes 3 positional arguments");
+        return NULL;
+    }
+    const long n = PyLong_AsLong(args[2]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer bx, by;
+    if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&bx);
+        return NULL;
+    }
+    if (n < 0 || bx.len != 4 * (Py_ssize_t)n || by.len != (Py_ssize_t)n) {
+        PyBuffer_Release(&bx);
+        PyBuffer_Release(&by);
+        PyErr_SetString(PyExc_ValueError, "dql_u8: x must hold n float32 and y n bytes");
+        return NULL;
+    }
+    const float *x = (const float *)bx.buf;
+    uint8_t *y = (uint8_t *)by.buf;
+    float lo = 0.0f, hi = 0.0f, scale = 1.0f, zp = 0.0f;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef QG_X86
+    const int simd = ext_isa_level() >= 1;
+    ok = simd ? range_avx2(x, n, &lo, &hi) : range_portable(x, n, &lo, &hi);
+#else
+    ok = range_portable(x, n, &lo, &hi);
+#endif
+    if (ok) {
+        if (hi != lo) {
+            volatile float d = hi - lo; /* the float32 difference, as numpy rounds it */
+            scale = d / 255.0f;
+        }
+        float t = 0.0f - lo / scale;
+        t = t < 0.0f ? 0.0f : t > 255.0f ? 255.0f : t;
+        zp = rintf(t);
+#ifdef QG_X86
+        if (simd)
+            quantize_avx2(x, y, n, scale, zp);
+        else
+            quantize_portable(x, y, n, scale, zp);
+#else
+        quantize_portable(x, y, n, scale, zp);
+#endif
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&by);
+    if (!ok) Py_RETURN_NONE;
+    return Py_BuildValue("(di)", (double)scale, (int)zp);
+}
+
+/* ---- MatMulInteger on centered int16 pairs ---- */
+
+typedef struct {
+    const uint8_t *a; /* [M, K], uint8 or int8 (signed_a) */
+    int16_t *ac;      /* [M, 2 Kp]: A centered (the caller's scratch) */
+    const int16_t *b; /* [Kp, N16, 2] */
+    int32_t *y;       /* [M, N] */
+    long M, K, N, Kp, N16;
+    int signed_a, a_zp;
+    long rows_per_task, cols_per_task, col_tasks; /* cols_per_task: a multiple of 16 */
+    int simd;
+} qg_job;
+
+/* every row of A, centered, into int16 rows of 2 Kp (zero past K) */
+static void center_rows(const qg_job *j)
+{
+    const long w = 2 * j->Kp;
+    for (long r = 0; r < j->M; r++) {
+        const uint8_t *src = j->a + r * j->K;
+        int16_t *dst = j->ac + r * w;
+        if (j->signed_a)
+            for (long k = 0; k < j->K; k++) dst[k] = (int16_t)((int)(int8_t)src[k] - j->a_zp);
+        else
+            for (long k = 0; k < j->K; k++) dst[k] = (int16_t)((int)src[k] - j->a_zp);
+        for (long k = j->K; k < w; k++) dst[k] = 0;
+    }
+}
+
+static void block_portable(const qg_job *j, const int16_t *ac, long m0, int nr, long n0, long n1)
+{
+    const long w = 2 * j->Kp;
+    for (int r = 0; r < nr; r++) {
+        const int16_t *ar = ac + r * w;
+        int32_t *yr = j->y + (m0 + r) * j->N;
+        for (long n = n0; n < n1; n++) {
+            int32_t s = 0;
+            for (long p = 0; p < j->Kp; p++) {
+                const int16_t *bp = j->b + (p * j->N16 + n) * 2;
+                s += (int32_t)ar[2 * p] * bp[0] + (int32_t)ar[2 * p + 1] * bp[1];
+            }
+            yr[n] = s;
+        }
+    }
+}
+
+#ifdef QG_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+/* up to 4 rows x 16 columns per step: 8 int32 accumulators */
+static void block_avx2(const qg_job *j, const int16_t *ac, long m0, int nr, long n0, long n1)
+{
+    const long w = 2 * j->Kp, ld = 2 * j->N16;
+    for (long n = n0; n < n1; n += 16) {
+        __m256i acc[4][2];
+        for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        const int16_t *bp = j->b + 2 * n;
+        for (long p = 0; p < j->Kp; p++, bp += ld) {
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+            for (int r = 0; r < 4; r++) {
+                if (r >= nr) break;
+                int32_t pair;
+                memcpy(&pair, ac + r * w + 2 * p, 4);
+                const __m256i av = _mm256_set1_epi32(pair);
+                acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
+                acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            int32_t *yr = j->y + (m0 + r) * j->N + n;
+            if (n + 16 <= j->N) {
+                _mm256_storeu_si256((__m256i *)yr, acc[r][0]);
+                _mm256_storeu_si256((__m256i *)(yr + 8), acc[r][1]);
+            } else {
+                int32_t tmp[16];
+                _mm256_storeu_si256((__m256i *)tmp, acc[r][0]);
+                _mm256_storeu_si256((__m256i *)(tmp + 8), acc[r][1]);
+                memcpy(yr, tmp, (size_t)(j->N - n) * 4);
+            }
+        }
+    }
+}
+#pragma GCC pop_options
+#endif
+
+static void qg_task(void *ctx, int t)
+{
+    const qg_job *j = (const qg_job *)ctx;
+    const long ri = t / j->col_tasks, ci = t % j->col_tasks;
+    const long m0 = ri * j->rows_per_task, m1 = m0 + j->rows_per_task < j->M ? m0 + j->rows_per_task : j->M;
+    const long n0 = ci * j->cols_per_task, n1 = n0 + j->cols_per_task < j->N ? n0 + j->cols_per_task : j->N;
+    for (long m = m0; m < m1; m += 4) {
+        const int nr = m1 - m < 4 ? (int)(m1 - m) : 4;
+        const int16_t *ac = j->ac + m * 2 * j->Kp;
+#ifdef QG_X86
+        if (j->simd) {
+            block_avx2(j, ac, m, nr, n0, n1);
+            continue;
+        }
+#endif
+        block_portable(j, ac, m, nr, n0, n1);
+    }
+}
+
+/* qgemm_i16(a, signed_a, a_zp, b_packed, y, scratch, M, K, N) -> None; scratch: 4 M Kp bytes */
+PyObject *py_qgemm_i16(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "qgemm_i16 takes 9 positional arguments");
+        return NULL;
+    }
+    const long signed_a = PyLong_AsLong(args[1]), a_zp = PyLong_AsLong(args[2]);
+    const long M = PyLong_AsLong(args[6]), K = PyLong_AsLong(args[7]), N = PyLong_AsLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (M < 0 || K < 1 || N < 1 || M > (1L << 30) || K > (1L << 24) || N > (1L << 24) ||
+        a_zp < (signed_a ? -128 : 0) || a_zp > (signed_a ? 127 : 255)) {
+        PyErr_SetString(PyExc_ValueError, "qgemm_i16: bad shape or zero point");
+        return NULL;
+    }
+    const long Kp = (K + 1) / 2, N16 = (N + 15) / 16 * 16;
+    Py_buffer ba, bb, by, bs;
+    if (PyObject_GetBuffer(args[0], &ba, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[3], &bb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&ba);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ba);
+        PyBuffer_Release(&bb);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[5], &bs, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ba);
+        PyBuffer_Release(&bb);
+        PyBuffer_Release(&by);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (ba.len != (Py_ssize_t)M * K || bb.len != (Py_ssize_t)Kp * N16 * 4 || by.len != (Py_ssize_t)M * N * 4 ||
+        bs.len < (Py_ssize_t)M * Kp * 4) {
+        PyErr_SetString(PyExc_ValueError, "qgemm_i16: a, b, y or scratch does not match M, K, N");
+        goto done;
+    }
+    qg_job j = {(const uint8_t *)ba.buf, (int16_t *)bs.buf, (const int16_t *)bb.buf, (int32_t *)by.buf, M, K, N,
+                Kp, N16, (int)signed_a, (int)a_zp, M, N16, 1, 0};
+#ifdef QG_X86
+    j.simd = ext_isa_level() >= 1;
+#endif
+    if (M == 0) {
+        ret = Py_None;
+        Py_INCREF(ret);
+        goto done;
+    }
+    /* ~256 Ki multiply-adds per task: a pool hand-off costs about what a few of those blocks do; the
+     * blocks depend on the shape only, and every block's integers are exact anyway */
+    const double work = (double)M * K * N;
+    int tasks = 1;
+    if (work > (double)(1 << 19)) {
+        j.rows_per_task = 32;
+        j.cols_per_task = 128;
+        j.col_tasks = (N16 + 127) / 128;
+        tasks = (int)(((M + 31) / 32) * j.col_tasks);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    center_rows(&j);
+    if (tasks == 1)
+        qg_task(&j, 0);
+    else
+        nb_pool_run(qg_task, &j, tasks);
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    PyBuffer_Release(&ba);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&by);
+    PyBuffer_Release(&bs);
+    return ret;
+}
