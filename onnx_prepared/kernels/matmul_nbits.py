@@ -16,9 +16,11 @@ multiple of 16, no offset array for symmetric weights.
 ``y = sum_blocks scale * (sum_k a*q - zero_point * sum_k a)``, within fp32 rounding of onnxruntime
 (tests: 1e-5 of max|y|). ``accuracy_level=4`` quantizes A per block exactly as onnxruntime's CompInt8
 (``scale = amax/127``, ``q = round_half_even(a * (127/amax))``, the block length of B), multiplies in
-int32 (VNNI where present) and accumulates in onnxruntime's float order: the native kernels give
-onnxruntime 1.32's AVX512-VNNI bits exactly, at block sizes 16-256 on every dispatch level
-(``_native/nbits.h``; the numpy fallback within float rounding).
+int32 (VNNI where present) and accumulates in onnxruntime's float order. That order is the one of the
+MLAS kernels onnxruntime 1.32 runs on this CPU (:func:`int8_order`: its AVX-512 kernels where the CPU has
+AVX-512 F/BW/DQ/VL, else its AVX2 or AVX-VNNI ones), whatever our dispatch level: the native kernels give
+its bits exactly at block sizes 16-256 on every dispatch level (``_native/nbits.h``; the numpy fallback
+within float rounding). ``ONNX_PREPARED_NBITS_ORDER=avx512|avx2|avx2vnni`` forces one order (tests).
 fp16 inputs are widened to fp32 and the output narrowed back.
 
 **8-bit weights** run on the same kernel as two 4-bit halves (high and low nibbles,
@@ -35,6 +37,7 @@ later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/
 from __future__ import annotations
 
 import functools
+import os
 import struct
 from dataclasses import dataclass
 
@@ -53,6 +56,46 @@ from onnx_prepared.kernels.registry import kernel
 #: bytes of one dequantized fp32 panel of B in the BLAS path
 PANEL_BYTES = 8 << 20
 _SUPPORTED_BITS = (2, 4, 8)
+
+
+# **** onnxruntime's int8 summation order ****
+
+ORDER_ENV = "ONNX_PREPARED_NBITS_ORDER"
+#: native matmul_q4 modes of the int8 orders (``_native/nbits.h`` NB_MODE_I8*)
+INT8_ORDERS = {"avx512": 1, "avx2": 2, "avx2vnni": 3}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def _detected_order() -> str:
+    """The MLAS kernels onnxruntime picks on this CPU: AVX-512 core (F, BW, DQ, VL), else AVX-VNNI, else AVX2."""
+    flags = _cpu_flags()
+    if not flags:  # no /proc/cpuinfo: the extension's levels (AVX-512 without VNNI counts as AVX2 here)
+        levels = native.supported_levels()
+        return "avx512" if "avx512vnni" in levels else "avx2vnni" if "avx2vnni" in levels else "avx2"
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "avx512"
+    return "avx2vnni" if "avx_vnni" in flags else "avx2"
+
+
+def int8_order() -> str:
+    """Whose summation order accuracy_level 4 follows: ``ONNX_PREPARED_NBITS_ORDER`` or the CPU's."""
+    forced = os.environ.get(ORDER_ENV)
+    if forced:
+        if forced not in INT8_ORDERS:
+            raise KernelError(f"{ORDER_ENV}={forced!r} is not an int8 order (one of {', '.join(INT8_ORDERS)})")
+        return forced
+    return _detected_order()
 
 
 # **** packed layout ****
@@ -192,10 +235,10 @@ def matmul_nbits_packed(
     if b32 is not None and b32.size != packed.N:
         raise KernelError(f"MatMulNBits bias has {b32.size} values, expected N={packed.N}")
     if isinstance(packed, PackedQ4):
-        int8 = accuracy_level == 4 and packed.zp_kind != q4.ZP_F32
+        int8 = INT8_ORDERS[int8_order()] if accuracy_level == 4 and packed.zp_kind != q4.ZP_F32 else 0
         y = native.matmul_q4(a2, packed, b32, int8)
     elif isinstance(packed, PackedQ8Split):
-        int8 = accuracy_level == 4 and packed.int8_capable
+        int8 = INT8_ORDERS[int8_order()] if accuracy_level == 4 and packed.int8_capable else 0
         y = native.matmul_q4(a2, packed.hi, b32, int8)
         y += native.matmul_q4(a2, packed.lo, None, int8)
     else:

@@ -119,22 +119,23 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
-def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool) -> np.ndarray:
+def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool | int) -> np.ndarray:
     """``a`` float32 C-contiguous ``[M, K]`` times panel16 weights -> new float32 ``[M, N]`` (+ bias).
 
     ``int8`` selects onnxruntime's accuracy_level-4 scheme (A quantized per block to int8); the packed
-    weights must then not have float zero points.
+    weights must then not have float zero points. As an int it also names the summation order: 1 (True)
+    MLAS's AVX-512 kernels, 2 its AVX2 ones, 3 its AVX-VNNI ones (``matmul_nbits.int8_order``).
     """
     M = a.shape[0]
     y = np.empty((M, packed.N), np.float32)
     if _ext is None:
         from onnx_prepared.kernels._q4_panels import matmul_q4_numpy
 
-        y[...] = matmul_q4_numpy(a, packed, int8)
+        y[...] = matmul_q4_numpy(a, packed, bool(int8))
         if bias is not None:
             y += bias
         return y
-    mode = 1 if int8 else 0
+    mode = int(int8)
     scratch = _scratch(_ext.scratch_bytes(M, packed.K, packed.block_size, mode))
     _ext.matmul_q4(a, packed.data, y, bias, scratch, M, packed.K, packed.N, packed.block_size, packed.zp_kind, mode)
     return y

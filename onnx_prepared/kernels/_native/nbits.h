@@ -34,8 +34,21 @@
  *     64-256 sum h[j] = F[j] + F[j+8], t[i] = h[4+i] + h[i], y = (t0+t2) + (t1+t3), except the last row of
  *     an odd M (onnxruntime's 1-row kernel) in its first N & ~3 columns: S_L = ((F4L+F4L+1)+F4L+2)+F4L+3,
  *     y = (S0+S2) + (S1+S3).
- *   Every dispatch level implements every block size in this order (onnxruntime's bits on any CPU; an
- *   AVX2-only CPU's onnxruntime runs other MLAS kernels, whose order this does not follow).
+ *   Every dispatch level implements every block size in this order (NB_MODE_I8).
+ *
+ * int8 in the order of MLAS's AVX2 kernels (NB_MODE_I8_AVX2, what onnxruntime runs on a CPU without AVX-512;
+ * NB_MODE_I8_AVX2VNNI with AVX-VNNI), same A quantization, verified bit for bit at block sizes 16-256:
+ *   8 float chains X[l] per output. k is cut into groups of 64 (two blocks of 32, four of 16, or a 64-k
+ *   slice of a larger block); in each group chain l gets one fma of the int32 dot of the 8 k values of
+ *   chunk NB_LC[l] of the group (NB_LC = 0 1 4 5 2 3 6 7) times sa * sb of the chunk's block. AVX-VNNI at
+ *   blocks >= 64 (not the one-row kernel): chain l gets k quads l and l + 8 of the group instead.
+ *   Trailing blocks (after the last whole group): chain l gets the quad l (block 32) or the k pair l
+ *   (block 16) of each. The dot is of the unsigned q; y = fold(X) + bias, then + the zero-point term as
+ *   above. fold: ((X0+X1)+X2)+X3 + (((X4+X5)+X6)+X7), the last N % 4 columns ((X4+X0)+(X6+X2)) +
+ *   ((X5+X1)+(X7+X3)).
+ *   The one-row kernel (NB_M1ROW: M = 1, or the last row when M % 128 == 1) dots q - zero_point instead
+ *   (the integer correction from the quad sums aqs), has no separate zero-point term, and at block 32 with
+ *   packed zero points gives chain l the quad l of every block.
  */
 #define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
 
@@ -46,7 +59,11 @@
 #include <stdint.h>
 
 enum { NB_ZP_NONE = 0, NB_ZP_U4 = 1, NB_ZP_F32 = 2 };
-enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1 };
+/* NB_MODE_I8*: accuracy_level 4 in the summation order of onnxruntime's MLAS on one kind of CPU: I8 its
+ * AVX-512 kernels (above), I8_AVX2 its AVX2 kernels, I8_AVX2VNNI its AVX-VNNI ones (below) */
+enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1, NB_MODE_I8_AVX2 = 2, NB_MODE_I8_AVX2VNNI = 3 };
+/* the row MLAS's AVX2 path runs through its one-row kernel (a 128-row tile of one row; blocks >= 32) */
+#define NB_M1ROW(c, m) ((c)->w.bs >= 32 && (c)->M % 128 == 1 && (m) == (c)->M - 1)
 
 typedef struct {
     int K, N, bs, kb, kc, P, zp_kind;
@@ -70,6 +87,7 @@ typedef struct {
     int8_t *aq;
     float *ascale;
     float *asum;
+    int32_t *aqs; /* NB_MODE_I8_AVX2*: sums of the int8 quads (k 4i..4i+3) of row M - 1, [kpad / 4] */
 } nb_call;
 
 typedef struct {

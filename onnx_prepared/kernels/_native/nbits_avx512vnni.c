@@ -590,6 +590,10 @@ static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
 
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
+    if (c->mode >= NB_MODE_I8_AVX2) { /* MLAS's AVX2 order (forced on this CPU): the AVX2 kernels */
+        nb_isa_avx2.gemm(c, m0, m1, p0, p1);
+        return;
+    }
     if (c->mode == NB_MODE_I8) {
         gemm_i8(c, m0, m1, p0, p1);
         return;
@@ -618,6 +622,10 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
  * only scales the zero-point term). */
 static void prep_avx512(const nb_call *c, int m0, int m1)
 {
+    if (c->mode >= NB_MODE_I8_AVX2) {
+        nb_isa_avx2.prep(c, m0, m1);
+        return;
+    }
     const int K = c->w.K, bs = c->w.bs, kb = c->w.kb, kpad = c->kpad, segs = bs / 16;
     const float zmul = c->w.zp_kind == NB_ZP_NONE ? 8.f : 1.f;
     for (int m = m0; m < m1; m++) {

@@ -153,6 +153,92 @@ static void i8_row(const nb_call *c, int m, int p)
     }
 }
 
+/* ---- int8 in the order of MLAS's AVX2 kernels (NB_MODE_I8_AVX2*, nbits.h) ---- */
+static const int NB_LC[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+/* int32 dot of the n k values from k0 (inside one block) with A, per column, of q - zs[l] */
+static void kdots(const uint8_t *qp, const int8_t *a, int k0, int n, const int32_t *zs, int32_t out[16])
+{
+    for (int l = 0; l < 16; l++) {
+        int32_t t = 0;
+        for (int k = k0; k < k0 + n; k++) {
+            uint32_t word;
+            memcpy(&word, qp + (size_t)(k >> 3) * 64 + 4 * l, 4);
+            t += (nb_q(word, k & 7) - zs[l]) * a[k];
+        }
+        out[l] = t;
+    }
+}
+
+static void i8_row_avx2(const nb_call *c, int m, int p)
+{
+    const nb_weights *w = &c->w;
+    const int kb = w->kb, N = w->N, n0 = 16 * p, n4 = N & ~3, bs = w->bs;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const int8_t *a = c->aq + (size_t)m * c->kpad;
+    const float *asc = c->ascale + (size_t)m * kb, *ablk = c->asum + (size_t)m * kb;
+    const int m1 = NB_M1ROW(c, m), vnni = c->mode == NB_MODE_I8_AVX2VNNI && bs >= 64 && !m1;
+    float X[8][16] = {{0.f}}, s[16], y[16];
+    int32_t d[16], d2[16], zs[16];
+#define NB_BLOCK(b)                                                                          \
+    for (int l = 0; l < 16; l++) {                                                           \
+        s[l] = asc[b] * sp[(size_t)(b) * 16 + l];                                            \
+        zs[l] = m1 ? (int32_t)nb_zp(w, p, b, l) : 0;                                         \
+    }
+    int tb = kb; /* first trailing block */
+    if (m1 && bs == 32 && w->zp_kind == NB_ZP_U4) {
+        tb = 0;
+    } else {
+        const int ng = bs >= 64 ? kb * (bs / 64) : kb / (64 / bs);
+        tb = bs >= 64 ? kb : ng * (64 / bs);
+        for (int g = 0; g < ng; g++)
+            for (int l = 0; l < 8; l++) {
+                const int k0 = vnni ? 64 * g : 64 * g + 8 * NB_LC[l];
+                NB_BLOCK(k0 / bs)
+                if (vnni) {
+                    kdots(qp, a, k0 + 4 * l, 4, zs, d);
+                    kdots(qp, a, k0 + 32 + 4 * l, 4, zs, d2);
+                    for (int j = 0; j < 16; j++) d[j] += d2[j];
+                } else {
+                    kdots(qp, a, k0, 8, zs, d);
+                }
+                for (int j = 0; j < 16; j++) X[l][j] = fmaf((float)d[j], s[j], X[l][j]);
+            }
+    }
+    for (int b = tb; b < kb; b++) { /* chain l: quad l (block 32) or k pair l (block 16) */
+        const int step = bs == 16 ? 2 : 4;
+        NB_BLOCK(b)
+        for (int l = 0; l < 8; l++) {
+            kdots(qp, a, b * bs + step * l, step, zs, d);
+            for (int j = 0; j < 16; j++) X[l][j] = fmaf((float)d[j], s[j], X[l][j]);
+        }
+    }
+#undef NB_BLOCK
+    for (int l = 0; l < 16; l++) {
+        if (n0 + l < n4) {
+            y[l] = (((X[0][l] + X[1][l]) + X[2][l]) + X[3][l]) + (((X[4][l] + X[5][l]) + X[6][l]) + X[7][l]);
+        } else {
+            y[l] = ((X[4][l] + X[0][l]) + (X[6][l] + X[2][l])) + ((X[5][l] + X[1][l]) + (X[7][l] + X[3][l]));
+        }
+    }
+    float *out = c->y + (size_t)m * N + n0;
+    const int ncols = N - n0 < 16 ? N - n0 : 16;
+    for (int l = 0; l < ncols; l++) {
+        float v = c->bias ? y[l] + c->bias[n0 + l] : y[l];
+        if (!m1) {
+            float z = 0.f;
+            for (int b = 0; b < kb; b++) {
+                const float sb = sp[(size_t)b * 16 + l];
+                const float zz = w->zp_kind == NB_ZP_NONE ? sb : sb * nb_zp(w, p, b, l);
+                z = fmaf(-ablk[b], zz, z);
+            }
+            v = v + z;
+        }
+        out[l] = v;
+    }
+}
+
 static void gemm_portable(const nb_call *c, int m0, int m1, int p0, int p1)
 {
     const nb_weights *w = &c->w;
@@ -164,6 +250,10 @@ static void gemm_portable(const nb_call *c, int m0, int m1, int p0, int p1)
         for (int m = m0; m < m1; m++) {
             if (c->mode == NB_MODE_I8) {
                 i8_row(c, m, p);
+                continue;
+            }
+            if (c->mode >= NB_MODE_I8_AVX2) {
+                i8_row_avx2(c, m, p);
                 continue;
             }
             float yacc[16] = {0};
@@ -196,6 +286,7 @@ size_t nb_scratch_bytes(int M, int K, int bs, int mode)
     const size_t rows = ((size_t)M + 7) & ~(size_t)7; /* whole 8-row tiles (nbits_avx512vnni.c) */
     size_t n = rows * kb * 4 * 2; /* ascale + asum (ascale unused in fp32 mode) */
     n += mode == NB_MODE_F32 ? rows * kpad * 4 : rows * kpad;
+    if (mode >= NB_MODE_I8_AVX2) n = ((n + 63) & ~(size_t)63) + kpad; /* aqs: kpad / 4 int32 */
     return n + 64;
 }
 
@@ -208,5 +299,9 @@ void nb_layout_scratch(nb_call *c, void *scratch)
     uint8_t *rest = p + rows * kb * 8;
     c->af = (float *)rest;
     c->aq = (int8_t *)rest;
-    (void)kpad;
+    c->aqs = NULL;
+    if (c->mode >= NB_MODE_I8_AVX2) {
+        const size_t n = (rows * kb * 8 + rows * kpad + 63) & ~(size_t)63;
+        c->aqs = (int32_t *)(p + n);
+    }
 }
