@@ -1,11 +1,14 @@
 """accuracy_level 4 is onnxruntime's MatMulNBits bit for bit at block sizes 16-256 and every native dispatch level.
 
+Each test compares with onnxruntime in the order of the MLAS kernels it runs on this CPU
+(``matmul_nbits.int8_order``; the other orders: ``test_matmul_nbits_order.py``).
 onnxruntime 1.32 on AVX512-VNNI (MLAS SQ4BitGemmKernel_BlkSum_CompInt8) sums each output in 16 float chains
 (which k values feed which chain depends on the block size), adds trailing blocks, folds the chains in a
 fixed order (another one for the last N % 4 columns, and at block sizes 64-256 for an odd last row), adds
 the bias and then the zero-point term, a separate chain over the blocks (``_native/nbits.h``). One flipped
 rounding here moves an int8 rounding of the next layer's activations, so whole models drift apart
-(``benchmarks/numerics.py``); hence equality, not a tolerance. The shapes cover K not a multiple of the
+(``benchmarks/numerics.py``); hence equality, not a tolerance. Its AVX2 kernels sum in 8 chains over
+64-k groups instead (``_native/nbits.h``). The shapes cover K not a multiple of the
 block (trailing blocks and a partial one), N = 1 and N % 4 tails, odd M, M across the kernels' row tiles,
 packed zero points, bias, and both pool splits.
 """
