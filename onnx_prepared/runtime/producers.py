@@ -62,6 +62,10 @@ class Producers:
         self.closed = False
         self.on_evict: Callable[[PreparedKey], None] | None = None
         keys = [r.key for r in plan.requirements]
+        # Every session task of a key's generation ranks by when inference first needs the key (S2):
+        # among ready prepacks a free preparation slot takes the one needed next (medium, cold: layer 0's
+        # MLP prepack queued behind layers 1-3's, whose smaller reads had finished first).
+        self._rank = {keys[b]: i for i, b in enumerate(plan.need_order)}
         policy = ResidencyPolicy(
             limit, {k: i for i, k in enumerate(keys)}, plan.next_need, self.persisted,
             EvictionPolicy(eviction_policy),
@@ -139,11 +143,12 @@ class Producers:
         made: dict[str, Task] = {}
         for d in self.plan.generation_tasks(key, restore=restore):
             if d.kind is TaskKind.READ_SOURCE:
-                entry = self._attach(d, priority)
+                entry = self._attach(d, priority, self._rank.get(key))
                 inst.reads[d.sources[0]] = entry
                 made[d.id] = entry.task
             else:
-                made[d.id] = self._task(d, inst, priority, deps=[made[x] for x in d.dependencies])
+                made[d.id] = self._task(d, inst, priority, deps=[made[x] for x in d.dependencies],
+                                        rank=self._rank.get(key))
         t = made[self.plan.restorer[key] if restore else self.plan.producer[key]]
         if inst.reads:
             entries = list(inst.reads.values())
@@ -156,7 +161,8 @@ class Producers:
             self.scheduler.when_done(persist, self._persist_done)
         return t, persist
 
-    def _task(self, d: TaskDescriptor, inst: SessionTaskInstances, priority: Priority, deps: list[Task]) -> Task:
+    def _task(self, d: TaskDescriptor, inst: SessionTaskInstances, priority: Priority, deps: list[Task],
+              rank: int | None = None) -> Task:
         """One scheduler task for descriptor ``d``: its body from :data:`BODIES`, resource and memory
         from the descriptor."""
         st = self.state
@@ -168,9 +174,9 @@ class Producers:
             def run(t: Task) -> None:
                 body(st, d, inst)
         return Task(run, deps=deps, resource=_RESOURCE[d.resource], priority=priority, memory=_estimate(d),
-                    name=d.id)
+                    name=d.id, rank=rank)
 
-    def _attach(self, d: TaskDescriptor, priority: Priority) -> ReadEntry:
+    def _attach(self, d: TaskDescriptor, priority: Priority, rank: int | None) -> ReadEntry:
         """Join the current read of a source, or start one: a source shared by a raw object and a prepack
         (a tied embedding and LM head) is read once."""
         st = self.state
@@ -178,7 +184,7 @@ class Producers:
         e, new = st.attach_read(name)
         if new or e.task is None or e.task.state in FAILED_STATES or e.task.state is TaskState.CANCELLED:
             e.task = Task(lambda t, e=e: st.read_source(name, e), resource=_RESOURCE[d.resource],
-                          priority=priority, memory=_estimate(d), name=d.id)
+                          priority=priority, memory=_estimate(d), name=d.id, rank=rank)
         return e
 
     def _done(self, task: Task, key: PreparedKey, gen: int) -> None:

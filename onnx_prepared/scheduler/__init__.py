@@ -21,9 +21,10 @@ S1. A task runs when every dependency SUCCEEDED, its resource has a free slot fo
 S2. Per resource, ``reserved`` slots (default: one CPU slot, one I/O slot) are never used by prefetch or
     background work, and the memory budget's ``critical_reserve`` is never charged by it; so background
     work cannot starve or deadlock critical work. Within a resource, more urgent priority classes are
-    dispatched first, FIFO within a class. A memory-blocked task is never overtaken by a task of the same
-    or lower priority class. A charge larger than a limit on its own runs once nothing else holds bytes
-    under that limit (see :class:`MemoryBudget`).
+    dispatched first, FIFO within a class, except that a task with a ``rank`` goes before the ranked
+    tasks queued before it that rank higher (never ahead of an unranked one). A memory-blocked task is
+    never overtaken by a task of the same or lower priority class. A charge larger than a limit on its
+    own runs once nothing else holds bytes under that limit (see :class:`MemoryBudget`).
 S3. Priority inheritance: a task's unfinished producers are always at least as urgent as the task. A
     critical task that depends on a prefetch/background chain promotes the whole chain, including tasks
     already queued; ``promote(task, priority)`` does the same on demand.

@@ -52,7 +52,8 @@ _UNBOUNDED = 1 << 30
 
 
 class _ResourceQueue:
-    """Ready tasks of one resource class, one FIFO deque per priority, and its slot counters."""
+    """Ready tasks of one resource class, one deque per priority (FIFO, ranked tasks in rank order:
+    :func:`_enqueue`), and its slot counters."""
 
     __slots__ = ("dirty", "name", "noncritical", "noncritical_limit", "pool", "ready", "reserved", "running", "slots")
 
@@ -480,7 +481,7 @@ class RuntimeScheduler:
         if self._trace is not None:
             t._t_ready = time.perf_counter()
         q = t._queue
-        q.ready[t._prio].append(t)  # type: ignore[union-attr]
+        _enqueue(q.ready[t._prio], t)  # type: ignore[union-attr]
         t._where = IN_READY
         if not q.dirty:  # type: ignore[union-attr]
             q.dirty = True  # type: ignore[union-attr]
@@ -608,7 +609,7 @@ class RuntimeScheduler:
             t._prio = prio
             if t._where == IN_READY:  # the old entry goes stale (lazy invalidation)
                 q = t._queue
-                q.ready[prio].append(t)  # type: ignore[union-attr]
+                _enqueue(q.ready[prio], t)  # type: ignore[union-attr]
                 if not q.dirty:  # type: ignore[union-attr]
                     q.dirty = True  # type: ignore[union-attr]
                     fx.dirty.append(q)  # type: ignore[arg-type]
@@ -806,6 +807,20 @@ class RuntimeScheduler:
         sub.callbacks = []
         for cb in cbs:
             _call_logged(cb)
+
+
+def _enqueue(dq: deque[Task], t: Task) -> None:
+    """Queue a ready task in its class (S2): unranked at the back; ranked before the ranked tasks at the
+    back that rank higher, but never ahead of an unranked one (stale entries are passed like live ones)."""
+    r = t.rank
+    i = n = len(dq)
+    if r is not None:
+        while i and (o := dq[i - 1].rank) is not None and o > r:
+            i -= 1
+    if i == n:
+        dq.append(t)
+    else:
+        dq.insert(i, t)
 
 
 def _root(t: Task) -> Task:

@@ -147,6 +147,7 @@ class Task:
         "fn",
         "memory",
         "name",
+        "rank",
         "resource",
         "runs",
         "state",
@@ -162,6 +163,7 @@ class Task:
         priority: Priority | int = Priority.CRITICAL,
         memory: MemoryEstimate = NO_MEMORY,
         name: str | None = None,
+        rank: int | None = None,
     ):
         self.fn: Callable[[Task], Any] | None = fn  # dropped at the terminal state (frees captured inputs)
         self.name = name if name is not None else getattr(fn, "__name__", "task")
@@ -176,6 +178,11 @@ class Task:
             if d.__class__ is not Task:
                 _check_task(d)
         self.memory = memory
+        #: order among the ready tasks of its priority class (S2: lower first, FIFO among equal ranks; an
+        #: unranked task is FIFO and never overtaken by a ranked one queued after it). The cold path ranks
+        #: session tasks by when inference first needs their object, so a free preparation slot takes the
+        #: object needed next, not the one whose read happened to finish first.
+        self.rank = rank
         self._charge = memory.output + memory.temp
         self.token = CancelToken(self.name)
         self.state = S.PENDING  # written only by _transition

@@ -164,3 +164,34 @@ def test_only_sources_of_4bit_prepacks_are_read_without_a_copy(tmp_path):
         assert not any(read[n] for n in raw if n in read)
         if embedding is None:  # tied: the LM head's source is also the embedding GatherBlockQuantized reads
             assert q4 & raw and not any(read.get(n) for n in q4 & raw)
+
+
+def test_session_tasks_rank_by_need_order(tmp_path):
+    """Every session task of a requirement's chain (its reads and its prepack) carries the rank of that
+    requirement in the run's need order, so a free preparation slot takes the prepack needed next (S2)
+    even when a later layer's read finished first."""
+    path = gemm_mlp(tmp_path, layers=3)
+    sched = RuntimeScheduler(cpu=CpuExecutor(2, critical_reserved=1), io_workers=2)
+    ranks: dict[str, int | None] = {}
+    submit = sched.submit
+
+    def spy(tasks, **kw):
+        for t in [tasks] if hasattr(tasks, "fn") else list(tasks):
+            ranks[t.name] = t.rank
+            for d in t.dependencies:
+                ranks[d.name] = d.rank
+        return submit(tasks, **kw)
+
+    sched.submit = spy
+    try:
+        with RuntimeSession(path, scheduler=sched) as s:
+            (y,) = s.run({"x": X})
+            plan = s.plan
+            for i, b in enumerate(plan.need_order):
+                key = plan.requirements[b].key
+                chain = [d.id for d in plan.generation_tasks(key)]
+                assert chain and all(ranks[t] == i for t in chain), (i, chain, ranks)
+            assert ranks["I.run-1"] is None
+    finally:
+        sched.close(cancel=True)
+    np.testing.assert_allclose(y, reference_mlp(path, X), rtol=1e-5, atol=1e-6)

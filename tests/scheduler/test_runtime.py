@@ -552,3 +552,47 @@ def test_trace_disabled_by_default(sched):
     tr = sched.enable_trace()
     sched.submit([Task(lambda t: None, name="x")]).wait(TIMEOUT)
     assert [r.name for r in tr.records()] == ["x"]
+
+
+def test_ranked_ready_tasks_take_a_free_slot_in_rank_order_unranked_ones_stay_fifo(sched):
+    """S2: the one preparation CPU slot is held (gated) while prefetch tasks become ready in the order
+    a3, b1, c2 (ranks 3, 1, 2), then an unranked u, then d0 (rank 0). Released, the slot runs b1, c2, a3
+    (rank order), then u, then d0: a ranked task never overtakes an unranked one queued before it."""
+    gate = Gate()
+    order: list[str] = []
+    hold = Task(gate.body(), resource=Resource.CPU, priority=PREF, name="hold")
+    h0 = sched.submit(hold)
+    assert gate.started.wait(TIMEOUT)
+
+    def task(name: str, rank: int | None) -> Task:
+        return Task(lambda t: order.append(name), resource=Resource.CPU, priority=PREF, name=name, rank=rank)
+
+    ts = [task("a3", 3), task("b1", 1), task("c2", 2), task("u", None), task("d0", 0)]
+    hs = [sched.submit(t) for t in ts]  # each ready at once, queued behind the held slot
+    assert all(t.state is TaskState.READY for t in ts)
+    gate.open()
+    for h in [h0, *hs]:
+        h.wait(TIMEOUT)
+    assert order == ["b1", "c2", "a3", "u", "d0"]
+
+
+def test_a_promoted_ranked_task_keeps_its_rank_in_the_new_class(sched):
+    """Promotion (S3) re-queues a ready task in its new class by the same rule: two prefetch tasks ranked
+    2 and 1, promoted to critical in that order while both CPU slots are held, run rank 1 first on the
+    first slot that frees."""
+    g_crit, g_pref = Gate(), Gate()
+    h_crit = sched.submit(Task(g_crit.body(), resource=Resource.CPU, priority=CRIT, name="crit"))
+    h_pref = sched.submit(Task(g_pref.body(), resource=Resource.CPU, priority=PREF, name="pref"))
+    assert g_crit.started.wait(TIMEOUT) and g_pref.started.wait(TIMEOUT)
+    order: list[str] = []
+    two = Task(lambda t: order.append("r2"), resource=Resource.CPU, priority=PREF, name="r2", rank=2)
+    one = Task(lambda t: order.append("r1"), resource=Resource.CPU, priority=PREF, name="r1", rank=1)
+    hs = [sched.submit(two), sched.submit(one)]
+    sched.promote(two, CRIT)
+    sched.promote(one, CRIT)
+    g_pref.open()  # one slot frees: critical work may take any slot, so both run there, one at a time
+    for h in [h_pref, *hs]:
+        h.wait(TIMEOUT)
+    g_crit.open()
+    h_crit.wait(TIMEOUT)
+    assert order == ["r1", "r2"]
