@@ -216,6 +216,7 @@ class Inference:
         slots = plan.requirement_slots
         segments = self._segments
         store = self.store
+        gauge = self.scheduler
         token = task.token
         while frame.segment < len(segments):
             start, stop, bits = segments[frame.segment]
@@ -228,6 +229,10 @@ class Inference:
             # Per segment, not per run: preparation starts and ends during a cold run, and the native
             # pool should use the cores it leaves (medium, 128 tokens, no yield: bound once, 183 of
             # 202 actions ran on one thread while preparation held a slot for 18 of them).
+            # Within a segment too, between actions, whenever the slots preparation holds change: a run
+            # that stops yielding early keeps one long segment (medium, 16 tokens, cold: 1.4 s from
+            # layer 0's MLP to the logits), and preparation ended 0.55 s before it on one native thread.
+            prep = gauge.cpu_preparation_running()
             self._bind_threads()
             while frame.pc < stop:
                 token.check()
@@ -237,6 +242,9 @@ class Inference:
                     if last_need[b] == pc and b in frame.pinned:
                         store.unpin(frame.pinned.pop(b))
                         frame.values[slots[b]] = None
+                if gauge.cpu_preparation_running() != prep:
+                    prep = gauge.cpu_preparation_running()
+                    self._bind_threads()
             frame.segment += 1
         self.state.note_execution_peak(frame.peak_bytes)
         # Weights may reach their consumers before their checksum is verified (model/verify.py): a run

@@ -205,3 +205,30 @@ def test_bind_with_nothing_changed_calls_neither_blas_nor_the_pool(unbound, monk
     _blas._current = 4  # another session's run set BLAS process-wide
     threads.bind(3, gauge, blas=1)
     assert blas_calls == [1, 1] and threads.available() == 3
+
+
+def test_cold_run_follows_preparation_between_actions_within_a_segment(mlp, unbound):
+    """Preparation leaves the cores in the middle of a segment (a run that stopped yielding early has one
+    long segment): the continuation re-binds after the action during which the gauge changed, so the
+    next action's native pool has the whole budget. The gauge is faked: it is a hint the run reads."""
+    sched = RuntimeScheduler(cpu=CpuExecutor(2, critical_reserved=1), io_workers=2)
+    gauge = {"n": 1}
+    sched.cpu_preparation_running = lambda: gauge["n"]  # what the run reads between actions
+    pool: dict[int, int | None] = {}
+
+    def after(pc: int) -> None:
+        pool[pc] = threads._native_threads
+        if pc == 0:
+            gauge["n"] = 0  # preparation ended while action 0 ran
+
+    try:
+        with RuntimeSession(mlp, {"intra_op_num_threads": 2}, scheduler=sched) as s:
+            (a, b) = s.plan.invocation_tasks[0].actions
+            assert b - a == 2  # one segment: Gemm, Relu
+            with s.trace_actions(after):
+                s.run({"x": np.ones((2, 16), np.float32)})
+            assert s.counters["cold_runs"] == 1
+        assert pool[0] == 1 and pool[1] == 2, pool
+    finally:
+        sched.close(cancel=True)
+        sched.cpu.close()
