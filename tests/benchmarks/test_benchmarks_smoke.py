@@ -110,6 +110,7 @@ def test_ttfo(models_dir, capsys):
     for c in res["cases"]:
         assert {"interp_ms", "numpy_ms", "import_ms", "session_ms", "run_ms", "ttfo_ms", "peak_rss_mb"} <= set(c)
         assert _finite(c["ttfo_ms"]) and c["ttfo_ms"] >= c["run_ms"] > 0
+        assert c["cpu_ms"] > 0 and (c["runq_ms"] is None or c["runq_ms"] >= 0)
     for rt in ("ours", "ours+cache"):
         c = by_rt[rt]
         assert {"parse_ms", "resolve_ms", "plan_ms", "state_ms", "first_node_at_ms", "read_mb_before_output"} <= set(c)
