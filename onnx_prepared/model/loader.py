@@ -150,7 +150,7 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     # still parses, and only this check notices (test_truncated_model_every_cut).
     if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
         raise ModelLoadError(f"{what} declares no opset_import (truncated file or not an ONNX model)")
-    bad = invalid_string_field(model)
+    bad = invalid_string_field(model, data=data)
     if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; no later code must see them
         raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
     if not model.graph.output:  # onnxruntime's run() refuses it ("at least one output"): nothing to compute

@@ -200,7 +200,7 @@ def parse(data: bytes, path: str) -> onnx.ModelProto:
         raise ValueError(f"companion prepared model {path!r} is not a valid ONNX protobuf: {e}") from None
     if not data or not model.HasField("graph"):
         raise ValueError(f"companion prepared model {path!r} is empty or has no graph (truncated?)")
-    bad = invalid_string_field(model, "manifest")
+    bad = invalid_string_field(model, "manifest", data)
     if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; decode() and later code need str
         raise ValueError(f"companion prepared model {path!r}: string field {bad} is not valid UTF-8")
     return model
