@@ -292,6 +292,7 @@ def _ort_child(a: argparse.Namespace, model: str) -> dict:
 
 
 def bench(a: argparse.Namespace) -> dict:
+    C.compile_package()  # children import compiled modules, as from an installed wheel
     me = os.path.abspath(__file__)
     res: dict = {"benchmark": "cache", "machine": C.machine(), "reps": a.reps, "tokens": a.tokens, "eager": a.eager,
                  "goals": {"read_forward": GOAL_READ_FORWARD, "vs_ort": GOAL_VS_ORT}, "presets": {}}

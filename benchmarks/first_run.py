@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         child(a)
         return 0
+    C.compile_package()  # children import compiled modules, as from an installed wheel
     files = glob.glob(os.path.join(os.path.dirname(a.model), "*"))
     if a.companion:
         files += glob.glob(os.path.join(os.path.dirname(a.companion), "*"))

@@ -333,6 +333,7 @@ def prepare_paths(a, model: str) -> dict:
 
 
 def bench(a: argparse.Namespace) -> dict:
+    C.compile_package()  # children import compiled modules, as from an installed wheel
     import numpy as np
 
     model = C.tiny_llm_path(a.models_dir, a.preset)
