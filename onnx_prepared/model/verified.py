@@ -13,8 +13,9 @@ not recorded (the next process hashes it and records it then), as git treats "ra
 
 One JSON file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``), named
 by the sha256 of the data file's real path, written atomically (temporary file + ``os.replace``).
-Records are a cache: an unreadable, corrupt or foreign record is ignored, a folder that cannot be
-written is skipped silently, and at most ``MAX_RECORDS`` files are kept (oldest removed first).
+The companion's data files get records of the same form, their payloads' XXH3-128 checksums
+(prepared/payload_hash.py). Records are a cache: an unreadable, corrupt or foreign record is ignored,
+a folder that cannot be written is skipped silently, and at most ``MAX_RECORDS`` files are kept (oldest removed first).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _path(folder: str, file: str) -> str:
 
 
 def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
-    """{(offset, length): sha256} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
+    """{(offset, length): digest} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
     import json
 
     try:
@@ -53,7 +54,7 @@ def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
         out = {}
         for k, sha in rec["ranges"].items():
             off, length = (int(x) for x in k.split(":"))
-            if isinstance(sha, str) and len(sha) == 64:
+            if isinstance(sha, str) and len(sha) in (32, 64):  # sha256 of a source, XXH3-128 of a payload
                 out[(off, length)] = sha
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

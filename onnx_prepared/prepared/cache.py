@@ -192,6 +192,8 @@ class PreparedModelStore:
         self._stamps: dict[str, str] = {}
         self._bound: dict[str, str | None] = {}  # source name -> data file fingerprint at load (bind_sources)
         self._verified: set[tuple] = set()  # payload identities that matched their checksum in this store
+        self._hashed: dict[str, set[tuple[int, int]]] = {}  # data file -> (offset, length) hashed by this store
+        self._per_file: dict[str, int] = {}  # data file -> live entries in it (counted on first need)
         self._fds: dict[str, int] = {}  # data file -> fd, open until close() (a reader may still use it)
         self._queue: dict[str, tuple[PreparedKey, np.ndarray]] = {}
         self._queued_digests: dict[str, tuple[str, str | None]] = {}
@@ -350,7 +352,7 @@ class PreparedModelStore:
         else:
             buf = np.empty(entry.length, dtype=np.uint8)
         record = bytearray(ID_SIZE)
-        hasher = payload_hash.hasher() if not self._was_verified(ident) else None
+        hasher = payload_hash.hasher() if not self._was_verified(ident, entry) else None
         try:
             got = io.pread_into(fd, buf, entry.offset, record, hasher=hasher)  # payload, then its identity
         except OSError as e:
@@ -382,14 +384,19 @@ class PreparedModelStore:
             if why is not None:
                 raise self._corrupt(entry, why)
             hasher = None
-            if not self._was_verified(ident):
+            if not self._was_verified(ident, entry):
                 hasher = payload_hash.hasher()
                 hasher.update(view[at: at + entry.length])
         self._check_sum(entry, ident, st, hasher)
         return np.frombuffer(mm, np.uint8, entry.length, at)
 
-    def _was_verified(self, ident: tuple) -> bool:
-        return ident in self._verified or (self.locking and payload_hash.verified_in_process(ident))
+    def _was_verified(self, ident: tuple, entry: CacheEntry) -> bool:
+        """Verified by this store, this process, or (with locks: timestamps from this host's clock) an
+        earlier process whose verification record of the data file still matches its fingerprint."""
+        if ident in self._verified:
+            return True
+        return self.locking and (payload_hash.verified_in_process(ident)
+                                 or payload_hash.verified_on_disk(entry.file, ident))
 
     def _check_sum(self, entry: CacheEntry, ident: tuple, st: os.stat_result, hasher) -> None:
         """Compare a payload's hash (None: verified earlier in this process) and count its bytes."""
@@ -398,10 +405,22 @@ class PreparedModelStore:
                 raise self._corrupt(entry, f"payload checksum mismatch (corrupt bytes; {payload_hash.ALGORITHM})")
             with self._lock:
                 self._verified.add(ident)
-            if self.locking:
-                payload_hash.remember_verified(ident, st)
+                done = self._hashed.setdefault(entry.file, set())
+                done.add((entry.offset, entry.length))
+                whole = len(done) >= self._entries_in(entry.file)
+            if self.locking and payload_hash.remember_verified(ident, st):
+                payload_hash.queue_record(entry.file, ident)
+                if whole:  # every entry of that file hashed: record it now (a replica may never close)
+                    payload_hash.save_records([entry.file])
         with self._lock:
             self.bytes_read += entry.length
+
+    def _entries_in(self, file: str) -> int:
+        """How many live entries lie in data file ``file`` (call under ``_lock``)."""
+        n = self._per_file.get(file)
+        if n is None:
+            n = self._per_file[file] = sum(1 for e in self._entries.values() if e.file == file)
+        return n
 
     def _fd(self, entry: CacheEntry) -> int:
         fd = self._fds.get(entry.file)
@@ -645,6 +664,7 @@ class PreparedModelStore:
                     self._fds[f] = fd
             self.invalid = {n: r for n, r in self.invalid.items() if n in merged and merged[n] == self._entries.get(n)}
             self._entries = merged
+            self._per_file = {}
             for n, d in src.items():  # a digest recorded since the snapshot is newer than the disk's
                 if n not in self._queued_digests:
                     self._digests[n] = d
@@ -660,10 +680,13 @@ class PreparedModelStore:
         with self._lock:
             self._closed = True
             fds, self._fds = list(self._fds.values()), {}
+            hashed = list(self._hashed)
             self._queue.clear()
             self._queued_digests.clear()
         for fd in fds:
             os.close(fd)
+        if self.locking:
+            payload_hash.save_records(hashed)  # what was hashed but not yet recorded (a partial read)
 
     def __enter__(self) -> PreparedModelStore:
         return self

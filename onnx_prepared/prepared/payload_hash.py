@@ -11,6 +11,15 @@ longest pause during a 1 GiB hash: 0.02-0.07 ms). XXH3-128 is the fastest and 12
 A mapped payload (``cache_io.map_payload``, a hit's default) is hashed whole once mapped; a copied one
 chunk by chunk right after each chunk's ``preadv`` (``CHUNK`` bytes, so the bytes are still in cache when
 hashed). Either way in whichever I/O worker reads it, with the GIL released.
+
+What matched is remembered twice: per process (``remember_verified``), and across processes in a
+verification record of the data file (model/verified.py's records: one small JSON per data file under
+``$XDG_CACHE_HOME/onnx-prepared/verified``, trusted only while the file keeps the stat fingerprint it had
+when hashed, never for a file changed within ``verified.RACY_S``), so a later cold start of the same
+companion hashes nothing: the sources' rule (docs/reliability.md), applied to payload checksums. A data
+file is never rewritten in place by onnx-prepared; a rewrite by anything else changes its ctime, so its
+record is ignored and the payloads are hashed again before use. The identity record is still checked on
+every read.
 """
 
 from __future__ import annotations
@@ -83,6 +92,55 @@ def remember_verified(ident: tuple[str, int, int, str], st: os.stat_result) -> b
 
 
 def forget_verified() -> None:
-    """Drop the process memo (tests, or after restoring a file's timestamps by hand)."""
+    """Drop the process memo and the records read or queued (tests, or after restoring a file's timestamps by hand)."""
     with _memo_lock:
         _memo.clear()
+        _records.clear()
+        _pending.clear()
+
+
+# ---- verified across processes -------------------------------------------------------------------------
+
+#: (data file, fingerprint) -> {(offset, length): checksum} its verification record trusts
+_records: dict[tuple[str, str], dict[tuple[int, int], str]] = {}
+#: data file -> (fingerprint, {(offset, length): checksum}) verified here and not yet saved in its record
+_pending: dict[str, tuple[str, dict[tuple[int, int], str]]] = {}
+
+
+def verified_on_disk(file: str, ident: tuple[str, int, int, str]) -> bool:
+    """Whether ``file``'s verification record says this payload matched its checksum under the file's
+    current fingerprint (``ident`` from ``payload_identity``); the record is read once per process."""
+    from onnx_prepared.model import verified
+
+    fp, offset, length, checksum_hex = ident
+    rec = _records.get((file, fp))
+    if rec is None:
+        rec = verified.load(verified.default_dir(), file, fp)  # {} when absent, foreign or for another fingerprint
+        with _memo_lock:
+            _records[(file, fp)] = rec
+    return rec.get((offset, length)) == checksum_hex
+
+
+def queue_record(file: str, ident: tuple[str, int, int, str]) -> None:
+    """Queue a payload that matched for ``file``'s verification record (``save_records`` writes it)."""
+    fp, offset, length, checksum_hex = ident
+    with _memo_lock:
+        have = _pending.get(file)
+        if have is None or have[0] != fp:
+            have = _pending[file] = (fp, {})
+        have[1][(offset, length)] = checksum_hex
+
+
+def save_records(files) -> None:
+    """Write the queued ranges of ``files`` into their verification records (merged with what a record
+    of the same fingerprint holds). Best effort: an unwritable folder or a file changed since is skipped."""
+    from onnx_prepared.model import verified
+
+    for file in files:
+        with _memo_lock:
+            item = _pending.pop(file, None)
+        if item:
+            fp, ranges = item
+            verified.save(verified.default_dir(), file, fp, ranges)
+            with _memo_lock:
+                _records.setdefault((file, fp), {}).update(ranges)
