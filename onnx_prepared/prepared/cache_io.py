@@ -35,7 +35,6 @@ import contextlib
 import errno
 import mmap
 import os
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -150,6 +149,8 @@ def _try_lock(fd: int) -> bool:
 
 
 def new_id() -> str:
+    import secrets  # NOTE: lazy: only a writer names files (random, base64, hmac: ~3 ms a hit's constructor skips)
+
     return secrets.token_hex(8)
 
 

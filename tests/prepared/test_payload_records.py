@@ -163,3 +163,19 @@ def test_without_locks_no_record_is_read_or_written(tmp_path, hashers):
     before = len(records())
     read_all(path2, locking=False)
     assert len(records()) == before
+
+
+def test_reading_a_companion_loads_no_writer_module(tmp_path):
+    """A hit's constructor and reads skip what only a writer needs (secrets: random, base64, hmac)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.prepared.onnx"
+    build(path)
+    code = ("import sys\nfrom onnx_prepared.prepared.cache import PreparedModelStore\n"
+            f"with PreparedModelStore({str(path)!r}, source_digest={SRC!r}, policy='read_only') as r:\n"
+            "    for e in r.entries().values():\n        r.read_payload(e)\n"
+            "print(sorted(m for m in ('secrets', 'random', 'base64', 'hmac') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip() == "[]"
