@@ -185,3 +185,19 @@ def test_orders_differ_and_the_variable_is_checked(monkeypatch):
     monkeypatch.setenv(mm.ORDER_ENV, "sse")
     with pytest.raises(KernelError, match=mm.ORDER_ENV):
         mm.int8_order()
+
+
+@needs_native
+@pytest.mark.parametrize(("M", "K", "bs"), [(3, 4100, 32), (6, 3500, 16), (5, 4160, 64), (129, 3100, 32)])
+def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
+    """K past one slice of the several-rows kernel's unpacked weights (48 groups of 64 k): chains carried
+    over slices, trailing blocks after them, the one-row kernel's row beside it (M = 129)."""
+    A, B, scales, zp, bias = _case(np.random.default_rng(K), K, 37, M, bs, "packed", True)
+    want = mlas_avx2_reference(A, B, scales, zp, bias, N=37, block_size=bs)
+    if mm.int8_order() == "avx2":
+        np.testing.assert_array_equal(want, _ort(A, B, scales, zp, bias, K=K, N=37, bits=4, block_size=bs,
+                                                 accuracy_level=4))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(mm.ORDER_ENV, "avx2")
+        for level in native.supported_levels():
+            np.testing.assert_array_equal(_run(A, B, scales, zp, bias, K, 37, level, bs), want)
