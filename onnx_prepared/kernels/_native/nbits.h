@@ -88,6 +88,7 @@ typedef struct {
     float *ascale;
     float *asum;
     int32_t *aqs; /* NB_MODE_I8_AVX2*: sums of the int8 quads (k 4i..4i+3) of row M - 1, [kpad / 4] */
+    int32_t *aqc; /* and 8 x the sums of its chunks (k 8i..8i+7), [kpad / 8] (symmetric weights' correction) */
 } nb_call;
 
 typedef struct {

@@ -286,7 +286,7 @@ size_t nb_scratch_bytes(int M, int K, int bs, int mode)
     const size_t rows = ((size_t)M + 7) & ~(size_t)7; /* whole 8-row tiles (nbits_avx512vnni.c) */
     size_t n = rows * kb * 4 * 2; /* ascale + asum (ascale unused in fp32 mode) */
     n += mode == NB_MODE_F32 ? rows * kpad * 4 : rows * kpad;
-    if (mode >= NB_MODE_I8_AVX2) n = ((n + 63) & ~(size_t)63) + kpad; /* aqs: kpad / 4 int32 */
+    if (mode >= NB_MODE_I8_AVX2) n = ((n + 63) & ~(size_t)63) + kpad + kpad / 2; /* aqs, aqc */
     return n + 64;
 }
 
@@ -300,8 +300,10 @@ void nb_layout_scratch(nb_call *c, void *scratch)
     c->af = (float *)rest;
     c->aq = (int8_t *)rest;
     c->aqs = NULL;
+    c->aqc = NULL;
     if (c->mode >= NB_MODE_I8_AVX2) {
         const size_t n = (rows * kb * 8 + rows * kpad + 63) & ~(size_t)63;
         c->aqs = (int32_t *)(p + n);
+        c->aqc = c->aqs + kpad / 4;
     }
 }
