@@ -357,6 +357,39 @@ static PyObject *py_pool_stats(PyObject *self, PyObject *unused)
     return Py_BuildValue("(LLLLLL)", v[0], v[1], v[2], v[3], v[4], v[5]);
 }
 
+static PyObject *py_pool_diag(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    long long v[5];
+    nb_pool_diag(v);
+    return Py_BuildValue("(LLLLL)", v[0], v[1], v[2], v[3], v[4]);
+}
+
+static PyObject *py_pool_set_wait(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int spin, yield, steer;
+    if (!PyArg_ParseTuple(args, "iii", &spin, &yield, &steer)) return NULL;
+    int old[3];
+    nb_pool_get_wait(old);
+    nb_pool_set_wait(spin > 100000 ? 100000 : spin, yield > 100000 ? 100000 : yield, steer);
+    return Py_BuildValue("(iii)", old[0], old[1], old[2]);
+}
+
+static PyObject *py_pool_probe(PyObject *self, PyObject *args)
+{
+    (void)self;
+    double timeout;
+    int asleep;
+    if (!PyArg_ParseTuple(args, "dp", &timeout, &asleep)) return NULL;
+    int v[3];
+    Py_BEGIN_ALLOW_THREADS
+    nb_pool_probe((long long)(timeout * 1e9), asleep, v);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Oii)", v[0] ? Py_True : Py_False, v[1], v[2]);
+}
+
 static PyObject *py_pool_stalls(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -376,6 +409,10 @@ static PyMethodDef methods[] = {
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},
     {"pool_stalls", py_pool_stalls, METH_NOARGS, "jobs a worker declined (woken on the caller's CPU)"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "(pooled jobs, declined, worker joins, worker tasks, tasks, solo jobs)"},
+    {"pool_diag", py_pool_diag, METH_NOARGS, "(worker wake-ups, their summed latency ns, found spinning, moved, late)"},
+    {"pool_probe", py_pool_probe, METH_VARARGS,
+     "test hook (timeout_s, asleep): (a worker joined a gated 2-task job, its mask in it, after)"},
+    {"pool_set_wait", py_pool_set_wait, METH_VARARGS, "(spin_us, yield_us, steer): the idle workers' wait policy; returns the previous one"},
     /* cnn-native: recurrent ops (rnn_module.c) */
     RNN_METHODS
     CONV_GEMM_METHODS

@@ -1,7 +1,8 @@
-/* A small fork-safe pthread pool: workers spin for a bounded time (spin_us, default 50 us) after a job,
- * then sleep on a condition variable, so an idle pool never keeps a core from the I/O and prepack
- * threads for long. Jobs are published under the mutex; a job's tasks are taken with an atomic counter
- * (dynamic balance on a shared, noisy machine). */
+/* A small fork-safe pthread pool: after a job, workers spin briefly (spin_us, default 50 us), then poll
+ * with sched_yield (yield_us, default 1 ms), then sleep on a condition variable, so an idle pool never
+ * keeps a core from the I/O and prepack threads: a yielding poller gives its CPU to any runnable thread
+ * at once, and sleeps for good 1 ms after the last job. Jobs are published under the mutex; a job's
+ * tasks are taken with an atomic counter (dynamic balance on a shared, noisy machine). */
 #define _GNU_SOURCE
 #include "pool.h"
 
@@ -27,7 +28,9 @@ static struct {
     int nworkers;   /* started worker threads */
     pthread_t *tids;
     atomic_int stop;
-    int spin_us;
+    int spin_us;    /* an idle worker spins this long (pause), */
+    int yield_us;   /* then polls with sched_yield this long, then sleeps */
+    int steer;      /* a sleeping worker's affinity excludes the caller's CPU */
     atomic_int busy; /* a call holds the pool */
     atomic_ulong gen; /* bumped when a job is published (under mu) */
     /* the current job (written under mu while no worker is inside: inflight == 0) */
@@ -44,7 +47,15 @@ static struct {
     long long solo_until; /* back-off (caller side, under busy): run jobs alone until this time (ns) */
     int streak;           /* consecutive judged jobs the workers did not shorten */
     long long last_bad;   /* when the last such job ended (ns) */
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 50};
+    long long pub_ns;     /* when the current job was published (under mu) */
+    /* diagnostics (nb_pool_diag): worker wake-ups, summed ns from publish to the worker copying the job, of
+     * those found while spinning; declines that moved off the caller's CPU; joins that found no task left */
+    atomic_llong d_wakes, d_wake_ns, d_spun, d_moved, d_late;
+    atomic_int probing; /* nb_pool_probe's job is in flight: the worker records its mask after the job */
+    int probe_mask; /* CPUs in the worker's mask after that job (under mu) */
+    int sleepers;   /* workers waiting on cv_work (under mu) */
+} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv_work = PTHREAD_COND_INITIALIZER, .cv_done = PTHREAD_COND_INITIALIZER,
+       .spin_us = 50, .yield_us = 1000, .steer = 1};
 
 /* NOTE: a worker woken while every other CPU is busy (another process, another library's spinning
  * threads) is placed by the scheduler on the caller's own CPU, where it would only preempt the caller;
@@ -54,6 +65,25 @@ static struct {
  * caller's CPU instead, so that they compete for a share of a busy CPU, was measured at load 4-6: calls
  * on 2 threads took up to 2x one thread's time; a likely cause, not verified, is the scheduler moving the
  * caller onto its own worker's CPU.) */
+
+/* NOTE (the wait policy; measured on the 2-vCPU AVX2 EPYC under Firecracker, PREEMPT_NONE, HZ 250, in an
+ * autogroup of nice -19 so that the other processes of a shared machine hardly ran): a worker woken from
+ * its condition variable took 16-28 us on average from the job's publication to taking it, 80-170 us after
+ * 2 ms idle (the vCPU halts), against 3-5 us for one still polling. In a model's forward the gaps between
+ * pooled jobs are the Python dispatch of the ops between them, 20-400 us, longer than the 50 us spin:
+ * every job paid a wake-up, and a short job (a decode step's M=1 MatMulNBits, 100-300 us) ran its first
+ * tasks on the caller alone. Polling with sched_yield for 1 ms after a job keeps the worker ready through
+ * a forward (a 200 us job of 16 tasks between 100 us of caller work: 2-thread speed-up 1.37 -> 1.48; the
+ * medium INT4 LLM's decode step at level 4: 1.44 -> 1.72, prefill of 16 tokens unchanged within noise)
+ * while any runnable thread (I/O, prepack, another process) still gets the CPU at the next poll; while
+ * preparation holds CPU slots threads.py gives the pool fewer threads, so a 2-core machine has no poller
+ * on the cold path.
+ *
+ * NOTE (steering): a worker that sleeps has its affinity without the caller's CPU (that of its last job)
+ * until it has run its next job, so the wake-up cannot place it on the caller's CPU, where it would only
+ * preempt the caller or decline (see below); restored after the job, the mask never pins it for longer
+ * than one job. A caller that moved meanwhile is caught by the decline below. Alone (no polling) it gave
+ * the decode step above 1.44 -> 1.67. */
 
 static long long now_ns(void)
 {
@@ -114,45 +144,117 @@ static int run_tasks(nb_task_fn fn, void *ctx, int ntasks)
     }
 }
 
+static int mask_count(void)
+{
+#ifdef CPU_COUNT
+    cpu_set_t m;
+    if (sched_getaffinity(0, sizeof(m), &m) == 0) return CPU_COUNT(&m);
+#endif
+    return 0;
+}
+
+#ifdef CPU_COUNT
+typedef cpu_set_t nb_mask;
+#else
+typedef int nb_mask;
+#endif
+
+static void restore_mask(const nb_mask *saved)
+{
+#ifdef CPU_COUNT
+    sched_setaffinity(0, sizeof(*saved), saved);
+#else
+    (void)saved;
+#endif
+}
+
+/* Before a worker sleeps: its affinity without the caller's CPU (see the NOTE on steering), the old mask in
+ * *saved. Returns whether it changed the mask (then restore_mask(saved) after the next job). */
+static int steer_off(int cpu, nb_mask *saved)
+{
+#ifdef CPU_COUNT
+    cpu_set_t off;
+    if (cpu < 0 || sched_getaffinity(0, sizeof(*saved), saved) != 0 || !CPU_ISSET(cpu, saved)) return 0;
+    off = *saved;
+    CPU_CLR(cpu, &off);
+    return CPU_COUNT(&off) > 0 && sched_setaffinity(0, sizeof(off), &off) == 0;
+#else
+    (void)cpu;
+    (void)saved;
+    return 0;
+#endif
+}
+
+/* Wait for a job newer than `seen` (returns with P.mu held): spin, then poll with sched_yield, then sleep.
+ * Returns 1 when the job was found without sleeping; *steered says the affinity in *saved must be restored. */
+static int wait_job(unsigned long seen, int declined, int caller_cpu, int *steered, nb_mask *saved)
+{
+    const long long t0 = now_ns();
+    const long long spin = declined ? 0 : (long long)P.spin_us * 1000;
+    const long long yield = declined ? 0 : (long long)P.yield_us * 1000;
+    int polls = 0;
+    *steered = 0;
+    while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen && !P.stop) {
+        CPU_RELAX();
+        if (++polls == 64) {
+            polls = 0;
+            const long long dt = now_ns() - t0;
+            if (dt > spin + yield) goto sleep;
+            if (dt > spin) sched_yield();
+        }
+    }
+    pthread_mutex_lock(&P.mu);
+    return 1;
+sleep:
+    *steered = P.steer && steer_off(caller_cpu, saved);
+    pthread_mutex_lock(&P.mu);
+    P.sleepers++;
+    while (atomic_load(&P.gen) == seen && !P.stop) pthread_cond_wait(&P.cv_work, &P.mu);
+    P.sleepers--;
+    return 0;
+}
+
 static void *worker(void *arg)
 {
     /* the generation when the pool started it: a job published before this thread first runs is still new */
     unsigned long seen = (unsigned long)(uintptr_t)arg;
-    int declined = 0;
+    int declined = 0, caller_cpu = -1, steered;
+    nb_mask saved;
     for (;;) {
-        long long t0 = now_ns();
-        const long long spin = declined ? 0 : (long long)P.spin_us * 1000;
-        int polls = 0;
-        while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen && !P.stop) {
-            CPU_RELAX();
-            if (++polls == 64) {
-                polls = 0;
-                if (now_ns() - t0 > spin) break;
-            }
-        }
-        pthread_mutex_lock(&P.mu);
-        while (atomic_load(&P.gen) == seen && !P.stop) pthread_cond_wait(&P.cv_work, &P.mu);
+        const int spun = wait_job(seen, declined, caller_cpu, &steered, &saved);
         if (P.stop) {
             pthread_mutex_unlock(&P.mu);
+            if (steered) restore_mask(&saved);
             return NULL;
         }
         seen = atomic_load(&P.gen);
+        atomic_fetch_add_explicit(&P.d_wakes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&P.d_wake_ns, now_ns() - P.pub_ns, memory_order_relaxed);
+        if (spun) atomic_fetch_add_explicit(&P.d_spun, 1, memory_order_relaxed);
         nb_task_fn fn = P.fn;
         void *ctx = P.ctx;
         int ntasks = P.ntasks;
         P.inflight++;
-        const int caller_cpu = P.caller_cpu;
+        caller_cpu = P.caller_cpu;
         pthread_mutex_unlock(&P.mu);
         declined = sched_getcpu() == caller_cpu;
         if (declined) {
             atomic_fetch_add_explicit(&P.stalls, 1, memory_order_relaxed);
-            if (leave_cpu(caller_cpu)) declined = 0; /* now on another CPU: take what is left of this job */
+            if (leave_cpu(caller_cpu)) { /* now on another CPU: take what is left of this job */
+                declined = 0;
+                atomic_fetch_add_explicit(&P.d_moved, 1, memory_order_relaxed);
+            }
         }
         if (!declined) {
             atomic_fetch_add_explicit(&P.joined, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&P.wtasks, run_tasks(fn, ctx, ntasks), memory_order_relaxed);
+            const int got = run_tasks(fn, ctx, ntasks);
+            atomic_fetch_add_explicit(&P.wtasks, got, memory_order_relaxed);
+            if (!got) atomic_fetch_add_explicit(&P.d_late, 1, memory_order_relaxed);
         }
+        if (steered) restore_mask(&saved); /* after the job: off its critical path */
+        const int probing = P.probing, mask = probing ? mask_count() : 0;
         pthread_mutex_lock(&P.mu);
+        if (probing) P.probe_mask = mask;
         if (--P.inflight == 0) pthread_cond_broadcast(&P.cv_done);
         pthread_mutex_unlock(&P.mu);
     }
@@ -254,6 +356,7 @@ void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
     atomic_store(&P.next, 0);
     atomic_store(&P.done, 0);
     P.caller_cpu = sched_getcpu();
+    P.pub_ns = t0;
     atomic_fetch_add_explicit(&P.jobs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&P.ttasks, ntasks, memory_order_relaxed);
     atomic_fetch_add_explicit(&P.gen, 1, memory_order_release);
@@ -297,6 +400,57 @@ void nb_pool_stats(long long out[6])
     out[4] = atomic_load(&P.ttasks);
 }
 
+void nb_pool_diag(long long out[5])
+{
+    out[0] = atomic_load(&P.d_wakes);
+    out[1] = atomic_load(&P.d_wake_ns);
+    out[2] = atomic_load(&P.d_spun);
+    out[3] = atomic_load(&P.d_moved);
+    out[4] = atomic_load(&P.d_late);
+}
+
+typedef struct {
+    atomic_int started, worker_mask;
+    long long deadline;
+    pthread_t caller;
+} probe_ctx;
+
+/* each task waits at a gate until both have started (or the deadline): two threads at once, or none */
+static void probe_task(void *ctx, int t)
+{
+    (void)t;
+    probe_ctx *p = (probe_ctx *)ctx;
+    if (!pthread_equal(pthread_self(), p->caller)) atomic_store(&p->worker_mask, mask_count());
+    atomic_fetch_add(&p->started, 1);
+    while (atomic_load(&p->started) < 2 && now_ns() < p->deadline) CPU_RELAX();
+}
+
+void nb_pool_probe(long long timeout_ns, int asleep, int out[3])
+{
+    probe_ctx p = {.deadline = now_ns() + timeout_ns, .caller = pthread_self()};
+    for (int n = 0; asleep && now_ns() < p.deadline; sched_yield()) { /* gate: every worker sleeps */
+        pthread_mutex_lock(&P.mu);
+        n = P.sleepers;
+        pthread_mutex_unlock(&P.mu);
+        if (n >= P.nworkers) break;
+    }
+    P.probing = 1;
+    P.probe_mask = 0;
+    P.solo_until = 0; /* a back-off left by earlier calls would run the probe on the caller alone */
+    nb_pool_run(probe_task, &p, 2);
+    pthread_mutex_lock(&P.mu);
+    while (P.inflight > 0) { /* the worker's steps after the job (its mask restored) */
+        P.caller_waits = 1;
+        pthread_cond_wait(&P.cv_done, &P.mu);
+    }
+    P.caller_waits = 0;
+    P.probing = 0;
+    out[0] = atomic_load(&p.worker_mask) > 0;
+    out[1] = atomic_load(&p.worker_mask);
+    out[2] = P.probe_mask;
+    pthread_mutex_unlock(&P.mu);
+}
+
 static void acquire_idle_pool(void)
 {
     int expected = 0;
@@ -325,6 +479,20 @@ int nb_pool_get_threads(void)
 void nb_pool_set_spin_us(int us)
 {
     P.spin_us = us < 0 ? 0 : us;
+}
+
+void nb_pool_get_wait(int out[3])
+{
+    out[0] = P.spin_us;
+    out[1] = P.yield_us;
+    out[2] = P.steer;
+}
+
+void nb_pool_set_wait(int spin_us, int yield_us, int steer)
+{
+    P.spin_us = spin_us < 0 ? 0 : spin_us;
+    P.yield_us = yield_us < 0 ? 0 : yield_us;
+    P.steer = steer != 0;
 }
 
 /* a forked child has no workers: forget the parent's and start fresh on the next call */

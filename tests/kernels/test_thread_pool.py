@@ -1,0 +1,62 @@
+"""The native pool's workers (``_native/pool.c``): a worker joins a job after sleeping, spinning or polling,
+and the steering of a sleeping worker off the caller's CPU is undone after its job. Gates, not sleeps: the
+probe job's two tasks each wait until both have started, so it passes only when a worker ran beside the
+caller (``pool_probe``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from onnx_prepared.kernels import native
+
+needs_two = pytest.mark.skipif(
+    not native.available() or len(os.sched_getaffinity(0)) < 2,
+    reason="needs the native extension and two CPUs",
+)
+
+GATE_S = 20.0  # how long a probe task waits for the other one: far beyond any wake-up on a loaded machine
+
+
+@pytest.fixture
+def pool():
+    before = native.get_num_threads()
+    policy = native._ext.pool_set_wait(50, 1000, 1)
+    native.set_num_threads(2)
+    yield native._ext
+    native._ext.pool_set_wait(*policy)
+    native.set_num_threads(before)
+
+
+@needs_two
+@pytest.mark.parametrize("policy", [(0, 0, 0), (0, 0, 1), (50, 0, 1), (0, 100000, 1)],
+                         ids=["sleep", "sleep-steered", "spin-then-sleep", "yield-poll"])
+def test_a_worker_joins_every_job(pool, policy):
+    pool.pool_set_wait(*policy)
+    for _ in range(12):
+        joined, _, after = pool.pool_probe(GATE_S, False)
+        assert joined
+        assert after == len(os.sched_getaffinity(0))  # the mask is whole again after every job
+
+
+@needs_two
+def test_a_sleeping_worker_is_steered_off_the_callers_cpu_for_one_job(pool):
+    """A probe published once the worker sleeps (a second gate): steered, the worker's mask lacks one CPU
+    (the caller's) while it runs the job, and is whole after it; unsteered it is whole throughout."""
+    n = len(os.sched_getaffinity(0))
+    pool.pool_set_wait(0, 0, 1)
+    pool.pool_probe(GATE_S, False)  # the worker now knows the caller's CPU
+    for _ in range(4):
+        assert pool.pool_probe(GATE_S, True) == (True, n - 1, n)
+    pool.pool_set_wait(0, 0, 0)
+    pool.pool_probe(GATE_S, True)  # the worker fell asleep steered, under the old policy
+    for _ in range(4):
+        assert pool.pool_probe(GATE_S, True) == (True, n, n)
+
+
+@needs_two
+def test_wait_policy_round_trips(pool):
+    assert pool.pool_set_wait(7, 8, 0) == (50, 1000, 1)
+    assert pool.pool_set_wait(-1, 200000, 5) == (7, 8, 0)
+    assert pool.pool_set_wait(50, 1000, 1) == (0, 100000, 1)  # clamped
