@@ -24,6 +24,7 @@
 #include "winpool.h"
 #include "se_block.h"
 #include "qgemm.h"
+#include "encoder_act.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -430,6 +431,7 @@ static PyMethodDef methods[] = {
     WINPOOL_METHODS
     SE_BLOCK_METHODS
     QGEMM_METHODS
+    ENCODER_ACT_METHODS
     {NULL, NULL, 0, NULL},
 };
 
