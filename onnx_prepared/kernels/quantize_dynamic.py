@@ -139,17 +139,18 @@ def _scratch(nbytes: int) -> np.ndarray:
 def matmul_integer_packed(packed: np.ndarray, A: np.ndarray, a_zero_point: np.ndarray | None = None, *,
                           K: int, N: int) -> tuple[np.ndarray]:
     """int32 ``(A - a_zero_point) @ B_centered`` with B in the :func:`pack_b_pairs` layout; A ``[..., K]``."""
-    if A.dtype not in (np.uint8, np.int8):
+    char = A.dtype.char  # (one attribute read: this runs once per quantized MatMul of every run)
+    if char != "B" and char != "b":
         raise KernelError(f"MatMulInteger: A must be uint8 or int8, got {A.dtype}")
-    if A.ndim == 0 or A.shape[-1] != K:
-        raise KernelError(f"MatMulInteger: A of shape {list(A.shape)} does not match B [{K}, {N}]")
+    shape = A.shape
+    if not shape or shape[-1] != K:
+        raise KernelError(f"MatMulInteger: A of shape {list(shape)} does not match B [{K}, {N}]")
     ext = native._ext
     if ext is not None and (a_zero_point is None or a_zero_point.size == 1):
-        azp = 0 if a_zero_point is None else int(a_zero_point.reshape(-1)[0])
-        a2 = np.ascontiguousarray(A).reshape(-1, K)
-        M = a2.shape[0]
-        y = np.empty(A.shape[:-1] + (N,), np.int32)
-        ext.qgemm_i16(a2, int(A.dtype == np.int8), azp, packed, y, _scratch(4 * M * packed.shape[0]), M, K, N)
+        M = A.size // K
+        y = np.empty(shape[:-1] + (N,), np.int32)
+        ext.qgemm_i16(np.ascontiguousarray(A), int(char == "b"), 0 if a_zero_point is None else a_zero_point.item(),
+                      packed, y, _scratch(4 * M * packed.shape[0]), M, K, N)
         return (y,)
     m = A.shape[-2] if A.ndim >= 2 else 1
     a = _centered(A, _zero_point(a_zero_point, "a", m, A.ndim, row=A.ndim >= 2))

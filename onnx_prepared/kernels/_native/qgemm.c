@@ -204,37 +204,73 @@ static void block_portable(const qg_job *j, const int16_t *ac, long m0, int nr, 
 #ifdef QG_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-/* up to 4 rows x 16 columns per step: 8 int32 accumulators */
+static inline void store16(int32_t *yr, long left, __m256i lo, __m256i hi)
+{
+    if (left >= 16) {
+        _mm256_storeu_si256((__m256i *)yr, lo);
+        _mm256_storeu_si256((__m256i *)(yr + 8), hi);
+    } else {
+        int32_t tmp[16];
+        _mm256_storeu_si256((__m256i *)tmp, lo);
+        _mm256_storeu_si256((__m256i *)(tmp + 8), hi);
+        memcpy(yr, tmp, (size_t)left * 4);
+    }
+}
+
+static inline __m256i pair_at(const int16_t *a)
+{
+    int32_t v;
+    memcpy(&v, a, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* 4 rows x 16 columns per step: 8 int32 accumulators in registers; rows past the fourth use the
+ * one-row kernel below */
 static void block_avx2(const qg_job *j, const int16_t *ac, long m0, int nr, long n0, long n1)
 {
-    const long w = 2 * j->Kp, ld = 2 * j->N16;
-    for (long n = n0; n < n1; n += 16) {
-        __m256i acc[4][2];
-        for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-        const int16_t *bp = j->b + 2 * n;
-        for (long p = 0; p < j->Kp; p++, bp += ld) {
-            const __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
-            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
-            for (int r = 0; r < 4; r++) {
-                if (r >= nr) break;
-                int32_t pair;
-                memcpy(&pair, ac + r * w + 2 * p, 4);
-                const __m256i av = _mm256_set1_epi32(pair);
-                acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
-                acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
+    const long w = 2 * j->Kp, ld = 2 * j->N16, Kp = j->Kp;
+    if (nr == 4) {
+        const int16_t *a0 = ac, *a1 = ac + w, *a2 = ac + 2 * w, *a3 = ac + 3 * w;
+        for (long n = n0; n < n1; n += 16) {
+            __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+            __m256i c30 = c00, c31 = c00;
+            const int16_t *bp = j->b + 2 * n;
+            for (long p = 0; p < Kp; p++, bp += ld) {
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+                __m256i av = pair_at(a0 + 2 * p);
+                c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(av, b0));
+                c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(av, b1));
+                av = pair_at(a1 + 2 * p);
+                c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(av, b0));
+                c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(av, b1));
+                av = pair_at(a2 + 2 * p);
+                c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(av, b0));
+                c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(av, b1));
+                av = pair_at(a3 + 2 * p);
+                c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(av, b0));
+                c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(av, b1));
             }
+            int32_t *yr = j->y + m0 * j->N + n;
+            const long left = j->N - n;
+            store16(yr, left, c00, c01);
+            store16(yr + j->N, left, c10, c11);
+            store16(yr + 2 * j->N, left, c20, c21);
+            store16(yr + 3 * j->N, left, c30, c31);
         }
-        for (int r = 0; r < nr; r++) {
-            int32_t *yr = j->y + (m0 + r) * j->N + n;
-            if (n + 16 <= j->N) {
-                _mm256_storeu_si256((__m256i *)yr, acc[r][0]);
-                _mm256_storeu_si256((__m256i *)(yr + 8), acc[r][1]);
-            } else {
-                int32_t tmp[16];
-                _mm256_storeu_si256((__m256i *)tmp, acc[r][0]);
-                _mm256_storeu_si256((__m256i *)(tmp + 8), acc[r][1]);
-                memcpy(yr, tmp, (size_t)(j->N - n) * 4);
+        return;
+    }
+    for (int r = 0; r < nr; r++) {
+        const int16_t *a0 = ac + r * w;
+        for (long n = n0; n < n1; n += 16) {
+            __m256i c0 = _mm256_setzero_si256(), c1 = c0;
+            const int16_t *bp = j->b + 2 * n;
+            for (long p = 0; p < Kp; p++, bp += ld) {
+                const __m256i av = pair_at(a0 + 2 * p);
+                c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(av, _mm256_loadu_si256((const __m256i *)bp)));
+                c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(av, _mm256_loadu_si256((const __m256i *)(bp + 16))));
             }
+            store16(j->y + (m0 + r) * j->N + n, j->N - n, c0, c1);
         }
     }
 }
