@@ -30,9 +30,12 @@ def pool():
 
 
 @needs_two
-@pytest.mark.parametrize("policy", [(0, 0, 0), (0, 0, 1), (50, 0, 1), (0, 100000, 1)],
-                         ids=["sleep", "sleep-steered", "spin-then-sleep", "yield-poll"])
+@pytest.mark.parametrize("policy", [(0, 0, 1), (50, 0, 1), (0, 100000, 1)],
+                         ids=["sleep-steered", "spin-then-sleep", "yield-poll"])
 def test_a_worker_joins_every_job(pool, policy):
+    """Steered policies only: an unsteered sleeping worker that the scheduler wakes on the caller's CPU
+    declines the job by design (it would only take turns with the caller), so whether it joins depends on
+    where the other CPU's load puts it; under xdist on 2 cores it sometimes did not."""
     pool.pool_set_wait(*policy)
     for _ in range(12):
         joined, _, after = pool.pool_probe(GATE_S, False)
