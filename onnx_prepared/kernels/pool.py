@@ -17,7 +17,7 @@ import numpy as np
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _spatial as sp
 from onnx_prepared.kernels import native
-from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.registry import kernel, specializes
 
 
 def _lowest(dtype: np.dtype):
@@ -182,3 +182,83 @@ def global_lp_pool(X: np.ndarray, *, p: int = 2) -> tuple[np.ndarray]:
     y = np.sqrt(np.sum(xw * xw, axis=axes, keepdims=True)) if p == 2 else np.sum(
         xw ** p, axis=axes, keepdims=True) ** (1.0 / p)
     return (y.astype(X.dtype, copy=False),)
+
+
+# **** bound calls: geometry once per input shape ****
+
+
+class _Pool2dBound:
+    """A Max/AveragePool node's call that settles the geometry and ``winpool.c``'s dims once per input
+    shape: each later float32 NCHW call allocates the output and calls the extension (about 20 us of
+    attribute parsing per call before, on small planes more than the pool itself). Anything else, or
+    no extension (the numpy fallback, checked per call), goes through the kernel as before."""
+
+    __slots__ = ("_attrs", "_avg", "_kernel", "_plans")
+
+    def __init__(self, fn, avg: bool, attrs: dict):
+        self._kernel, self._avg, self._attrs, self._plans = fn, avg, attrs, {}
+
+    def __call__(self, X: np.ndarray) -> tuple:
+        plan = self._plans.get(X.shape) if X.dtype == np.float32 else None
+        if plan is None and X.dtype == np.float32:
+            plan = self._plans[X.shape] = self._plan(X)
+        if plan and plan[0] is native._ext and X.flags.c_contiguous:
+            y = np.empty(plan[1], np.float32)
+            plan[0].pool2d(X, y, plan[2])
+            return (y,)
+        return self._kernel(X, **self._attrs)
+
+    def _plan(self, X: np.ndarray):
+        a = self._attrs
+        if native._ext is None or X.ndim != 4:
+            return False
+        kshape, begins, ends, out, strides, dilations = _setup(
+            "AveragePool" if self._avg else "MaxPool", X, a.get("kernel_shape"), a.get("auto_pad", "NOTSET"),
+            a.get("pads"), a.get("strides"), a.get("dilations"), a.get("ceil_mode", 0))
+        if not _native_2d(X, out):
+            return False
+        n, c, h, w = X.shape
+        dims = np.array([n, c, h, w, *kshape, *out, begins[0], begins[1], ends[0], ends[1], *strides, *dilations,
+                         int(self._avg), int(bool(a.get("count_include_pad", 0)))], np.int64)
+        return native._ext, (n, c, *out), dims
+
+
+@specializes(max_pool)
+def _max_pool_bound(consts: dict, n_inputs: int, **attrs):
+    return None if attrs.get("n_outputs", 1) >= 2 else _Pool2dBound(max_pool, False, attrs)
+
+
+@specializes(average_pool)
+def _average_pool_bound(consts: dict, n_inputs: int, **attrs):
+    return _Pool2dBound(average_pool, True, attrs)
+
+
+def _global_average_pool_f32(X: np.ndarray) -> tuple[np.ndarray]:
+    """GlobalAveragePool's float32 contiguous call straight to ``gap.c`` (the kernel's dtype checks cost
+    ~10 us, four times the reduction on a small plane)."""
+    ext = native._ext
+    if ext is not None and X.dtype == np.float32 and X.ndim >= 3 and X.size and X.flags.c_contiguous:
+        n, c = X.shape[:2]
+        y = np.empty((n, c) + (1,) * (X.ndim - 2), np.float32)
+        ext.global_avg(X, y, n * c, X.size // (n * c))
+        return (y,)
+    return global_average_pool(X)
+
+
+def _global_max_pool_flat(X: np.ndarray) -> tuple[np.ndarray]:
+    """GlobalMaxPool as one ``maximum.reduce`` over each flattened plane (np.max over an axis tuple
+    costs ~8 us more on small planes; the same values, NaN propagating)."""
+    if X.ndim >= 3 and X.size:
+        n, c = X.shape[:2]
+        return (np.maximum.reduce(X.reshape(n, c, -1), axis=2).reshape((n, c) + (1,) * (X.ndim - 2)),)
+    return global_max_pool(X)
+
+
+@specializes(global_average_pool)
+def _global_average_pool_bound(consts: dict, n_inputs: int):
+    return _global_average_pool_f32
+
+
+@specializes(global_max_pool)
+def _global_max_pool_bound(consts: dict, n_inputs: int):
+    return _global_max_pool_flat
