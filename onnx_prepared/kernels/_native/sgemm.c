@@ -25,13 +25,14 @@ static long ceil_div(long a, long b) { return (a + b - 1) / b; }
 /* Blocks from the shape only, then the tasks (without the GIL); -1 with an exception set.
  * Columns: a block of x of at most ~96 KiB (K * columns floats, re-read from L2 by every panel pair),
  * a multiple of 12 (every level's micro tile divides it), or for the column-vectorised AVX-512 task
- * ~128 KiB in multiples of its 32-column tile. Panels: split further until a task has about
+ * ~128 KiB in multiples of its 32-column tile (the AVX2 one: multiples of 16). Panels: split further until a task has about
  * 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
 static int sg_run(sg_job *j, long B)
 {
     const int level = ext_isa_level(), by_cols = level >= 3 && j->N >= SG_NCOLS_MIN && j->K <= SG_NCOLS_MAXK;
+    const int by_cols2 = level >= 1 && level < 3 && j->N >= 16 && j->M <= SG_NCOLS2_MAXM;
     /* the column-vectorised task's tiles are 32 wide: blocks of whole tiles, up to ~128 KiB of x */
-    const long align = by_cols ? 32 : SG_NCHUNK_ALIGN, budget = by_cols ? 32768 : 24576;
+    const long align = by_cols ? 32 : by_cols2 ? 16 : SG_NCHUNK_ALIGN, budget = by_cols ? 32768 : 24576;
     long nch = budget / j->K / align * align;
     if (nch < align) nch = align;
     if (nch >= j->N) nch = ceil_div(j->N, align) * align;
@@ -50,7 +51,7 @@ static int sg_run(sg_job *j, long B)
         PyErr_SetString(PyExc_ValueError, "sgemm: too many tasks");
         return -1;
     }
-    g_task = by_cols ? sg_ntask_avx512 : level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
+    g_task = by_cols ? sg_ntask_avx512 : by_cols2 ? sg_ntask_avx2 : level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
     Py_BEGIN_ALLOW_THREADS
     /* below ~2^21 multiply-adds per call (tens of microseconds) waking the pool costs more than it saves */
     if (ntasks > 1 && nb_pool_get_threads() > 1 && work * (double)B * (double)j->G >= (double)(1 << 21))

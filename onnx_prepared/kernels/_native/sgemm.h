@@ -29,6 +29,12 @@ void sg_task_avx512(const sg_job *j, int t);
  * faster (measured per column, one thread: M=64, K=576 354 vs 882 ns; K=16 75 vs 58 ns) */
 void sg_ntask_avx512(const sg_job *j, int t);
 enum { SG_NCOLS_MIN = 32, SG_NCOLS_MAXK = 32 };
+/* the AVX2 task vectorised along the columns (6 rows x 16 columns, same values as sg_task_avx2), for
+ * N >= 16 and M <= SG_NCOLS2_MAXM: there the row task's one panel is at least half padding (measured
+ * per call, one thread: M=8, K=27, N=1024 32 vs 24 us; K=288, N=256 67 vs 58 us; M=3, K=8 11 vs 3.5 us);
+ * with full panels the row task is faster (M=16, K=72, N=256 20 vs 27 us) */
+void sg_ntask_avx2(const sg_job *j, int t);
+enum { SG_NCOLS2_MAXM = 8 };
 
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -1,5 +1,5 @@
 /* The prepacked SGEMM's micro kernels and task driver (sgemm_task.inc), built per ISA: portable C,
- * AVX2+FMA (one 16-row panel x 6 columns, 12 ymm accumulators) and AVX-512 (two panels, 32 rows x 12
+ * AVX2+FMA (one 16-row panel x 6 columns, 12 ymm accumulators, or 6 rows x 16 columns) and AVX-512 (two panels, 32 rows x 12
  * columns, 24 zmm accumulators). Every level reads the same packed layout (sgemm.h). */
 #include <stdlib.h>
 
@@ -83,6 +83,101 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long ldb,
 #undef SG_NR
 #undef SG_TWO
 #undef SG_ENTRY
+
+/* ---- AVX2 along the columns: up to 6 panel rows x 16 columns (12 ymm accumulators) ----
+ * For narrow weights (M % 16 <= 8: the row tile's second half is padding) or a short K
+ * (sgemm.h: sg_ncols_avx2), as sg_ntask_avx512: each k broadcasts up to 6 weights of the panel and
+ * multiplies two vectors of x's row k, so the tile's rows are stored as vectors with the epilogue
+ * vectorised. Same k-order FMA chains from zero as sg_micro2: bit-identical results. */
+AI __m256 sgn2_epilogue(__m256 v, __m256 lo, __m256 hi, int act)
+{
+    v = _mm256_min_ps(hi, _mm256_max_ps(lo, v)); /* max/min return their second operand on NaN: NaN stays */
+    if (act) {
+        const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+        __m256 h = _mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.0f / 6.0f)), _mm256_set1_ps(0.5f));
+        h = _mm256_min_ps(one, _mm256_max_ps(zero, h));
+        v = _mm256_mul_ps(v, h);
+    }
+    return v;
+}
+
+AI void sgn2_tile(const float *a, long K, const float *x, long N, long nr, float *y, const float *bias, __m256 lo,
+                  __m256 hi, int act, const int R, const int FULL)
+{
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr), iota);
+    const __m256i k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr - 8), iota);
+    __m256 c0[6], c1[6];
+    for (int i = 0; i < R; i++) c0[i] = c1[i] = _mm256_setzero_ps();
+    for (long k = 0; k < K; k++) {
+        const float *xk = x + k * N;
+        const __m256 x0 = FULL ? _mm256_loadu_ps(xk) : _mm256_maskload_ps(xk, k0);
+        const __m256 x1 = FULL ? _mm256_loadu_ps(xk + 8) : _mm256_maskload_ps(xk + 8, k1);
+        const float *ak = a + k * SG_PANEL;
+        for (int i = 0; i < R; i++) {
+            const __m256 w = _mm256_broadcast_ss(ak + i);
+            c0[i] = _mm256_fmadd_ps(w, x0, c0[i]);
+            c1[i] = _mm256_fmadd_ps(w, x1, c1[i]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        const __m256 b = _mm256_set1_ps(bias ? bias[i] : 0.0f);
+        float *yr = y + (size_t)i * N;
+        const __m256 v0 = sgn2_epilogue(_mm256_add_ps(c0[i], b), lo, hi, act);
+        const __m256 v1 = sgn2_epilogue(_mm256_add_ps(c1[i], b), lo, hi, act);
+        if (FULL) {
+            _mm256_storeu_ps(yr, v0);
+            _mm256_storeu_ps(yr + 8, v1);
+        } else {
+            _mm256_maskstore_ps(yr, k0, v0);
+            _mm256_maskstore_ps(yr + 8, k1, v1);
+        }
+    }
+}
+
+#define SGN2_CASE(r) \
+    case r: \
+        if (nr == 16) \
+            sgn2_tile(a, K, x, N, 16, y, bias, lo, hi, act, r, 1); \
+        else \
+            sgn2_tile(a, K, x, N, nr, y, bias, lo, hi, act, r, 0); \
+        break;
+static void sgn2_rows(const float *a, long K, const float *x, long N, long nr, long rows, float *y,
+                      const float *bias, __m256 lo, __m256 hi, int act)
+{
+    switch (rows) {
+        SGN2_CASE(1)
+        SGN2_CASE(2)
+        SGN2_CASE(3)
+        SGN2_CASE(4)
+        SGN2_CASE(5)
+    default:
+        SGN2_CASE(6)
+    }
+}
+
+void sg_ntask_avx2(const sg_job *j, int t)
+{
+    const long nc = t % j->nnc, r = t / j->nnc, mc = r % j->nmc, bg = r / j->nmc, g = bg % j->G;
+    const long K = j->K, N = j->N, M = j->M;
+    const long n0 = nc * j->nchunk, n1 = n0 + j->nchunk < N ? n0 + j->nchunk : N;
+    const long p0 = mc * j->mchunk, p1 = p0 + j->mchunk < j->P ? p0 + j->mchunk : j->P;
+    if (n0 >= n1 || p0 >= p1) return;
+    const float *x = j->x + (size_t)bg * K * N;
+    float *y = j->y + (size_t)bg * M * N;
+    const float *a = j->a + (size_t)g * j->P * K * SG_PANEL;
+    const float *bias = j->bias ? j->bias + (size_t)g * M : NULL;
+    const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
+    for (long p = p0; p < p1; p++)
+        for (long r0 = 0; r0 < SG_PANEL && p * SG_PANEL + r0 < M; r0 += 6) {
+            const long m0 = p * SG_PANEL + r0, left = M - m0 < SG_PANEL - r0 ? M - m0 : SG_PANEL - r0;
+            const long rows = left < 6 ? left : 6;
+            const float *ap = a + (size_t)p * K * SG_PANEL + r0;
+            for (long c0 = n0; c0 < n1; c0 += 16)
+                sgn2_rows(ap, K, x + c0, N, n1 - c0 < 16 ? n1 - c0 : 16, rows, y + (size_t)m0 * N + c0,
+                          bias ? bias + m0 : NULL, lo, hi, j->act);
+        }
+}
 #pragma GCC pop_options
 
 /* ---- AVX-512: two panels (2 zmm, 32 rows) x up to 12 columns, or one panel ---- */
@@ -215,4 +310,5 @@ void sg_ntask_avx512(const sg_job *j, int t)
 void sg_task_avx2(const sg_job *j, int t) { sg_task_portable(j, t); }
 void sg_task_avx512(const sg_job *j, int t) { sg_task_portable(j, t); }
 void sg_ntask_avx512(const sg_job *j, int t) { sg_task_portable(j, t); }
+void sg_ntask_avx2(const sg_job *j, int t) { sg_task_portable(j, t); }
 #endif
