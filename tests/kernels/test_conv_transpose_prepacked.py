@@ -1,0 +1,72 @@
+"""ConvTranspose with a constant float32 weight runs prepacked (``convT-w-p16``: W^T in the SGEMM's
+panels): against onnxruntime on every compute path, first and later runs, tiled (stride = kernel) and
+overlapping geometries; the tiled col2im's pair interleave against the plain transpose."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_prepared.kernels import conv_transpose as ct
+from onnx_prepared.runtime import RuntimeSession
+from tests.helpers.dispatch import PATHS, use_path
+
+RNG = np.random.default_rng(13)
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    yield from use_path(request.param, monkeypatch)
+
+
+def _model(xs, ws, attrs, bias: bool) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(RNG.standard_normal(ws).astype(np.float32), "W")]
+    ins = ["x", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(ws[1] * attrs.get("group", 1)).astype(np.float32),
+                                             "B"))
+        ins.append("B")
+    node = helper.make_node("ConvTranspose", ins, ["y"], **attrs)
+    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs", "bias"), [
+    ((1, 16, 8, 8), (16, 16, 2, 2), {"strides": [2, 2]}, True),  # UNet's upsampling: tiled
+    ((2, 6, 5, 7), (6, 3, 3, 2), {"strides": [3, 2]}, False),  # tiled, odd kernel rows
+    ((1, 4, 5, 5), (4, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, True),
+    ((1, 4, 6, 6), (4, 2, 4, 4), {"strides": [2, 2], "group": 2, "dilations": [1, 2]}, True),
+    ((1, 3, 9), (3, 4, 4), {"strides": [2], "auto_pad": "SAME_UPPER"}, True),  # 1-D
+])
+def test_prepacked_conv_transpose_matches_onnxruntime(path, xs, ws, attrs, bias):
+    import onnxruntime as ort
+
+    model = _model(xs, ws, attrs, bias)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, os.path.join(d, "m.onnx"))
+        with RuntimeSession(os.path.join(d, "m.onnx")) as s:
+            assert any(c.startswith("prepacked:convT-w-p16") for c in s.resolved.kernel_choices)
+            for _ in range(2):  # first (cold) run, then the prepared one
+                (y,) = s.run({"x": x})
+                assert y.shape == expected.shape and y.dtype == np.float32
+                np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64])
+def test_tiled_pair_interleave_equals_the_transpose(dtype):
+    cols = RNG.standard_normal((2, 3, 3 * 2, 4, 5)).astype(dtype)
+    y = ct._tile(cols, 2, 3, (3, 2), (4, 5), (12, 10))
+    ref = cols.reshape(2, 3, 3, 2, 4, 5).transpose(0, 1, 4, 2, 5, 3).reshape(2, 3, 12, 10)
+    np.testing.assert_array_equal(y, ref)
+    assert y.flags.c_contiguous
