@@ -26,6 +26,9 @@ OURS_KEYS = {"ready_ms", "hot_ms", "cpu_out_ms", "src_mb_out", "comp_mb_out", "s
              "pread_sum_ms", "decode_sum_ms", "ttfo_ms_min"}
 
 
+CODE_SLACK_MB = 0.5  # reads of the process's own code, not of model payloads (see test_rows_and_counts)
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> tuple[dict, str]:
     d = tmp_path_factory.mktemp("cache-bench-models")
@@ -65,7 +68,9 @@ def test_rows_and_counts(result):
             assert r["comp_mb"] == pytest.approx(e["packed_mb"] - e["dropped_mb"])
             # equal when the missing entry's source is read raw too (a tied embedding)
             assert comp["src_mb"] <= r["src_mb"] <= none["src_mb"]
-        assert comp["disk_mb"] is None or cache == "cold" or comp["disk_mb"] < e["packed_mb"] / 2
+        # disk_mb is the child's whole read_bytes: it also counts code pages a fresh process faults in
+        # (a fresh clone's just-compiled modules read 0.08 MB once), hence the slack beside the tiny payloads
+        assert comp["disk_mb"] is None or cache == "cold" or comp["disk_mb"] < e["packed_mb"] / 2 + CODE_SLACK_MB
     assert max(res["resident_before_cold"]) <= 0.05  # eviction worked on the test's files
 
 
