@@ -88,8 +88,12 @@ def _detected_order() -> str:
     return "avx2vnni" if "avx_vnni" in flags else "avx2"
 
 
+@functools.cache
 def int8_order() -> str:
-    """Whose summation order accuracy_level 4 follows: ``ONNX_PREPARED_NBITS_ORDER`` or the CPU's."""
+    """Whose summation order accuracy_level 4 follows: ``ONNX_PREPARED_NBITS_ORDER`` or the CPU's.
+
+    Read once per process: every level-4 call asks, and looking up an unset variable costs ~2 us (tests
+    that set it call ``int8_order.cache_clear()``)."""
     forced = os.environ.get(ORDER_ENV)
     if forced:
         if forced not in INT8_ORDERS:

@@ -19,8 +19,6 @@ float32 operations as the numpy code below, which runs without the extension and
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from onnx_prepared.errors import KernelError
@@ -30,7 +28,6 @@ from onnx_prepared.kernels.registry import kernel
 
 _F32_EXACT = float(1 << 24)
 _INT8 = frozenset({"uint8", "int8"})
-_tls = threading.local()
 
 
 @kernel("DynamicQuantizeLinear", since=11)
@@ -128,14 +125,6 @@ def unpack_b_pairs(packed: np.ndarray, K: int, N: int) -> np.ndarray:
     return packed.transpose(0, 2, 1).reshape(2 * kp, n16)[:K, :N].astype(np.int32)
 
 
-def _scratch(nbytes: int) -> np.ndarray:
-    buf = getattr(_tls, "scratch", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1 << 14), np.uint8)
-        _tls.scratch = buf
-    return buf
-
-
 def matmul_integer_packed(packed: np.ndarray, A: np.ndarray, a_zero_point: np.ndarray | None = None, *,
                           K: int, N: int) -> tuple[np.ndarray]:
     """int32 ``(A - a_zero_point) @ B_centered`` with B in the :func:`pack_b_pairs` layout; A ``[..., K]``."""
@@ -150,7 +139,7 @@ def matmul_integer_packed(packed: np.ndarray, A: np.ndarray, a_zero_point: np.nd
         M = A.size // K
         y = np.empty(shape[:-1] + (N,), np.int32)
         ext.qgemm_i16(np.ascontiguousarray(A), int(char == "b"), 0 if a_zero_point is None else a_zero_point.item(),
-                      packed, y, _scratch(4 * M * packed.shape[0]), M, K, N)
+                      packed, y, native._scratch(4 * M * packed.shape[0]), M, K, N)
         return (y,)
     m = A.shape[-2] if A.ndim >= 2 else 1
     a = _centered(A, _zero_point(a_zero_point, "a", m, A.ndim, row=A.ndim >= 2))

@@ -246,17 +246,11 @@ def _resize(X, roi, scales, sizes, *, antialias, axes, ctm, cubic_coeff_a, exclu
                                     exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
                                     keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode,
                                     nearest_mode=nearest_mode)
-    out, sc, axes_l, lengths = _sizes_and_scales(X, scales, sizes, axes, keep_aspect_ratio_policy)
-    rois = [None] * X.ndim
-    if ctm == "tf_crop_and_resize":
-        r = np.asarray(roi, np.float64).reshape(-1) if roi is not None and np.size(roi) else None
-        if r is None or r.size != 2 * len(axes_l):
-            raise KernelError(f"Resize: tf_crop_and_resize needs roi with {2 * len(axes_l)} values")
-        for j, a in enumerate(axes_l):
-            rois[a] = (float(r[j]), float(r[j + len(axes_l)]))
-    p = {"ctm": ctm, "mode": mode, "nearest_mode": nearest_mode, "cubic_coeff_a": cubic_coeff_a,
-         "exclude_outside": exclude_outside, "extrapolation_value": extrapolation_value}
-    return (resize_nd(X, out, sc, rois, p, lengths),)
+    return (resize_nd(X, *_plan(X, roi, scales, sizes, axes=axes, coordinate_transformation_mode=ctm,
+                                cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                                extrapolation_value=extrapolation_value,
+                                keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode,
+                                nearest_mode=nearest_mode)),)
 
 
 def _reference_antialias(X, roi, scales, sizes, **attrs):
@@ -306,7 +300,8 @@ def _resize_const(consts: dict, n_inputs: int, **attrs):
 def _plan(X, roi, scales, sizes, *, axes=None, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
           exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
           nearest_mode="round_prefer_floor", antialias=0):
-    """:func:`resize_nd`'s arguments after :func:`_resize`'s checks, for one input shape."""
+    """:func:`resize_nd`'s arguments for one input shape: output shape, scales, rois and the mode's
+    parameters, checked once (the bound constant path keeps them per shape)."""
     out, sc, axes_l, lengths = _sizes_and_scales(X, scales, sizes, axes, keep_aspect_ratio_policy)
     rois = [None] * X.ndim
     if coordinate_transformation_mode == "tf_crop_and_resize":

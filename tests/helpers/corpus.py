@@ -395,8 +395,8 @@ def reference_path(path: str) -> str:
     u8 x s8 GEMM saturates on this CPU, a twin with exact int32 ``MatMulInteger`` (:mod:`tests.helpers.ort_int8`)."""
     from tests.helpers.ort_int8 import exact_matmul_integer_model, ort_u8s8_saturates
 
-    graph = onnx.load(path, load_external_data=False).graph
-    if ort_u8s8_saturates() and any(n.op_type == "MatMulInteger" for n in graph.node):
+    if ort_u8s8_saturates() and any(n.op_type == "MatMulInteger"
+                                    for n in onnx.load(path, load_external_data=False).graph.node):
         return exact_matmul_integer_model(path)
     return path
 

@@ -54,24 +54,25 @@ def exact_matmul_integer_model(path: str) -> str:
         return out
     m = onnx.load(path)
     nodes = []
-    for n in m.graph.node:
+    for idx, n in enumerate(m.graph.node):
         if n.op_type != "MatMulInteger":
             nodes.append(n)
             continue
+        tag = f"__mmi{idx}"  # node names may be empty or repeated: the index keeps new names unique
         ins = list(n.input) + [""] * (4 - len(n.input))
         operands = []
         for side, (x, zp) in enumerate(((ins[0], ins[2]), (ins[1], ins[3]))):
-            x32 = f"{n.name}__x{side}_i32"
+            x32 = f"{tag}_x{side}_i32"
             nodes.append(helper.make_node("Cast", [x], [x32], to=TensorProto.INT32))
             if zp:
-                zp32 = f"{n.name}__zp{side}_i32"
+                zp32 = f"{tag}_zp{side}_i32"
                 nodes.append(helper.make_node("Cast", [zp], [zp32], to=TensorProto.INT32))
                 if side == 0:  # a's zero point may be per row (1-D over M): broadcast it as a column
-                    col = f"{n.name}__zp0_col"
-                    nodes.append(helper.make_node("Unsqueeze", [zp32, f"{n.name}__minus1"], [col]))
-                    m.graph.initializer.append(helper.make_tensor(f"{n.name}__minus1", TensorProto.INT64, [1], [-1]))
+                    col = f"{tag}_zp0_col"
+                    nodes.append(helper.make_node("Unsqueeze", [zp32, f"{tag}_minus1"], [col]))
+                    m.graph.initializer.append(helper.make_tensor(f"{tag}_minus1", TensorProto.INT64, [1], [-1]))
                     zp32 = col
-                d = f"{n.name}__x{side}_centered"
+                d = f"{tag}_x{side}_centered"
                 nodes.append(helper.make_node("Sub", [x32, zp32], [d]))
                 x32 = d
             operands.append(x32)

@@ -145,13 +145,26 @@ def test_reference_is_onnxruntime_on_an_avx2_cpu(K, N, M, block_size, zp_kind, w
     assert np.array_equal(got, want), (int((got != want).sum()), float(np.abs(got - want).max()))
 
 
+def _force(mp: pytest.MonkeyPatch, order: str) -> None:
+    """Force ``order`` for the calls that follow (the order is read once per process, then cached)."""
+    mp.setenv(mm.ORDER_ENV, order)
+    mm.int8_order.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _order_read_afresh():
+    """No test leaves its forced order cached for the next one."""
+    yield
+    mm.int8_order.cache_clear()
+
+
 @needs_native
 @pytest.mark.parametrize("order", ["avx2", "avx2vnni"])
 @_SETTINGS
 @given(**_SHAPES)
 def test_forced_avx2_orders_are_the_reference_at_every_level(monkeypatch, order, K, N, M, block_size, zp_kind,
                                                              with_bias, seed):
-    monkeypatch.setenv(mm.ORDER_ENV, order)
+    _force(monkeypatch, order)
     A, B, scales, zp, bias = _case(np.random.default_rng(seed), K, N, M, block_size, zp_kind, with_bias)
     want = mlas_avx2_reference(A, B, scales, zp, bias, N=N, block_size=block_size, vnni=order == "avx2vnni")
     for level in native.supported_levels():
@@ -164,7 +177,7 @@ def test_forced_avx2_orders_are_the_reference_at_every_level(monkeypatch, order,
 @given(**_SHAPES)
 def test_forced_avx512_order_is_the_portable_levels_at_every_level(monkeypatch, K, N, M, block_size, zp_kind,
                                                                    with_bias, seed):
-    monkeypatch.setenv(mm.ORDER_ENV, "avx512")
+    _force(monkeypatch, "avx512")
     A, B, scales, zp, bias = _case(np.random.default_rng(seed), K, N, M, block_size, zp_kind, with_bias)
     want = _run(A, B, scales, zp, bias, K, N, "portable", block_size)
     for level in native.supported_levels():
@@ -178,11 +191,11 @@ def test_orders_differ_and_the_variable_is_checked(monkeypatch):
     A, B, scales, zp, bias = _case(np.random.default_rng(3), 1024, 64, 4, 32, "none", False)
     got = {}
     for order in ("avx512", "avx2"):
-        monkeypatch.setenv(mm.ORDER_ENV, order)
+        _force(monkeypatch, order)
         got[order] = _run(A, B, scales, zp, bias, 1024, 64, native.dispatch_level(), 32)
     assert not np.array_equal(got["avx512"], got["avx2"])
     np.testing.assert_allclose(got["avx512"], got["avx2"], rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv(mm.ORDER_ENV, "sse")
+    _force(monkeypatch, "sse")
     with pytest.raises(KernelError, match=mm.ORDER_ENV):
         mm.int8_order()
 
@@ -198,6 +211,6 @@ def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
         np.testing.assert_array_equal(want, _ort(A, B, scales, zp, bias, K=K, N=37, bits=4, block_size=bs,
                                                  accuracy_level=4))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(mm.ORDER_ENV, "avx2")
+        _force(mp, "avx2")
         for level in native.supported_levels():
             np.testing.assert_array_equal(_run(A, B, scales, zp, bias, K, 37, level, bs), want)
