@@ -92,8 +92,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
         else:
             axes = (0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
             y = gemm(wm, win.transpose(axes).reshape(n, g, cgk, p))
-    if merge:  # columns ordered (image, position)
-        y = y.reshape(m, n, p).transpose(1, 0, 2)
+    if merge:  # columns ordered (image, position); C order for the nodes after it
+        y = np.ascontiguousarray(y.reshape(m, n, p).transpose(1, 0, 2))
     y = y.reshape((n, m) + tuple(out))
     if not fuse:
         if b is not None:
