@@ -20,6 +20,9 @@ Unsupported (clear KernelError): quantized KV caches (k_scale/v_scale), ``query_
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 from onnx_prepared.errors import KernelError
@@ -32,6 +35,30 @@ _OP = "GroupQueryAttention"
 
 def _fail(msg: str) -> KernelError:
     return KernelError(f"{_OP}: {msg}")
+
+
+ORDER_ENV = "ONNX_PREPARED_GQA_ORDER"
+#: the native call's exp8 flag of each order: MLAS's AVX-512F sum-exp kernel (16 lanes, scalef) or its AVX2
+#: (FMA3) one (8 lanes, exp below about -87.3 flushed to 0); everything else in the two orders is the same
+GQA_ORDERS = {"avx512": 0, "avx2": 1}
+
+
+@functools.cache
+def gqa_order() -> str:
+    """Whose softmax order the native GroupQueryAttention follows: ``ONNX_PREPARED_GQA_ORDER`` or the one
+    onnxruntime's MLAS picks on this CPU (AVX-512F or not; ``_native/attention.c`` gqa_cpu_order).
+
+    Read once per process, as ``matmul_nbits.int8_order`` (tests that set the variable call
+    ``gqa_order.cache_clear()``)."""
+    forced = os.environ.get(ORDER_ENV)
+    if forced:
+        if forced not in GQA_ORDERS:
+            raise KernelError(f"{ORDER_ENV}={forced!r} is not a GroupQueryAttention order (one of "
+                              f"{', '.join(GQA_ORDERS)})")
+        return forced
+    if native._ext is None:
+        return "avx512"
+    return "avx2" if native._ext.gqa_cpu_order() else "avx512"
 
 
 @kernel("GroupQueryAttention", since=1, domain="com.microsoft")
@@ -241,7 +268,7 @@ def _native_gqa(query, key, value, past_key, past_value, seqlens_k, total_sequen
                         c(seqlens), c(cos_cache) if do_rotary else None, c(sin_cache) if do_rotary else None, pos,
                         None if head_sink is None else c(head_sink), present_k, present_v, out,
                         b, s, num_heads, kv_num_heads, h, l_past, present_len, total, int(bool(causal)),
-                        int(window), int(bool(interleaved)), half, rows, mode, pos0,
+                        int(window), int(bool(interleaved)), half, rows, mode, pos0, GQA_ORDERS[gqa_order()],
                         float(scale if scale else 1.0 / np.sqrt(h)), float(softcap))
     except ValueError as e:
         raise _fail(str(e)) from None

@@ -24,11 +24,24 @@ static void gqa_pool_task(void *ctx, int t)
     c->task(c->job, t);
 }
 
-enum { NBUF = 13, NINT = 15, NFLT = 2, NARGS = NBUF + NINT + NFLT };
+enum { NBUF = 13, NINT = 16, NFLT = 2, NARGS = NBUF + NINT + NFLT };
 
 /* Below this much work (multiply-adds plus floats of KV cache copied) a call runs on the calling thread
  * (a pool hand-off costs more). */
 #define GQA_POOL_MIN_WORK (1L << 18)
+
+/* The order onnxruntime's MLAS picks on this CPU (its platform.cpp): the AVX-512F sum-exp kernel where
+ * the CPU and OS have AVX-512F, else the AVX2 (FMA3) one; GCC's check covers the OS's saved state. */
+PyObject *py_gqa_cpu_order(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    return PyLong_FromLong(__builtin_cpu_supports("avx512f") ? 0 : 1);
+#else
+    return PyLong_FromLong(0);
+#endif
+}
 
 static int get(PyObject *o, Py_buffer *v, int writable, Py_ssize_t need, const char *name)
 {
@@ -53,7 +66,8 @@ static int get(PyObject *o, Py_buffer *v, int writable, Py_ssize_t need, const c
 /* gqa(q, k|None, v|None, past_k|None, past_v|None, seqlens int32, cos|None, sin|None, pos int64|None,
  *     head_sink|None, present_k, present_v, out,
  *     B, S, nh, kvh, H, L_past, P, total, causal, window, interleaved, half, cos_rows, pos_mode, pos0,
- *     scale, softcap)
+ *     exp8, scale, softcap)
+ * exp8: 1 = MLAS's AVX2 sum-exp order, 0 = its AVX-512F one (attention.py gqa_order).
  * k None: packed QKV in q. cos None: no rotary. pos_mode 0: position = past + j, 1: pos0 + j, 2: pos[b, j].
  * smooth softmax is a head_sink of zeros (the caller passes one). */
 PyObject *py_gqa(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -77,6 +91,7 @@ PyObject *py_gqa(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     J.causal = iv[8] != 0, J.window = iv[9], J.interleaved = iv[10] != 0, J.half = iv[11];
     const long cos_rows = iv[12];
     J.pos_mode = (int)iv[13], J.pos0 = iv[14];
+    J.exp8 = iv[15] != 0;
     J.scale = (float)scale, J.softcap = (float)softcap;
     const long lim = 1L << 30;
     if (J.B < 1 || J.S < 1 || J.nh < 1 || J.kvh < 1 || J.nh % J.kvh || J.H < 1 || J.L_past < 0 || total < 1 ||

@@ -26,6 +26,7 @@ typedef struct {
     int flash;    /* onnxruntime's flash path (no softcap or sink, total > 1): key blocks of kv_block */
     long kv_block; /* keys per block: L2 / (32 H) bytes as onnxruntime sizes them, at least 1 */
     long q_block;  /* query rows per block there: min(that, 2 H) (a lone row takes MLAS's M = 1 kernel) */
+    int exp8;     /* softmax's exp and sum in MLAS's AVX2 (FMA3) order, not its AVX-512F one (gqa_cpu_order) */
     int failed;   /* set by a task whose scratch allocation failed */
 } gqa_job;
 
@@ -36,8 +37,11 @@ void gqa_task_avx2(gqa_job *j, int task);
 void gqa_task_avx512(gqa_job *j, int task);
 
 PyObject *py_gqa(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_gqa_cpu_order(PyObject *self, PyObject *unused);
 
 #define ATTENTION_METHODS \
-    {"gqa", (PyCFunction)(void (*)(void))py_gqa, METH_FASTCALL, "GroupQueryAttention, float32 KV cache (BNSH)"},
+    {"gqa", (PyCFunction)(void (*)(void))py_gqa, METH_FASTCALL, "GroupQueryAttention, float32 KV cache (BNSH)"}, \
+    {"gqa_cpu_order", (PyCFunction)py_gqa_cpu_order, METH_NOARGS, \
+     "1 where onnxruntime's MLAS runs its AVX2 softmax kernels (no AVX-512F), 0 where its AVX-512F ones"},
 
 #endif

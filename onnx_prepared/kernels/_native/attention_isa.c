@@ -12,12 +12,14 @@
 #define GQA_TASK gqa_task_portable
 #define MADD(a, b, c) ((a) * (b) + (c))
 #define VMADD(a, b, c) ((a) * (b) + (c))
+#define V8MADD(a, b, c) ((a) * (b) + (c))
 #define GQA_VL 4
 #include "attention.inc"
 #undef GQA_SFX
 #undef GQA_TASK
 #undef MADD
 #undef VMADD
+#undef V8MADD
 #undef GQA_VL
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -27,11 +29,13 @@
 #define GQA_TASK gqa_task_avx2
 #define MADD(a, b, c) __builtin_fmaf((a), (b), (c))
 #define VMADD(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V8MADD(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define GQA_VL 8
 #include "attention.inc"
 #undef GQA_SFX
 #undef GQA_TASK
 #undef VMADD
+#undef V8MADD
 #undef GQA_VL
 #pragma GCC pop_options
 
@@ -40,6 +44,7 @@
 #define GQA_SFX _avx512
 #define GQA_TASK gqa_task_avx512
 #define VMADD(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V8MADD(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define GQA_VL 16
 #include "attention.inc"
 #pragma GCC pop_options
