@@ -301,3 +301,20 @@ def gelu(x: np.ndarray, *, approximate: str = "none") -> tuple[np.ndarray]:
     t *= w
     t *= 0.5
     return (_back(t, x.dtype),)
+
+
+@kernel("GeluErf", since=1, domain="onnx_prepared")
+def gelu_erf(x: np.ndarray, *, d: float = 2 ** 0.5, a: float = 1.0, m: float = 0.5) -> tuple[np.ndarray]:
+    """The exact GELU as exported, ``Mul(Mul(x, Add(Erf(Div(x, d)), a)), m)`` (resolve/fusions.py), in
+    those float32 operations and that order: float32 in one native call (``gelu_erf_f32``), anything
+    else the unfused kernels one after another; the same values either way."""
+    if x.dtype == np.float32 and native._ext is not None:
+        y = np.empty(x.shape, np.float32)
+        native._ext.gelu_erf_f32(np.ascontiguousarray(x), y, x.size, d, a, m)
+        return (y,)
+    t = np.divide(x, np.asarray(d, x.dtype))
+    (e,) = erf(t)
+    e += np.asarray(a, x.dtype)
+    e = np.multiply(x, e)
+    e *= np.asarray(m, x.dtype)
+    return (e,)

@@ -1,14 +1,20 @@
 """Layer normalizations: LayerNormalization-17, RMSNormalization-23, onnxruntime's
-SimplifiedLayerNormalization (RMS norm) and the com.microsoft Skip* fusions.
+SimplifiedLayerNormalization (RMS norm), the com.microsoft Skip* fusions and our own
+``onnx_prepared::AddLayerNormalization`` (resolve/fusions.py's Add + LayerNormalization).
 
 All compute in float32 (stash_type=1, the only value onnxruntime's CPU kernels implement) and cast the
 result back to the input dtype. The RMS norms of an LLM (float32, last axis, a [n] scale, skip of the
 input's shape) take one native pass per row (``_native/llm_norm.c``), with the same float32 operations.
+float32 LayerNormalization over trailing axes takes one native call (``_native/encoder_norm.c``) in
+onnxruntime's CPU order (one pass of float sums of x and x * x, ``(x - mean) / ms * scale + bias``);
+the numpy fallback is the two-pass form, which differs from it by rounding only.
 Statistics outputs have the input's leading dimensions and size 1 on the normalized axes, as onnxruntime
 returns them.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -77,14 +83,69 @@ def _layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axes: tupl
     return y, mean, inv.astype(np.float32, copy=False)
 
 
+def _native_layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, a: int, epsilon: float,
+                  stats: bool, skip: np.ndarray | None = None):
+    """(y, mean, inv, sum) of LayerNorm over axes ``a:`` of ``x`` (of ``x + skip``: ``sum`` is that sum,
+    else None) through the extension, statistics None unless ``stats``; or None when the call does not fit
+    it (no extension, not float32, a scale or bias of another size, a skip of another shape)."""
+    ext = native._ext
+    if ext is None or x.dtype != np.float32 or scale.dtype != np.float32:
+        return None
+    shape = x.shape
+    n = scale.size
+    if not n or x.size % n or math.prod(shape[a:]) != n or (bias is not None and (
+            bias.dtype != np.float32 or bias.size != n)):
+        return None
+    if skip is not None and (skip.shape != shape or skip.dtype != np.float32):
+        return None
+    rows = x.size // n
+    y = np.empty(shape, np.float32)
+    h = None if skip is None else np.empty(shape, np.float32)
+    if stats:
+        st = shape[:a] + (1,) * (len(shape) - a)
+        mean, inv = np.empty(st, np.float32), np.empty(st, np.float32)
+    else:
+        mean = inv = None
+    c = np.ascontiguousarray
+    ext.layer_norm_f32(c(x), None if skip is None else c(skip), c(scale), None if bias is None else c(bias), y, h,
+                       mean, inv, rows, n, float(epsilon))
+    return y, mean, inv, h
+
+
 @kernel("LayerNormalization", since=17)
 def layer_normalization(
     X: np.ndarray, Scale: np.ndarray, B: np.ndarray | None = None, *, axis: int = -1, epsilon: float = 1e-5,
-    stash_type: int = 1,
+    stash_type: int = 1, n_outputs: int = 3,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 goes native in onnxruntime's operation order (``_native/encoder_norm.c``); Mean and
+    InvStdDev are computed only when the node has those outputs."""
     _stash(stash_type, "LayerNormalization")
-    y, mean, inv = _layer(X, Scale, B, _axes(X, axis, "LayerNormalization"), epsilon)
+    axes = _axes(X, axis, "LayerNormalization")
+    got = _native_layer(X, Scale, B, axes[0], epsilon, n_outputs > 1)
+    if got is not None:
+        return got[0], got[1], got[2]
+    y, mean, inv = _layer(X, Scale, B, axes, epsilon)
     return y.astype(X.dtype, copy=False), mean, inv
+
+
+@kernel("AddLayerNormalization", since=1, domain="onnx_prepared")
+def add_layer_normalization(
+    A: np.ndarray, B: np.ndarray, Scale: np.ndarray, Bias: np.ndarray | None = None, *, axis: int = -1,
+    epsilon: float = 1e-5, stash_type: int = 1, stats: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``LayerNormalization(Add(A, B), Scale, Bias)`` (resolve/fusions.py's Add + LayerNorm fusion):
+    outputs (Y, Mean, InvStdDev, the sum). Float32 operands of one shape take one native pass (the sum,
+    then onnxruntime's LayerNorm order on it: the unfused graph's bits); anything else is the unfused
+    computation, numpy's broadcasting Add included. ``stats=0``: Mean and InvStdDev are not computed
+    (None; the fusion sets it when the LayerNormalization had no such outputs)."""
+    _stash(stash_type, "AddLayerNormalization")
+    if A.shape == B.shape:
+        got = _native_layer(A, Scale, Bias, _axes(A, axis, "AddLayerNormalization")[0], epsilon, bool(stats), B)
+        if got is not None:
+            return got[0], got[1], got[2], got[3]
+    h = np.add(A, B)
+    y, mean, inv = layer_normalization(h, Scale, Bias, axis=axis, epsilon=epsilon, n_outputs=3)
+    return y, mean, inv, h
 
 
 @kernel("RMSNormalization", since=23)

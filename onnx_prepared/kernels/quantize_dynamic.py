@@ -166,3 +166,50 @@ def matmul_integer_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec 
 
     layout = f"mmi-b-i16pairs-{dtype}-k{K}-n{N}-zp{int(has_zp)}"
     return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, kp * n16 * 4)
+
+
+# **** onnx_prepared::DynamicQuantizeMatMul: the whole quantize_dynamic chain of one MatMul ****
+
+
+def _dequantized(y32: np.ndarray, a_scale: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The chain's float tail, Cast(y32) * (a_scale * b_scale) (+ bias), in the graph's float32 operations."""
+    y = y32.astype(np.float32)
+    y *= np.multiply(a_scale, b_scale, dtype=np.float32)
+    if bias is not None:
+        y += bias
+    return y
+
+
+@kernel("DynamicQuantizeMatMul", since=1, domain="onnx_prepared")
+def dynamic_quantize_matmul(A: np.ndarray, B: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None = None,
+                            bias: np.ndarray | None = None) -> tuple[np.ndarray]:
+    """DynamicQuantizeLinear(A), MatMulInteger with B, Cast to float, the scale product (+ bias):
+    resolve/fusions.py's fusion of ``quantize_dynamic``'s chain, the same values as the unfused nodes."""
+    q, s, zp = dynamic_quantize_linear(A)
+    (y32,) = matmul_integer(q, B, zp, b_zero_point)
+    return (_dequantized(y32, s, b_scale, bias),)
+
+
+@prepack_rule("DynamicQuantizeMatMul", domain="onnx_prepared")
+def dynamic_quantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
+    """B (and its zero point) packed as MatMulInteger's (:func:`pack_b_pairs`, the same layout key)."""
+    has_zp = len(node.input) > 3 and bool(node.input[3])
+    sources = (1, 3) if has_zp else (1,)
+    if not set(sources) <= const_inputs or 0 in const_inputs:
+        return None
+    shape, dtype = const_shapes[1]
+    if len(shape) != 2 or dtype not in _INT8:
+        return None
+    K, N = shape
+    kp, n16 = -(-K // 2), -(-N // 16) * 16
+
+    def from_bytes(buf: np.ndarray) -> np.ndarray:
+        return buf.view(np.int16).reshape(kp, n16, 2)
+
+    def run(packed: np.ndarray, A: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+        q, s, zp = dynamic_quantize_linear(A)
+        (y32,) = matmul_integer_packed(packed, q, zp, K=K, N=N)
+        return (_dequantized(y32, s, b_scale, bias),)
+
+    layout = f"mmi-b-i16pairs-{dtype}-k{K}-n{N}-zp{int(has_zp)}"
+    return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, kp * n16 * 4)

@@ -13,7 +13,12 @@
   (folded into the weight and bias at prepack time, as onnxruntime's ConvBNFusion does);
 - a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is a Relu or a
   HardSwish becomes one ``onnx_prepared::FusedConv`` (kernels/conv_fused.py): the activation runs in the
-  conv kernel's epilogue.
+  conv kernel's epilogue;
+- a transformer encoder's chains (:func:`fuse_encoder`): ``quantize_dynamic``'s DynamicQuantizeLinear +
+  MatMulInteger + Cast + scale Muls (+ bias Add) becomes one ``onnx_prepared::DynamicQuantizeMatMul``,
+  MatMul + bias Add one ``onnx_prepared::MatMulBias``, the Erf GELU one ``onnx_prepared::GeluErf``, and
+  Add + LayerNormalization one ``onnx_prepared::AddLayerNormalization``: on a small encoder the
+  per-node cost, not the arithmetic, is the run time.
 
 Anything that does not match exactly is left as written.
 """
@@ -21,6 +26,8 @@ Anything that does not match exactly is left as written.
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels import catalog
@@ -340,3 +347,232 @@ def forward_initializer_identities(graph: onnx.GraphProto, weights: Mapping) -> 
     del graph.node[:]
     graph.node.extend(nodes)
     return len(forward)
+
+
+# **** transformer encoder fusions (BERT-style exports): fuse_encoder ****
+
+
+def _default(node: onnx.NodeProto, op: str) -> bool:
+    return node.op_type == op and node.domain in ("", "ai.onnx")
+
+
+def _constant_scalars(graph: onnx.GraphProto) -> dict[str, float]:
+    """Output name -> value of every Constant node holding one float32 scalar (the only constants a
+    fusion compares: initializer payloads are not read at resolution)."""
+    out: dict[str, float] = {}
+    for n in graph.node:
+        if not _default(n, "Constant") or len(n.attribute) != 1 or n.attribute[0].name != "value":
+            continue
+        t = n.attribute[0].t
+        if t.data_type != onnx.TensorProto.FLOAT or any(d != 1 for d in t.dims):
+            continue
+        if t.float_data and len(t.float_data) == 1:
+            out[n.output[0]] = float(t.float_data[0])
+        elif len(t.raw_data) == 4:
+            out[n.output[0]] = float(np.frombuffer(t.raw_data, "<f4")[0])
+    return out
+
+
+class _Graph:
+    """Producer and consumer maps of one graph, and the rewrite being collected (``replace``/``drop``)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.consumers = _consumers(graph)
+        self.producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+        self.outputs = {o.name for o in graph.output}
+        self.replace: dict[int, onnx.NodeProto] = {}
+        self.drop: set[int] = set()
+
+    def taken(self, *idx: int) -> bool:
+        return any(i in self.drop or i in self.replace for i in idx)
+
+    def only_reader(self, name: str) -> int | None:
+        """The one node reading ``name`` (which the graph does not return), else None."""
+        users = self.consumers.get(name, [])
+        if len(users) != 1 or name in self.outputs or users[0] in self.drop:
+            return None
+        return users[0]
+
+    def other(self, node: onnx.NodeProto, name: str) -> str | None:
+        """The other input of a two-input node one of whose inputs is ``name``."""
+        if len(node.input) != 2 or name not in node.input or node.input[0] == node.input[1]:
+            return None
+        return node.input[1] if node.input[0] == name else node.input[0]
+
+    def commit(self) -> int:
+        return _rewrite(self.graph, self.replace, self.drop)
+
+
+def _bias_for(g: _Graph, out: str, weights: Mapping, n: int) -> tuple[int, str] | None:
+    """(Add index, bias name) when ``out``'s only reader is an Add of a float32 ``[n]`` initializer."""
+    u = g.only_reader(out)
+    if u is None or not _default(g.graph.node[u], "Add") or len(g.graph.node[u].output) != 1:
+        return None
+    bias = g.other(g.graph.node[u], out)
+    w = weights.get(bias) if bias else None
+    if w is None or w.dtype != "float32" or tuple(w.dims) != (n,):
+        return None
+    return u, bias
+
+
+def _fuse_matmul_bias(g: _Graph, weights: Mapping) -> None:
+    """MatMul(A, W) + Add(bias) (W a float32 2-D initializer, bias a float32 [N] one, the product read by
+    the Add alone) -> onnx_prepared::MatMulBias(A, W, bias), prepacked as MatMul is."""
+    for idx, mm in enumerate(g.graph.node):
+        if not _default(mm, "MatMul") or len(mm.input) != 2 or len(mm.output) != 1 or g.taken(idx):
+            continue
+        w = weights.get(mm.input[1])
+        if w is None or w.dtype != "float32" or len(w.dims) != 2 or mm.input[0] in weights:
+            continue
+        got = _bias_for(g, mm.output[0], weights, int(w.dims[1]))
+        if got is None or g.taken(got[0]):
+            continue
+        u, bias = got
+        g.replace[idx] = onnx.NodeProto(op_type="MatMulBias", domain="onnx_prepared", name=mm.name,
+                                        input=[mm.input[0], mm.input[1], bias], output=list(g.graph.node[u].output))
+        g.drop.add(u)
+
+
+def _fuse_dynamic_quant_matmul(g: _Graph, weights: Mapping) -> None:
+    """``onnxruntime.quantization.quantize_dynamic``'s chain per MatMul, DynamicQuantizeLinear(X) ->
+    MatMulInteger(q, W, zp, w_zp) -> Cast(float) -> Mul(., Mul(scale, w_scale)) (-> Add(bias)), ->
+    onnx_prepared::DynamicQuantizeMatMul(X, W, w_scale, w_zp, bias) (com.microsoft's op of that name,
+    which onnxruntime's own fusion writes). W, w_zp, w_scale (and bias) initializers; every intermediate
+    read by the chain alone. The DynamicQuantizeLinear goes once every reader of its outputs is fused."""
+    nodes = g.graph.node
+    for idx, dql in enumerate(nodes):
+        if not _default(dql, "DynamicQuantizeLinear") or len(dql.output) != 3 or g.taken(idx):
+            continue
+        q, s, zp = dql.output
+        if {q, s, zp} & g.outputs:
+            continue
+        readers = set(g.consumers.get(q, [])) | set(g.consumers.get(s, [])) | set(g.consumers.get(zp, []))
+        fused_readers: set[int] = set()
+        for mi in g.consumers.get(q, []):
+            mmi = nodes[mi]
+            if (not _default(mmi, "MatMulInteger") or len(mmi.input) != 4 or list(mmi.input[:1]) != [q]
+                    or mmi.input[2] != zp or g.taken(mi)):
+                continue
+            w, wzp = weights.get(mmi.input[1]), weights.get(mmi.input[3])
+            if w is None or w.dtype not in ("int8", "uint8") or len(w.dims) != 2 or wzp is None:
+                continue
+            ci = g.only_reader(mmi.output[0])
+            cast = nodes[ci] if ci is not None else None
+            if cast is None or not _default(cast, "Cast") or g.taken(ci):
+                continue
+            if [(a.name, a.i) for a in cast.attribute] != [("to", onnx.TensorProto.FLOAT)]:
+                continue
+            mi2 = g.only_reader(cast.output[0])
+            mul = nodes[mi2] if mi2 is not None else None
+            if mul is None or not _default(mul, "Mul") or g.taken(mi2):
+                continue
+            sm = g.other(mul, cast.output[0])
+            si = g.producer.get(sm) if sm else None
+            if si is None or not _default(nodes[si], "Mul") or g.only_reader(sm) != mi2 or g.taken(si):
+                continue
+            w_scale = g.other(nodes[si], s)
+            ws = weights.get(w_scale) if w_scale else None
+            if ws is None or ws.dtype != "float32" or not (len(ws.dims) == 0 or tuple(ws.dims) in ((1,), (w.dims[1],))):
+                continue
+            out, bias, drop = list(mul.output), "", {mi, ci, mi2, si}
+            got = _bias_for(g, mul.output[0], weights, int(w.dims[1]))
+            if got is not None and not g.taken(got[0]):
+                bias, out = got[1], list(nodes[got[0]].output)
+                drop.add(got[0])
+            g.replace[mi] = onnx.NodeProto(op_type="DynamicQuantizeMatMul", domain="onnx_prepared", name=mmi.name,
+                                           input=[dql.input[0], mmi.input[1], w_scale, mmi.input[3], bias],
+                                           output=out)
+            g.drop.update(drop - {mi})
+            fused_readers.update((mi, si))
+        if fused_readers and readers <= fused_readers:
+            g.drop.add(idx)
+
+
+def _fuse_gelu(g: _Graph, scalars: Mapping[str, float]) -> None:
+    """The exact GELU as torch exports it, Mul(Mul(x, Add(Erf(Div(x, d)), a)), m) with Constant scalars
+    d ~ sqrt 2, a == 1, m == 0.5 and every intermediate read once -> onnx_prepared::GeluErf(x)
+    (attributes d, a, m: the fused kernel repeats the graph's float32 operations)."""
+    nodes = g.graph.node
+    for idx, div in enumerate(nodes):
+        if not _default(div, "Div") or len(div.input) != 2 or g.taken(idx):
+            continue
+        x, d = div.input
+        if abs(scalars.get(d, 0.0) - 2 ** 0.5) > 1e-6:
+            continue
+        chain = [idx]
+        ei = g.only_reader(div.output[0])
+        if ei is None or not _default(nodes[ei], "Erf"):
+            continue
+        chain.append(ei)
+        ai = g.only_reader(nodes[ei].output[0])
+        if ai is None or not _default(nodes[ai], "Add") or scalars.get(g.other(nodes[ai], nodes[ei].output[0])) != 1.0:
+            continue
+        chain.append(ai)
+        m1 = g.only_reader(nodes[ai].output[0])
+        if m1 is None or not _default(nodes[m1], "Mul") or g.other(nodes[m1], nodes[ai].output[0]) != x:
+            continue
+        chain.append(m1)
+        m2 = g.only_reader(nodes[m1].output[0])
+        if m2 is None or not _default(nodes[m2], "Mul") or scalars.get(g.other(nodes[m2], nodes[m1].output[0])) != 0.5:
+            continue
+        chain.append(m2)
+        if g.taken(*chain):
+            continue
+        node = onnx.NodeProto(op_type="GeluErf", domain="onnx_prepared", name=div.name, input=[x],
+                              output=list(nodes[m2].output))
+        for name, v in (("d", scalars[d]), ("a", 1.0), ("m", 0.5)):
+            node.attribute.add(name=name, type=onnx.AttributeProto.FLOAT, f=v)
+        g.replace[idx] = node
+        g.drop.update(chain[1:])
+
+
+def _fuse_add_layer_norm(g: _Graph) -> None:
+    """Add(A, B) read by a LayerNormalization as its X -> onnx_prepared::AddLayerNormalization(A, B, Scale,
+    Bias) writing the LayerNormalization's outputs and, when anything else reads it (or the graph returns
+    it), the sum as a fourth output."""
+    nodes = g.graph.node
+    for idx, add in enumerate(nodes):
+        if not _default(add, "Add") or len(add.input) != 2 or len(add.output) != 1 or g.taken(idx):
+            continue
+        h = add.output[0]
+        users = g.consumers.get(h, [])
+        lns = [u for u in users if _default(nodes[u], "LayerNormalization") and nodes[u].input[0] == h
+               and h not in nodes[u].input[1:] and not g.taken(u)]
+        if not lns:
+            continue
+        li = lns[0]
+        ln = nodes[li]
+        if any(a.name not in ("axis", "epsilon", "stash_type") for a in ln.attribute):
+            continue
+        outs = list(ln.output) + [""] * (3 - len(ln.output))
+        keep_sum = len(users) > 1 or h in g.outputs
+        node = onnx.NodeProto(op_type="AddLayerNormalization", domain="onnx_prepared", name=ln.name,
+                              input=[*add.input, *ln.input[1:]], output=[*outs, h if keep_sum else ""])
+        node.attribute.extend(ln.attribute)
+        node.attribute.add(name="stats", type=onnx.AttributeProto.INT, i=int(any(outs[1:])))
+        g.replace[li] = node
+        g.drop.add(idx)
+
+
+def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
+    """The transformer-encoder fusions, each where its pattern matches exactly: the int8 dynamic-quant
+    MatMul chain, MatMul + bias Add, the Erf GELU and Add + LayerNormalization (in that order: the bias
+    Adds are taken before a residual Add + LayerNormalization is looked for); returns how many nodes were
+    written. Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
+    ops = {n.op_type for n in graph.node}
+    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization"}:
+        return 0
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+           for a in n.attribute):
+        return 0
+    total = 0
+    for step in (lambda g: _fuse_dynamic_quant_matmul(g, weights), lambda g: _fuse_matmul_bias(g, weights),
+                 lambda g: _fuse_gelu(g, _constant_scalars(graph)), _fuse_add_layer_norm):
+        g = _Graph(graph)
+        step(g)
+        total += g.commit()
+    if total:
+        for op in ("MatMulBias", "DynamicQuantizeMatMul", "GeluErf", "AddLayerNormalization"):
+            catalog.ensure_loaded("onnx_prepared", op)
+    return total

@@ -25,6 +25,7 @@ from onnx_prepared.resolve.fusions import (
     fuse_conv_activation,
     fuse_conv_batchnorm,
     fuse_dequantize_matmul,
+    fuse_encoder,
     fuse_squeeze_excite,
 )
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
@@ -157,6 +158,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     fuse_squeeze_excite(graph, model.weights)
     fuse_conv_batchnorm(graph, model.weights)
     fuse_conv_activation(graph, model.weights)
+    fuse_encoder(graph, model.weights)
     weights = model.weights
     used = _used_names(graph)
     dead = tuple(sorted(n for n in weights if n not in used))

@@ -1,4 +1,4 @@
-"""The native Erf and Softmax of ``_native/encoder_act.c`` against the numpy code they replace (which
+"""The native Erf, GELU and Softmax of ``_native/encoder_act.c`` against the numpy code they replace (which
 tests/kernels/test_activation.py holds to the references): Erf bit for bit, Softmax within float32
 rounding, NaN, inf and the vector tails included."""
 
@@ -60,3 +60,17 @@ def test_large_softmax_stays_on_numpy():
     x = RNG.standard_normal((80, 128)).astype(np.float32)
     assert x.size > activation._NATIVE_SOFTMAX_MAX
     np.testing.assert_array_equal(activation.softmax_13(x)[0], _numpy(activation.softmax_13, x)[0])
+
+
+@pytest.mark.parametrize("shape", [(1,), (2, 8, 128), (3, 1001), (0, 4)])
+def test_native_gelu_is_the_unfused_graph_bit_for_bit(shape):
+    """onnx_prepared::GeluErf natively (blocks of 256 through the Erf approximation) against the unfused
+    Div, Erf, Add, Mul, Mul of the numpy path."""
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[: min(5, flat.size)] = [np.nan, np.inf, -np.inf, 0.0, -0.0][: min(5, flat.size)]
+    with np.errstate(invalid="ignore"):
+        (got,) = activation.gelu_erf(x, d=float(np.float32(2 ** 0.5)))
+        (ref,) = _numpy(activation.gelu_erf, x, d=float(np.float32(2 ** 0.5)))
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))

@@ -177,3 +177,50 @@ def test_native_rms_norms_are_onnxruntimes_bits(path, op, n):
         pairs = [(fn(x, feeds["gamma"], epsilon=1e-6)[0], want[0])]
     for g, w in pairs:
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 8, 32), -1), ((3, 1), -1), ((2, 5, 7), 1), ((4, 6, 2, 3), 2),
+                                        ((9, 768), -1), ((130, 64), -1), ((0, 8), -1)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_layer_normalization_any_trailing_axes_matches_onnxruntime(path, shape, axis, with_bias):
+    """Every output at every path (the native one, encoder_norm.c, has onnxruntime's mean bit for bit and
+    its other outputs within an ulp or so); one output computes the same Y."""
+    r = np.random.default_rng(shape[-1])
+    x = (r.standard_normal(shape) * 2 + 1).astype(np.float32)
+    a = axis % len(shape)
+    s = r.standard_normal(shape[a:]).astype(np.float32)
+    b = r.standard_normal(shape[a:]).astype(np.float32)
+    feeds = {"x": x, "s": s} | ({"b": b} if with_bias else {})
+    node = helper.make_node("LayerNormalization", list(feeds), ["y", "mean", "inv"], axis=axis, epsilon=1e-5)
+    want = _ort(node, feeds, 3)
+    got = nm.layer_normalization(x, s, b if with_bias else None, axis=axis, epsilon=1e-5)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32 and g.shape == w.shape
+        _close(g, w, 1e-5)
+    y1 = nm.layer_normalization(x, s, b if with_bias else None, axis=axis, epsilon=1e-5, n_outputs=1)[0]
+    np.testing.assert_array_equal(y1, got[0])
+
+
+@pytest.mark.parametrize("same_shape", [True, False])
+def test_add_layer_normalization_is_the_unfused_graph(path, same_shape):
+    """The fused Add + LayerNormalization against onnxruntime running the two nodes (all four outputs),
+    broadcasting skip included (that one takes the unfused path)."""
+    r = np.random.default_rng(5)
+    a = r.standard_normal((2, 8, 32)).astype(np.float32)
+    b = r.standard_normal((2, 8, 32) if same_shape else (1, 8, 32)).astype(np.float32)
+    s, beta = r.standard_normal(32).astype(np.float32), r.standard_normal(32).astype(np.float32)
+    add = helper.make_node("Add", ["a", "b"], ["h"])
+    ln = helper.make_node("LayerNormalization", ["h", "s", "beta"], ["y", "mean", "inv"], epsilon=1e-5)
+    feeds = {"a": a, "b": b, "s": s, "beta": beta}
+    ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in feeds.items()]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "mean", "inv", "h")]
+    m = helper.make_model(helper.make_graph([add, ln], "g", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = nm.add_layer_normalization(a, b, s, beta, epsilon=1e-5)
+    for g, w in zip(got, want):
+        _close(g, w, 1e-5)
+    y, mean, inv, h = nm.add_layer_normalization(a, b, s, beta, epsilon=1e-5, stats=0)
+    if same_shape and path != "numpy":  # the native pass skips the statistics nobody reads
+        assert mean is None and inv is None
+    np.testing.assert_array_equal(y, got[0])
+    np.testing.assert_array_equal(h, got[3])
