@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -13,6 +14,13 @@ from hypothesis.extra.numpy import array_shapes
 from tests.kernels.onnx_node_check import assert_same, check, run_ort, run_ours
 
 RNG = np.random.default_rng(2)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rng(request):
+    """Each test draws from its own stream: a module-wide one made inputs depend on test order (xdist)."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 EDGES = np.array([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 100.0, -100.0, 1e4, -1e4, np.inf, -np.inf, np.nan],
                  np.float32)
 
@@ -30,9 +38,13 @@ def _rand(shape, dtype=np.float32, scale=3.0):
 def test_activations(op, attrs, dtype):
     tol = 2e-3 if dtype == np.float16 else 1e-6
     atol = 1e-7
-    if op == "Sigmoid" and dtype == np.float32:  # onnxruntime's (and so our) MLAS logistic approximates
+    rand_atol = min(atol, tol * 1e-3)
+    if op == "Sigmoid" and dtype == np.float32:
+        # onnxruntime's (and so our, bit for bit) MLAS logistic approximates within ~2e-7 absolute, which
+        # is up to 7e-4 relative where sigmoid is small: about a third of random draws broke rtol alone
         tol, atol = 1e-5, 3e-7
-    (y,) = check(op, [_rand((2, 3, 5), dtype)], opset=13, rtol=tol, atol=min(atol, tol * 1e-3), **attrs)
+        rand_atol = atol
+    (y,) = check(op, [_rand((2, 3, 5), dtype)], opset=13, rtol=tol, atol=rand_atol, **attrs)
     assert y.dtype == dtype
     check(op, [EDGES.astype(dtype)], opset=13, rtol=tol, atol=atol, **attrs)
 
