@@ -42,6 +42,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                       "com.microsoft:SkipSimplifiedLayerNormalization", "onnx_prepared:AddLayerNormalization"),
     "pad": ("Pad",),
     "pool": ("AveragePool", "GlobalAveragePool", "GlobalLpPool", "GlobalMaxPool", "LpPool", "MaxPool"),
+    "qlinear": ("com.microsoft:QGemm", "com.microsoft:QLinearAdd", "com.microsoft:QLinearGlobalAveragePool",
+                "com.microsoft:QLinearMul", "QLinearConv", "QLinearMatMul"),
     "quantize": ("DequantizeLinear", "QuantizeLinear"),
     "quantize_dynamic": ("DynamicQuantizeLinear", "MatMulInteger", "onnx_prepared:DynamicQuantizeMatMul"),
     "reduce": ("ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"),

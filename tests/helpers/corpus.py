@@ -365,6 +365,65 @@ def bert_int8(folder: str) -> CorpusModel:
                        "quantize_dynamic INT8 twin of bert: DynamicQuantizeLinear, MatMulInteger, Cast/Mul rescale")
 
 
+def _small_se_cnn(torch):
+    """Conv/BN/ReLU, a strided residual block and a squeeze-excite gate (HardSigmoid), GAP, Linear."""
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.body = nn.Sequential(nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1))
+            self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(32, 8, 1), nn.ReLU(), nn.Conv2d(8, 32, 1),
+                                    nn.Hardsigmoid())
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            y = self.down(self.stem(x))
+            y = y + self.body(y)
+            y = y * self.se(y)
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+    m = Net().eval()
+    _randomize_bn(torch, m)
+    return m
+
+
+def cnn_int8(folder: str, fmt: str) -> CorpusModel:
+    """``onnxruntime.quantization.quantize_static`` of a small SE CNN, QOperator (QLinearConv, QLinearAdd,
+    QLinearMul, QLinearGlobalAveragePool, QGemm) or QDQ format; uint8 activations, int8 weights with
+    ``reduce_range`` (7-bit), which keeps onnxruntime's u8 x s8 GEMM from saturating on CPUs without VNNI."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    torch = _seeded()
+    name = f"cnn_int8_{fmt.lower()}"
+    src = os.path.join(folder, f"{name}_fp32.onnx")  # per format: two builders may run at once
+    pre = os.path.join(folder, f"{name}_pre.onnx")
+    path = os.path.join(folder, f"{name}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if not os.path.exists(pre):
+            torch.onnx.export(_small_se_cnn(torch), (torch.zeros(1, 3, 24, 24),), src, dynamo=False,
+                              opset_version=17, input_names=["input"], output_names=["logits"])
+            quant_pre_process(src, pre)
+
+        class Calibration(CalibrationDataReader):
+            def __init__(self):
+                self.feeds = iter(_images((1, 3, 24, 24), n=4, seed=7))
+
+            def get_next(self):
+                return next(self.feeds, None)
+
+        quantize_static(pre, path, Calibration(), quant_format=getattr(QuantFormat, fmt),
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, reduce_range=True)
+    covers = ("quantize_static QOperator: QLinearConv, com.microsoft QLinearAdd/QLinearMul/"
+              "QLinearGlobalAveragePool/QGemm" if fmt == "QOperator" else
+              "quantize_static QDQ: QuantizeLinear/DequantizeLinear around float Conv/Add/Mul/Gemm")
+    return CorpusModel(name, path, _images((1, 3, 24, 24)), "quantized", covers)
+
+
 MODELS: dict[str, Callable[[str], CorpusModel]] = {
     "resnet18": resnet18,
     "mobilenet_v3": mobilenet_v3,
@@ -378,6 +437,8 @@ MODELS: dict[str, Callable[[str], CorpusModel]] = {
     "loop_if": loop_if,
     "bert": bert,
     "bert_int8": bert_int8,
+    "cnn_int8_qoperator": lambda d: cnn_int8(d, "QOperator"),
+    "cnn_int8_qdq": lambda d: cnn_int8(d, "QDQ"),
 }
 
 

@@ -1,0 +1,256 @@
+"""com.microsoft QLinear ops of onnxruntime's static quantizer (``QuantFormat.QOperator``), as MLAS rounds them.
+
+``onnxruntime.quantization.quantize_static(..., quant_format=QOperator)`` writes QLinearAdd, QLinearMul,
+QLinearGlobalAveragePool and QGemm beside the standard QLinearConv/QLinearMatMul. Their outputs are
+integers, so "what onnxruntime computes" means the same float roundings, not a close value:
+
+- **requantization** (QGemm, QLinearGlobalAveragePool; MLAS ``MlasRequantizeOutput``): the int32
+  accumulator converted to float32, times a float32 scale, clamped to the type's range shifted by the
+  zero point, rounded half to even, plus the zero point;
+- **QLinearAdd** (MLAS ``qladd_avx2.cpp``, the kernel every AVX2 CPU runs): ``ra = sa / sc``,
+  ``rb = sb / sc``, ``fixed = zc - (ra * za + rb * zb)`` and ``y = fma(a, ra, fma(b, rb, fixed))``; where
+  one input is constant along the innermost span of the broadcast (a scalar per span, ``[N, C, 1, 1]``
+  against ``[N, C, H, W]``), onnxruntime passes the other one first. Without AVX2 MLAS's SSE2 kernel
+  multiplies and adds separately (:data:`_FUSED` False);
+- **QLinearMul** (MLAS ``qlmul.cpp``, SSE2 on x86): ``(a - za) * (b - zb)`` exactly in int32, times
+  ``sa * sb / sc``, plus ``zc``, rounded half to even.
+
+The fused multiply-adds are emulated in float64 (a float32 product is exact there, and the sums of these
+magnitudes are too), then rounded to float32 once. Integer products go through float64 BLAS, exact
+below 2**53. onnxruntime's u8s8 GEMM saturates int16 pairs on CPUs without VNNI; this module computes
+the exact sums the ONNX definition states (see ``tests/helpers/ort_int8.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels.registry import kernel
+
+_MS = "com.microsoft"
+
+
+@functools.cache
+def _fused() -> bool:
+    """True where MLAS runs its AVX2 QLinearAdd kernel (FMA), i.e. the CPU has AVX2."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx2" in line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return True
+
+
+def _scalar(x: np.ndarray | None, name: str, dtype=None):
+    if x is None:
+        return dtype(0) if dtype is not None else None
+    if x.size != 1:
+        raise KernelError(f"{name} must be a scalar or a 1-element tensor, got shape {x.shape}")
+    return x.reshape(())[()]
+
+
+def _range(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _fma32(x, y, z) -> np.ndarray:
+    """float32 ``x * y + z`` rounded once (FMA), via float64."""
+    return (np.asarray(x, np.float64) * np.asarray(y, np.float64) + np.asarray(z, np.float64)).astype(np.float32)
+
+
+def _round_to(v: np.ndarray, dtype: np.dtype, zero_point: int = 0) -> np.ndarray:
+    """float32 -> ``dtype``: round half to even, saturate (``zero_point`` added after rounding)."""
+    lo, hi = _range(dtype)
+    r = np.rint(v)
+    np.clip(r, lo - zero_point, hi - zero_point, out=r)
+    return (r + zero_point).astype(dtype)
+
+
+def requantize(acc: np.ndarray, scale, zero_point: int, dtype: np.dtype) -> np.ndarray:
+    """MLAS ``MlasRequantizeOutput``: float32(acc) * scale, clamped, rounded half to even, + zero point."""
+    v = acc.astype(np.float32) * np.asarray(scale, np.float32)
+    return _round_to(v, dtype, zero_point)
+
+
+def _check_same(dtype, *others) -> None:
+    for o in others:
+        if o is not None and o.dtype != dtype:
+            raise KernelError(f"quantized inputs must share one element type, got {dtype} and {o.dtype}")
+
+
+def _constant_in_span(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """True when ``x`` is one value per innermost span of the broadcast (onnxruntime's ``ScalarInput``)."""
+    xs = (1,) * (len(out_shape) - len(x_shape)) + tuple(x_shape)
+    i = len(out_shape) - 1
+    while i >= 0 and out_shape[i] == 1:  # trailing 1s do not form the span
+        i -= 1
+    return i >= 0 and xs[i] == 1
+
+
+@kernel("QLinearAdd", since=1, domain=_MS)
+def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+    """``c = saturate(round((a - za) * sa / sc + (b - zb) * sb / sc) + zc)`` in MLAS's float order."""
+    _check_same(a.dtype, b, a_zero_point, b_zero_point, c_zero_point)
+    if a.dtype not in (np.uint8, np.int8):
+        raise KernelError(f"QLinearAdd supports uint8 and int8, got {a.dtype}")
+    sa, sb, sc = (np.float32(_scalar(s, n)) for s, n in ((a_scale, "A_scale"), (b_scale, "B_scale"),
+                                                           (c_scale, "C_scale")))
+    za, zb, zc = (int(_scalar(z, n, a.dtype.type)) for z, n in ((a_zero_point, "A_zero_point"),
+                                                                 (b_zero_point, "B_zero_point"),
+                                                                 (c_zero_point, "C_zero_point")))
+    out_shape = np.broadcast_shapes(a.shape, b.shape)
+    if _constant_in_span(a.shape, out_shape) and not _constant_in_span(b.shape, out_shape):
+        a, sa, za, b, sb, zb = b, sb, zb, a, sa, za  # onnxruntime passes the span first, the scalar second
+    ra, rb = np.float32(sa / sc), np.float32(sb / sc)
+    fa, fb = a.astype(np.float32), b.astype(np.float32)
+    if _fused():
+        fixed = np.float32(np.float32(zc) - _fma32(ra, np.float32(za), np.float32(rb * np.float32(zb))))
+        y = _fma32(fa, ra, _fma32(fb, rb, fixed))
+    else:
+        products = np.float32(np.float32(ra * np.float32(za)) + np.float32(rb * np.float32(zb)))
+        fixed = np.float32(np.float32(zc) - products)
+        y = (fixed + fa * ra) + fb * rb
+    return (_round_to(np.broadcast_to(y, out_shape), a.dtype),)
+
+
+@kernel("QLinearMul", since=1, domain=_MS)
+def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+    """``c = saturate(round((a - za) * (b - zb) * (sa * sb / sc)) + zc)``: the product exact, then MLAS's order."""
+    _check_same(a.dtype, b, a_zero_point, b_zero_point, c_zero_point)
+    if a.dtype not in (np.uint8, np.int8):
+        raise KernelError(f"QLinearMul supports uint8 and int8, got {a.dtype}")
+    sa, sb, sc = (np.float32(_scalar(s, n)) for s, n in ((a_scale, "A_scale"), (b_scale, "B_scale"),
+                                                           (c_scale, "C_scale")))
+    za, zb, zc = (int(_scalar(z, n, a.dtype.type)) for z, n in ((a_zero_point, "A_zero_point"),
+                                                                 (b_zero_point, "B_zero_point"),
+                                                                 (c_zero_point, "C_zero_point")))
+    ratio = np.float32(np.float32(sa * sb) / sc)
+    p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
+    y = p.astype(np.float32) * ratio + np.float32(zc)
+    return (_round_to(y, a.dtype),)
+
+
+@kernel("QLinearGlobalAveragePool", since=1, domain=_MS)
+def qlinear_global_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last: int = 0):
+    """Integer sum over the spatial axes minus ``zx * size``, requantized by ``sx / (sy * size)``."""
+    if x.ndim < 3:
+        raise KernelError(f"QLinearGlobalAveragePool needs rank >= 3, got shape {x.shape}")
+    if x.dtype not in (np.uint8, np.int8):
+        raise KernelError(f"QLinearGlobalAveragePool supports uint8 and int8, got {x.dtype}")
+    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    size = int(np.prod([x.shape[i] for i in axes]))
+    if size >= 1 << 24:
+        raise KernelError(f"QLinearGlobalAveragePool image size {size} is too large (at most 2**24 - 1)")
+    sx, sy = np.float32(_scalar(x_scale, "x_scale")), np.float32(_scalar(y_scale, "y_scale"))
+    zx, zy = int(_scalar(x_zero_point, "x_zero_point")), int(_scalar(y_zero_point, "y_zero_point"))
+    scale = np.float32(sx / np.float32(sy * np.float32(size)))
+    if not (2.0 ** -32 <= scale < 256.0):
+        raise KernelError(f"QLinearGlobalAveragePool scale {scale} (x_scale / (y_scale * {size})) is outside "
+                          "[2**-32, 256): the output would be constant")
+    acc = x.sum(axis=axes, dtype=np.int64, keepdims=True) - zx * size
+    return (requantize(acc.astype(np.int32), scale, zy, x.dtype),)
+
+
+def _int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer product of int32 matrices (float64 BLAS: exact while every sum stays below 2**53)."""
+    return np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+
+
+@kernel("QGemm", since=1, domain=_MS)
+def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None, *,
+          alpha: float = 1.0, transA: int = 0, transB: int = 0):
+    """``alpha * sa * sb * ((A - za) @ (B - zb) + C)``: float32, or requantized by ``y_scale``/``y_zero_point``."""
+    if a.ndim != 2 or b.ndim != 2:
+        raise KernelError(f"QGemm needs 2-D A and B, got {a.shape} and {b.shape}")
+    A = (a.T if transA else a).astype(np.int32) - int(_scalar(a_zero_point, "a_zero_point"))
+    B = (b.T if transB else b).astype(np.int32)
+    N = B.shape[1]
+    if A.shape[1] != B.shape[0]:
+        raise KernelError(f"QGemm inner dimensions differ: A {A.shape}, B {B.shape}")
+    zb = np.asarray(b_zero_point).reshape(-1).astype(np.int32)
+    sb = np.asarray(b_scale, np.float32).reshape(-1)
+    if zb.size not in (1, N) or sb.size not in (1, N):
+        raise KernelError(f"QGemm b_scale/b_zero_point must have 1 or N={N} values, got {sb.size} and {zb.size}")
+    acc = _int_matmul(A, B - zb)
+    if c is not None:
+        acc = acc + c.astype(np.int64)
+    sa = np.float32(_scalar(a_scale, "a_scale"))
+    scales = np.float32(np.float32(alpha) * sa) * sb
+    if y_scale is None:
+        return ((acc.astype(np.int32).astype(np.float32) * scales).astype(np.float32),)
+    scales = (scales / np.float32(_scalar(y_scale, "y_scale"))).astype(np.float32)
+    zy = 0 if y_zero_point is None else int(_scalar(y_zero_point, "y_zero_point"))
+    dtype = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
+    return (requantize(acc.astype(np.int32), scales, zy, dtype),)
+
+
+def _per_channel(v: np.ndarray, n: int, name: str, dtype) -> np.ndarray:
+    flat = np.asarray(v).reshape(-1).astype(dtype)
+    if flat.size not in (1, n):
+        raise KernelError(f"{name} must have 1 or {n} values, got {flat.size}")
+    return flat
+
+
+@kernel("QLinearConv", since=10)
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
+                 auto_pad: str = "NOTSET", dilations: list[int] | None = None, group: int = 1,
+                 kernel_shape: list[int] | None = None, pads: list[int] | None = None,
+                 strides: list[int] | None = None):
+    """Integer convolution + int32 bias, requantized per output channel by ``x_scale * w_scale[m] / y_scale``
+    as onnxruntime does; padding is the input's zero point. The sums are exact: float32 SGEMM where no
+    sum can reach 2**24, else float64 BLAS."""
+    from onnx_prepared.kernels.conv import conv_core
+
+    kshape = tuple(w.shape[2:])
+    if kernel_shape and tuple(kernel_shape) != kshape:
+        raise KernelError(f"QLinearConv: kernel_shape={list(kernel_shape)} differs from the weight's {list(kshape)}")
+    m = w.shape[0]
+    zw = _per_channel(w_zero_point, m, "w_zero_point", np.float64)
+    if np.any(zw != zw[0]):
+        raise KernelError("QLinearConv: per-channel weight zero points must all be equal (onnxruntime requires it)")
+    xs, ys = np.float32(_scalar(x_scale, "x_scale")), np.float32(_scalar(y_scale, "y_scale"))
+    scales = (np.float32(xs) * _per_channel(w_scale, m, "w_scale", np.float32) / ys).astype(np.float32)
+    if group < 1 or m % group:
+        raise KernelError(f"QLinearConv: {m} output channels do not split into group={group}")
+    zx = float(_scalar(x_zero_point, "x_zero_point"))
+    wi = w.astype(np.int32) - int(zw[0])
+    # float32 sums of integers are exact while every partial sum stays below 2**24: then the native SGEMM
+    # runs (the bound takes the worst input |x - zx| of the type), else float64 BLAS
+    lo, hi = _range(x.dtype)
+    bound = (w[0].size * int(np.abs(wi).max(initial=0)) * max(hi - zx, zx - lo))
+    work = np.float32 if bound < 1 << 24 else np.float64
+    xf = x.astype(work)
+    xf -= work(zx)
+    acc = conv_core(xf, wi.astype(work).reshape(group, m // group, -1), None, kshape, auto_pad=auto_pad,
+                    dilations=dilations, group=group, pads=pads, strides=strides)
+    acc = np.rint(acc).astype(np.int64)
+    if B is not None:
+        acc += B.astype(np.int64).reshape((m,) + (1,) * (acc.ndim - 2))
+    nd = acc.ndim - 2
+    zy = int(_scalar(y_zero_point, "y_zero_point"))
+    return (requantize(acc.astype(np.int32), scales.reshape((-1,) + (1,) * nd), zy, y_zero_point.dtype),)
+
+
+@kernel("QLinearMatMul", since=10)
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """Exact integer ``(A - za) @ (B - zb)`` (float64 BLAS), requantized by ``a_scale * b_scale / y_scale``
+    (per column of B when b_scale is a vector)."""
+    n = b.shape[-1]
+    sa, sy = np.float32(_scalar(a_scale, "a_scale")), np.float32(_scalar(y_scale, "y_scale"))
+    sb = np.asarray(b_scale, np.float32)
+    za = np.asarray(a_zero_point).astype(np.float64)
+    zb = np.asarray(b_zero_point).astype(np.float64)
+    if za.size != 1:
+        raise KernelError(f"QLinearMatMul: a_zero_point must be a scalar, got shape {za.shape}")
+    if sb.size not in (1, n) or zb.size not in (1, n):
+        raise KernelError(f"QLinearMatMul: b_scale/b_zero_point must have 1 or N={n} values")
+    acc = np.rint((a.astype(np.float64) - za.reshape(())) @ (b.astype(np.float64) - zb.reshape(-1)))
+    scales = (sa * sb.reshape(-1) / sy).astype(np.float32)
+    zy = int(_scalar(y_zero_point, "y_zero_point"))
+    return (requantize(acc.astype(np.int32), scales, zy, y_zero_point.dtype),)
