@@ -13,7 +13,7 @@ SRC = "onnx_prepared/kernels/_native"
 SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2vnni.c", "nbits_avx512vnni.c",
            "rnn_module.c", "rnn_portable.c", "rnn_avx2.c", "rnn_avx512.c", "conv_gemm.c",
            "depthwise.c", "depthwise_isa.c", "nms.c",
-           "act.c", "sgemm.c", "sgemm_isa.c", "im2col.c", "gap.c",
+           "act.c", "sgemm.c", "sgemm_isa.c", "im2col.c", "im2col_direct.c", "gap.c",
            "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c",
            "llm_gather.c",
            "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c",

@@ -5,8 +5,11 @@
 #include <Python.h>
 
 PyObject *py_im2col2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* im2col_direct.c: a unit-stride Conv on the prepacked SGEMM's panels without the column matrix */
+PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define IM2COL_METHODS \
-    {"im2col2d", (PyCFunction)(void (*)(void))py_im2col2d, METH_FASTCALL, "2-D im2col for Conv, over the pool"},
+    {"im2col2d", (PyCFunction)(void (*)(void))py_im2col2d, METH_FASTCALL, "2-D im2col for Conv, over the pool"}, \
+    {"conv_direct", (PyCFunction)(void (*)(void))py_conv_direct, METH_FASTCALL, "unit-stride 2-D Conv, packed weights"},
 
 #endif
