@@ -214,3 +214,17 @@ def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
         _force(mp, "avx2")
         for level in native.supported_levels():
             np.testing.assert_array_equal(_run(A, B, scales, zp, bias, K, 37, level, bs), want)
+
+
+@needs_native
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+@pytest.mark.parametrize("M", [4, 6, 7, 35])
+def test_rows_kernel_zero_point_terms_of_row_groups_keep_the_order(M, zp_kind):
+    """The several-rows kernel sums the zero-point terms of 4 rows at once, then of the 1-3 rows left in its
+    tile of up to 32 (M = 35: tiles of 32 and 3 rows): each row's chain over the blocks stays in order."""
+    A, B, scales, zp, bias = _case(np.random.default_rng(M), 200, 37, M, 32, zp_kind, True)
+    want = mlas_avx2_reference(A, B, scales, zp, bias, N=37, block_size=32)
+    with pytest.MonkeyPatch.context() as mp:
+        _force(mp, "avx2")
+        for level in native.supported_levels():
+            np.testing.assert_array_equal(_run(A, B, scales, zp, bias, 200, 37, level, 32), want)
