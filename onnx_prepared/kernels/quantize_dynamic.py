@@ -15,6 +15,9 @@ the int32 result equals the integer one bit for bit.
 
 DynamicQuantizeLinear takes one native call (two passes over x) for finite float32 input, with the same
 float32 operations as the numpy code below, which runs without the extension and for NaN or inf.
+``onnx_prepared::DynamicQuantizeMatMul`` (resolve/fusions.py's fusion of the whole chain of one MatMul)
+with a constant B is one native call too (``dq_matmul_f32``): the same quantization, the same exact
+product, and the unfused graph's float32 rescale.
 """
 
 from __future__ import annotations
@@ -207,6 +210,16 @@ def dynamic_quantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> Pre
         return buf.view(np.int16).reshape(kp, n16, 2)
 
     def run(packed: np.ndarray, A: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+        ext = native._ext
+        shape = A.shape
+        if (ext is not None and A.dtype == np.float32 and shape and shape[-1] == K and b_scale.dtype == np.float32
+                and b_scale.size in (1, N) and (bias is None or (bias.dtype == np.float32 and bias.size == N))):
+            M = A.size // K
+            y = np.empty(shape[:-1] + (N,), np.float32)
+            scratch = native._scratch(M * K + 4 * M * kp + 128)
+            c = np.ascontiguousarray
+            if ext.dq_matmul_f32(c(A), packed, c(b_scale), None if bias is None else c(bias), y, scratch, M, K, N):
+                return (y,)
         q, s, zp = dynamic_quantize_linear(A)
         (y32,) = matmul_integer_packed(packed, q, zp, K=K, N=N)
         return (_dequantized(y32, s, b_scale, bias),)

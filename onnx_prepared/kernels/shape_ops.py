@@ -110,8 +110,13 @@ def _squeeze_const(consts: dict, n_inputs: int):
     if not axes:
         return None
 
+    shapes: dict[tuple, tuple] = {}
+
     def squeeze_const(x: np.ndarray, axes_: np.ndarray | None = None) -> tuple[np.ndarray]:
-        return (np.squeeze(x, axis=axes),)
+        dims = shapes.get(x.shape)
+        if dims is None:  # np.squeeze checks the axes once per input shape; then a reshape (~4x faster)
+            dims = shapes[x.shape] = np.squeeze(x, axis=axes).shape
+        return (x.reshape(dims),)
 
     return squeeze_const
 
@@ -196,9 +201,7 @@ def concat(*inputs: np.ndarray, axis: int) -> tuple[np.ndarray]:
     return (np.concatenate(inputs, axis=axis),)
 
 
-def _split(x: np.ndarray, sizes: list[int], axis: int, n: int) -> tuple[np.ndarray, ...]:
-    axis = _axis(axis, x.ndim)
-    dim = x.shape[axis]
+def _split_sizes(sizes: list[int], dim: int, axis: int, n: int) -> list[int]:
     if not sizes:
         chunk = -(-dim // n) if n else 0
         sizes = [chunk] * n
@@ -206,8 +209,24 @@ def _split(x: np.ndarray, sizes: list[int], axis: int, n: int) -> tuple[np.ndarr
             sizes[-1] = dim - chunk * (n - 1)
     if sum(sizes) != dim or any(s < 0 for s in sizes):
         raise ValueError(f"Split sizes {sizes} do not add up to dimension {dim} of axis {axis}")
-    bounds = np.cumsum(sizes[:-1]).tolist()
-    return tuple(np.split(x, bounds, axis=axis))
+    return sizes
+
+
+def _split_index(rank: int, sizes: list[int], axis: int) -> tuple[tuple, ...]:
+    """One basic index per output: the outputs are views, as numpy's split makes them (without its
+    per-call cumsum and array_split machinery, ~30 us on three outputs)."""
+    lead = (slice(None),) * axis
+    out, start = [], 0
+    for size in sizes:
+        out.append((*lead, slice(start, start + size)))
+        start += size
+    return tuple(out)
+
+
+def _split(x: np.ndarray, sizes: list[int], axis: int, n: int) -> tuple[np.ndarray, ...]:
+    axis = _axis(axis, x.ndim)
+    sizes = _split_sizes(sizes, x.shape[axis], axis, n)
+    return tuple(x[i] for i in _split_index(x.ndim, sizes, axis))
 
 
 @kernel("Split", since=2)
@@ -218,6 +237,24 @@ def split_2(x: np.ndarray, *, axis: int = 0, split: list[int] | None = None, n_o
 @kernel("Split", since=13)
 def split_13(x: np.ndarray, split: np.ndarray | None = None, *, axis: int = 0, n_outputs: int = 1) -> tuple:
     return _split(x, _ints(split), axis, n_outputs)
+
+
+@specializes(split_13)
+def _split_const(consts: dict, n_inputs: int, *, axis: int = 0, n_outputs: int = 1):
+    """Constant (or omitted) sizes: the output indices once per input shape."""
+    if n_inputs >= 2 and 1 not in consts:
+        return None
+    sizes = _ints(consts.get(1))
+    cache: dict[tuple, tuple] = {}
+
+    def split_const(x: np.ndarray, split: np.ndarray | None = None) -> tuple:
+        index = cache.get(x.shape)
+        if index is None:
+            a = _axis(axis, x.ndim)
+            index = cache[x.shape] = _split_index(x.ndim, _split_sizes(sizes, x.shape[a], a, n_outputs), a)
+        return tuple(x[i] for i in index)
+
+    return split_const
 
 
 @kernel("Split", since=18)

@@ -11,7 +11,11 @@
  * into int16 (a - a_zp, in [-255, 255]) and every pair of k multiplies a pair of B in int32
  * (vpmaddwd: |product pair| <= 2 * 255 * 255, no saturation), summed in int32. The result is the exact
  * integer at every level, unlike a vpmaddubsw kernel (onnxruntime's U8S8 on AVX2), which saturates the
- * int16 sum of two u8*s8 products. Large products split over the pool in fixed blocks. */
+ * int16 sum of two u8*s8 products. Large products split over the pool in fixed blocks.
+ *
+ * dq_matmul_f32: the two above and the float rescale of quantize_dynamic's chain (resolve/fusions.py's
+ * DynamicQuantizeMatMul) in one call, in the same operations: dql_u8's scale, zero point and quantized
+ * x, qgemm_i16's exact int32 product, then (float)y32 * (a_scale * b_scale) (+ bias) in float32. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -370,5 +374,139 @@ done:
     PyBuffer_Release(&bb);
     PyBuffer_Release(&by);
     PyBuffer_Release(&bs);
+    return ret;
+}
+
+/* ---- DynamicQuantizeLinear + MatMulInteger + the float rescale, one call ---- */
+
+typedef struct {
+    qg_job g;
+    const float *b_scale; /* [1] or [N] */
+    const float *bias;    /* [N] or NULL */
+    long n_scale;
+    float a_scale;
+} dqm_job;
+
+/* the rescale of rows [m0, m1), columns [n0, n1) in place: y = (float)y32 * (a_scale * b_scale) (+ bias), the
+ * unfused graph's Cast, Mul of the two scales (float32) and Mul (and Add) */
+static void dqm_epilogue(const dqm_job *d, long m0, long m1, long n0, long n1)
+{
+    const long N = d->g.N;
+    for (long m = m0; m < m1; m++) {
+        int32_t *yi = d->g.y + m * N;
+        float *yf = (float *)(void *)yi;
+        for (long n = n0; n < n1; n++) {
+            const float sm = d->a_scale * d->b_scale[d->n_scale == 1 ? 0 : n];
+            float v = (float)yi[n] * sm;
+            if (d->bias) v = v + d->bias[n];
+            yf[n] = v;
+        }
+    }
+}
+
+static void dqm_task(void *ctx, int t)
+{
+    const dqm_job *d = (const dqm_job *)ctx;
+    qg_task((void *)&d->g, t);
+    const qg_job *j = &d->g;
+    const long ri = t / j->col_tasks, ci = t % j->col_tasks;
+    const long m0 = ri * j->rows_per_task, m1 = m0 + j->rows_per_task < j->M ? m0 + j->rows_per_task : j->M;
+    const long n0 = ci * j->cols_per_task, n1 = n0 + j->cols_per_task < j->N ? n0 + j->cols_per_task : j->N;
+    dqm_epilogue(d, m0, m1, n0, n1);
+}
+
+/* dq_matmul_f32(x f32 [M, K], b_packed, b_scale f32 [1|N], bias f32 [N]|None, y f32 [M, N], scratch, M, K, N)
+ * -> True, or None when x holds NaN or inf (the caller runs the unfused numpy chain). scratch: M K bytes
+ * (the quantized x) then 4 M Kp bytes (it centered), as qgemm_i16 takes them. */
+PyObject *py_dq_matmul_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "dq_matmul_f32 takes 9 positional arguments");
+        return NULL;
+    }
+    const long M = PyLong_AsLong(args[6]), K = PyLong_AsLong(args[7]), N = PyLong_AsLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (M < 0 || K < 1 || N < 1 || M > (1L << 30) || K > (1L << 24) || N > (1L << 24)) {
+        PyErr_SetString(PyExc_ValueError, "dq_matmul_f32: bad shape");
+        return NULL;
+    }
+    const long Kp = (K + 1) / 2, N16 = (N + 15) / 16 * 16;
+    Py_buffer b[6];
+    const int writable[6] = {0, 0, 0, 0, 1, 1};
+    int got = 0;
+    PyObject *ret = NULL;
+    for (; got < 6; got++) {
+        memset(&b[got], 0, sizeof b[got]);
+        if (args[got] == Py_None) continue;
+        if (PyObject_GetBuffer(args[got], &b[got], PyBUF_C_CONTIGUOUS | (writable[got] ? PyBUF_WRITABLE : 0)) < 0) {
+            b[got].obj = NULL;
+            goto done;
+        }
+    }
+    if (!b[0].obj || !b[1].obj || !b[2].obj || !b[4].obj || !b[5].obj || b[0].len != (Py_ssize_t)M * K * 4 ||
+        b[1].len != (Py_ssize_t)Kp * N16 * 4 || (b[2].len != 4 && b[2].len != (Py_ssize_t)N * 4) ||
+        (b[3].obj && b[3].len != (Py_ssize_t)N * 4) || b[4].len != (Py_ssize_t)M * N * 4 ||
+        b[5].len < (Py_ssize_t)M * K + (Py_ssize_t)M * Kp * 4 + 64) {
+        PyErr_SetString(PyExc_ValueError, "dq_matmul_f32: x, b, b_scale, bias, y or scratch does not match M, K, N");
+        goto done;
+    }
+    const float *x = (const float *)b[0].buf;
+    uint8_t *q = (uint8_t *)b[5].buf;
+    int16_t *ac = (int16_t *)(void *)(q + ((M * K + 63) / 64) * 64);
+    dqm_job d = {{q, ac, (const int16_t *)b[1].buf, (int32_t *)b[4].buf, M, K, N, Kp, N16, 0, 0, M, N16, 1, 0},
+                 (const float *)b[2].buf, b[3].obj ? (const float *)b[3].buf : NULL, b[2].len / 4, 1.0f};
+    const long n = M * K;
+    float lo = 0.0f, hi = 0.0f, scale = 1.0f, zp = 0.0f;
+    int ok;
+#ifdef QG_X86
+    d.g.simd = ext_isa_level() >= 1;
+#endif
+    const double work = (double)M * K * N;
+    int tasks = 1;
+    if (work > (double)(1 << 19)) { /* qgemm_i16's blocks */
+        d.g.rows_per_task = 32;
+        d.g.cols_per_task = 128;
+        d.g.col_tasks = (N16 + 127) / 128;
+        tasks = (int)(((M + 31) / 32) * d.g.col_tasks);
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef QG_X86
+    ok = d.g.simd ? range_avx2(x, n, &lo, &hi) : range_portable(x, n, &lo, &hi);
+#else
+    ok = range_portable(x, n, &lo, &hi);
+#endif
+    if (ok) { /* dql_u8's scale and zero point, in its float32 operations */
+        if (hi != lo) {
+            volatile float dd = hi - lo;
+            scale = dd / 255.0f;
+        }
+        float t = 0.0f - lo / scale;
+        t = t < 0.0f ? 0.0f : t > 255.0f ? 255.0f : t;
+        zp = rintf(t);
+#ifdef QG_X86
+        if (d.g.simd)
+            quantize_avx2(x, q, n, scale, zp);
+        else
+            quantize_portable(x, q, n, scale, zp);
+#else
+        quantize_portable(x, q, n, scale, zp);
+#endif
+        d.g.a_zp = (int)zp;
+        d.a_scale = scale;
+        if (M) {
+            center_rows(&d.g);
+            if (tasks == 1)
+                dqm_task(&d, 0);
+            else
+                nb_pool_run(dqm_task, &d, tasks);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    ret = ok ? Py_True : Py_None;
+    Py_INCREF(ret);
+done:
+    for (int i = 0; i < got; i++)
+        if (b[i].obj) PyBuffer_Release(&b[i]);
     return ret;
 }
