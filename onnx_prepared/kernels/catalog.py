@@ -26,6 +26,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "conv_fused": ("onnx_prepared:FusedConv",),
     "conv_transpose": ("ConvTranspose",),
     "detection": ("NonMaxSuppression", "TopK"),
+    "dq_fold": ("DequantizeLinear",),
     "dq_matmul": ("onnx_prepared:DequantizeMatMul",),
     "einsum": ("Einsum",),
     "elementwise": ("Abs", "Add", "And", "Ceil", "Cos", "Div", "Equal", "Exp", "Floor", "Greater",

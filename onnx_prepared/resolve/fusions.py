@@ -555,20 +555,56 @@ def _fuse_add_layer_norm(g: _Graph) -> None:
         g.drop.add(idx)
 
 
+def _swap_gather_dequantize(g: _Graph, weights: Mapping) -> None:
+    """Gather(T, idx) -> DequantizeLinear(., scale, zp), T a small quantized initializer and scale/zp
+    per-tensor initializers, the gathered rows read by the DequantizeLinear alone -> DequantizeLinear(T,
+    scale, zp) -> Gather(., idx): per-tensor dequantization commutes with picking rows (exactly), and a
+    DequantizeLinear of initializers is computed once (kernels/dq_fold.py), not per run."""
+    from onnx_prepared.kernels.dq_fold import FOLD_MAX_BYTES
+
+    nodes = g.graph.node
+    for idx, ga in enumerate(nodes):
+        if not _default(ga, "Gather") or len(ga.input) != 2 or len(ga.output) != 1 or g.taken(idx):
+            continue
+        t = weights.get(ga.input[0])
+        if t is None or t.dtype not in ("int8", "uint8") or int(np.prod(t.dims)) * 4 > FOLD_MAX_BYTES:
+            continue
+        di = g.only_reader(ga.output[0])
+        dq = nodes[di] if di is not None else None
+        if dq is None or not _default(dq, "DequantizeLinear") or dq.input[0] != ga.output[0] or g.taken(di):
+            continue
+        if any(a.name not in ("axis",) for a in dq.attribute) or len(dq.output) != 1:
+            continue
+        params = [n for n in dq.input[1:] if n]
+        if not params or any(n not in weights or int(np.prod(weights[n].dims)) != 1 for n in params):
+            continue
+        table = f"{ga.input[0]}/dequantized_by/{dq.name or dq.output[0]}"
+        fold = onnx.NodeProto(op_type="DequantizeLinear", domain=dq.domain, name=dq.name,
+                              input=[ga.input[0], *dq.input[1:]], output=[table])
+        fold.attribute.extend(dq.attribute)
+        gather = onnx.NodeProto(op_type="Gather", domain=ga.domain, name=ga.name, input=[table, ga.input[1]],
+                                output=list(dq.output))
+        gather.attribute.extend(ga.attribute)
+        g.replace[idx] = fold
+        g.replace[di] = gather
+
+
 def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
     """The transformer-encoder fusions, each where its pattern matches exactly: the int8 dynamic-quant
-    MatMul chain, MatMul + bias Add, the Erf GELU and Add + LayerNormalization (in that order: the bias
+    MatMul chain, MatMul + bias Add, the Erf GELU, Add + LayerNormalization and a quantized embedding's
+    Gather + DequantizeLinear turned round (in that order: the bias
     Adds are taken before a residual Add + LayerNormalization is looked for); returns how many nodes were
     written. Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
     ops = {n.op_type for n in graph.node}
-    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization"}:
+    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear"}:
         return 0
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
            for a in n.attribute):
         return 0
     total = 0
     for step in (lambda g: _fuse_dynamic_quant_matmul(g, weights), lambda g: _fuse_matmul_bias(g, weights),
-                 lambda g: _fuse_gelu(g, _constant_scalars(graph)), _fuse_add_layer_norm):
+                 lambda g: _fuse_gelu(g, _constant_scalars(graph)), _fuse_add_layer_norm,
+                 lambda g: _swap_gather_dequantize(g, weights)):
         g = _Graph(graph)
         step(g)
         total += g.commit()

@@ -201,3 +201,37 @@ def test_dynamic_quant_matmul_near_misses_are_left_as_written(tmp_path, variant)
     if variant.get("scale_input"):
         feeds["ws"] = np.array(0.004, np.float32)
     _check(p, feeds, exact_matmul_integer_model(p))
+
+
+# **** a quantized embedding: Gather + DequantizeLinear turned round, the table dequantized once ****
+
+
+def _embedding(tmp_path, *, rows=50, per_axis=False, extra=False):
+    t = numpy_helper.from_array(RNG.integers(-128, 128, (rows, 16)).astype(np.int8), "T")
+    s = numpy_helper.from_array((RNG.random(16 if per_axis else ()) * 0.02 + 1e-3).astype(np.float32), "ts")
+    z = numpy_helper.from_array(np.array(3, np.int8) if not per_axis else np.zeros(16, np.int8), "tz")
+    nodes = [helper.make_node("Gather", ["T", "ids"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "ts", "tz"], ["Y"], **({"axis": 2} if per_axis else {}))]
+    outs = ["Y"]
+    if extra:
+        nodes.append(helper.make_node("Cast", ["gq"], ["gf"], to=F))
+        outs.append("gf")
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, "s"])
+    return _save(tmp_path, nodes, [ids], outs, [t, s, z], opset=13)
+
+
+def test_quantized_embedding_is_dequantized_once_and_matches_onnxruntime(tmp_path, path):
+    p = _embedding(tmp_path)
+    assert _choices(p) == ["prepacked:dqfold-int8-float32-50x16-axis1-bs0-zp1", "ai.onnx::Gather-1"]
+    ids = RNG.integers(-50, 50, (2, 7)).astype(np.int64)
+    _check(p, {"ids": ids})
+    sess = onnx_prepared.InferenceSession(p)
+    first = sess.run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(sess.run(None, {"ids": ids})[0], first)
+
+
+@pytest.mark.parametrize("variant", [dict(per_axis=True), dict(extra=True), dict(rows=80000)])
+def test_quantized_embedding_near_misses_are_left_as_written(tmp_path, variant):
+    p = _embedding(tmp_path, **variant)
+    assert _choices(p)[0].startswith("ai.onnx::Gather")  # the Gather still reads the quantized table
+    _check(p, {"ids": RNG.integers(0, 50, (2, 5)).astype(np.int64)})
