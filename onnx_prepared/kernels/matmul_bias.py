@@ -1,9 +1,11 @@
 """``onnx_prepared::MatMulBias(A, W, bias)``: MatMul(A, W) + Add(bias) in one kernel call
 (resolve/fusions.py writes it for a float32 initializer W [K, N] and bias [N]).
 
-The product is one BLAS call on A viewed as ``[rows, K]`` (numpy's stacked matmul of a 3-D A runs one
-GEMM per leading index), and the bias is added in place: the unfused graph's float32 operations, the
-same values. With W constant it is prepacked as MatMul's is (the same ``[K, N]`` panel and layout key,
+Small float32 products (up to :data:`NATIVE_MAX_MACS`) take one native call with the bias in its
+epilogue (``_native/encoder_gemm.c``: each output one sum over k in order, as MLAS's SGEMM kernels
+accumulate); larger ones are one BLAS call on A viewed as ``[rows, K]`` (numpy's stacked matmul of a
+3-D A runs one GEMM per leading index), the bias added in place. Both are within rounding of the
+unfused MatMul and Add. With W constant it is prepacked as MatMul's is (the same ``[K, N]`` panel and layout key,
 so a MatMul and a MatMulBias of one W share the prepared object).
 """
 
@@ -11,29 +13,44 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
+#: products up to this many multiply-adds take the native kernel; larger ones BLAS (its threads and
+#: blocking win there; below, its fixed cost is most of the call)
+NATIVE_MAX_MACS = 1 << 18
 
-def _product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    if a.ndim >= 2 and a.dtype == w.dtype and w.ndim == 2:
-        k = w.shape[0]
-        if a.shape[-1] == k:
-            return (a.reshape(-1, k) @ w).reshape(a.shape[:-1] + (w.shape[1],))
-    return np.asarray(np.matmul(a, w))  # anything else: MatMul's own semantics (and its errors)
+
+def _product(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """``a @ w + bias`` (a new array; ``bias`` None: none)."""
+    shape = a.shape
+    if len(shape) >= 1 and a.dtype == w.dtype and w.ndim == 2 and shape[-1] == w.shape[0]:
+        k, n = w.shape
+        ext = native._ext
+        rows = a.size // k if k else 0
+        if (ext is not None and a.dtype == np.float32 and rows * k * n <= NATIVE_MAX_MACS and k
+                and (bias is None or (bias.dtype == np.float32 and bias.shape == (n,)))):
+            y = np.empty(shape[:-1] + (n,), np.float32)
+            c = np.ascontiguousarray
+            ext.gemm_bias_f32(c(a), c(w), None if bias is None else c(bias), y, native._scratch(64 * k), rows, k, n)
+            return y
+        if len(shape) >= 2:
+            y = (a.reshape(-1, k) @ w).reshape(shape[:-1] + (n,))
+            if bias is not None:
+                y += bias
+            return y
+    y = np.asarray(np.matmul(a, w))  # anything else: MatMul's own semantics (and its errors), then Add's
+    return y if bias is None else np.asarray(np.add(y, bias))
 
 
 @kernel("MatMulBias", since=1, domain="onnx_prepared")
 def matmul_bias(a: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray]:
-    y = _product(a, w)
-    y += bias
-    return (y,)
+    return (_product(a, w, bias),)
 
 
 def matmul_bias_packed(packed: np.ndarray, a: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray]:
-    y = _product(a, packed)
-    y += bias
-    return (y,)
+    return (_product(a, packed, bias),)
 
 
 def _unpack(shape: tuple[int, ...], dtype: str):

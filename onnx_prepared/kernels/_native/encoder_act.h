@@ -4,6 +4,7 @@
 
 #include <Python.h>
 
+#include "encoder_gemm.h"
 #include "encoder_norm.h"
 
 PyObject *py_erf_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
@@ -17,6 +18,7 @@ PyObject *py_gelu_erf_f32(PyObject *self, PyObject *const *args, Py_ssize_t narg
      "Softmax over the rows of a float32 matrix"},                                                          \
     {"gelu_erf_f32", (PyCFunction)(void (*)(void))py_gelu_erf_f32, METH_FASTCALL,                          \
      "exact GELU (x * (erf(x / d) + a)) * m of float32, the unfused graph's float32 operations"},         \
-    ENCODER_NORM_METHODS
+    ENCODER_NORM_METHODS                                                                                    \
+    ENCODER_GEMM_METHODS
 
 #endif
