@@ -83,11 +83,28 @@ def _layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axes: tupl
     return y, mean, inv.astype(np.float32, copy=False)
 
 
+def _skip_rows(shape: tuple, skip: tuple) -> int:
+    """Rows of a skip of shape ``skip`` that numpy broadcasts over the leading dims of ``shape`` by whole
+    rows (the embedding sum's [1, S, H] against [B, S, H]), or 0 when it does not."""
+    if skip == shape:
+        return -1
+    if len(skip) > len(shape):  # the sum would gain dimensions
+        return 0
+    k = len(skip)
+    while k and skip[len(skip) - k] == 1:
+        k -= 1
+    tail = skip[len(skip) - k:]
+    if k < 1 or len(tail) > len(shape) or shape[len(shape) - k:] != tail:
+        return 0
+    return math.prod(tail[:-1])
+
+
 def _native_layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, a: int, epsilon: float,
                   stats: bool, skip: np.ndarray | None = None):
     """(y, mean, inv, sum) of LayerNorm over axes ``a:`` of ``x`` (of ``x + skip``: ``sum`` is that sum,
     else None) through the extension, statistics None unless ``stats``; or None when the call does not fit
-    it (no extension, not float32, a scale or bias of another size, a skip of another shape)."""
+    it (no extension, not float32, a scale or bias of another size, a skip that is not ``x``'s shape or
+    broadcast over its leading dimensions by whole rows)."""
     ext = native._ext
     if ext is None or x.dtype != np.float32 or scale.dtype != np.float32:
         return None
@@ -96,9 +113,16 @@ def _native_layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, a: 
     if not n or x.size % n or math.prod(shape[a:]) != n or (bias is not None and (
             bias.dtype != np.float32 or bias.size != n)):
         return None
-    if skip is not None and (skip.shape != shape or skip.dtype != np.float32):
-        return None
     rows = x.size // n
+    skip_rows = rows
+    if skip is not None:
+        if skip.dtype != np.float32 or skip.shape[-1:] != shape[-1:]:
+            return None
+        skip_rows = _skip_rows(shape, skip.shape)
+        if skip_rows == -1:
+            skip_rows = rows
+        elif not skip_rows or skip.size != skip_rows * n:
+            return None
     y = np.empty(shape, np.float32)
     h = None if skip is None else np.empty(shape, np.float32)
     if stats:
@@ -108,7 +132,7 @@ def _native_layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, a: 
         mean = inv = None
     c = np.ascontiguousarray
     ext.layer_norm_f32(c(x), None if skip is None else c(skip), c(scale), None if bias is None else c(bias), y, h,
-                       mean, inv, rows, n, float(epsilon))
+                       mean, inv, rows, n, float(epsilon), max(skip_rows, 1))
     return y, mean, inv, h
 
 
@@ -134,13 +158,15 @@ def add_layer_normalization(
     epsilon: float = 1e-5, stash_type: int = 1, stats: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``LayerNormalization(Add(A, B), Scale, Bias)`` (resolve/fusions.py's Add + LayerNorm fusion):
-    outputs (Y, Mean, InvStdDev, the sum). Float32 operands of one shape take one native pass (the sum,
-    then onnxruntime's LayerNorm order on it: the unfused graph's bits); anything else is the unfused
-    computation, numpy's broadcasting Add included. ``stats=0``: Mean and InvStdDev are not computed
-    (None; the fusion sets it when the LayerNormalization had no such outputs)."""
+    outputs (Y, Mean, InvStdDev, the sum). Float32 operands of one shape, or one broadcast over the
+    other's leading dimensions by whole rows, take one native pass (the sum, then the LayerNorm of
+    :func:`layer_normalization` on it); anything else is the unfused computation. ``stats=0``: Mean
+    and InvStdDev are not computed (None; the fusion sets it when the LayerNormalization had no such
+    outputs)."""
     _stash(stash_type, "AddLayerNormalization")
-    if A.shape == B.shape:
-        got = _native_layer(A, Scale, Bias, _axes(A, axis, "AddLayerNormalization")[0], epsilon, bool(stats), B)
+    if A.ndim and B.ndim:
+        x, skip = (A, B) if A.size >= B.size else (B, A)  # Add commutes: the larger is x
+        got = _native_layer(x, Scale, Bias, _axes(x, axis, "AddLayerNormalization")[0], epsilon, bool(stats), skip)
         if got is not None:
             return got[0], got[1], got[2], got[3]
     h = np.add(A, B)

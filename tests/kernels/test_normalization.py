@@ -201,19 +201,24 @@ def test_layer_normalization_any_trailing_axes_matches_onnxruntime(path, shape, 
     np.testing.assert_array_equal(y1, got[0])
 
 
-@pytest.mark.parametrize("same_shape", [True, False])
-def test_add_layer_normalization_is_the_unfused_graph(path, same_shape):
+@pytest.mark.parametrize("b_shape", [(2, 8, 32), (1, 8, 32), (32,), (2, 1, 32), (1, 1, 8, 32)])
+@pytest.mark.parametrize("swap", [False, True])
+def test_add_layer_normalization_is_the_unfused_graph(path, b_shape, swap):
     """The fused Add + LayerNormalization against onnxruntime running the two nodes (all four outputs),
-    broadcasting skip included (that one takes the unfused path)."""
+    broadcast skips included: by whole rows (native) and otherwise (the unfused path), either operand."""
+    same_shape = b_shape == (2, 8, 32)
     r = np.random.default_rng(5)
     a = r.standard_normal((2, 8, 32)).astype(np.float32)
-    b = r.standard_normal((2, 8, 32) if same_shape else (1, 8, 32)).astype(np.float32)
+    b = r.standard_normal(b_shape).astype(np.float32)
+    if swap:
+        a, b = b, a
     s, beta = r.standard_normal(32).astype(np.float32), r.standard_normal(32).astype(np.float32)
     add = helper.make_node("Add", ["a", "b"], ["h"])
     ln = helper.make_node("LayerNormalization", ["h", "s", "beta"], ["y", "mean", "inv"], epsilon=1e-5)
     feeds = {"a": a, "b": b, "s": s, "beta": beta}
     ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in feeds.items()]
     outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "mean", "inv", "h")]
+    same_shape = same_shape or b_shape in ((1, 8, 32), (32,))  # whole-row broadcasts: native too
     m = helper.make_model(helper.make_graph([add, ln], "g", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     got = nm.add_layer_normalization(a, b, s, beta, epsilon=1e-5)

@@ -20,7 +20,7 @@
 typedef struct {
     const float *x, *skip, *gamma, *beta;
     float *y, *sum, *mean, *inv;
-    long rows, n, rows_per_task;
+    long rows, n, rows_per_task, skip_rows; /* row r adds skip row r % skip_rows (a broadcast skip) */
     float eps;
 } ln_job;
 
@@ -33,7 +33,7 @@ static void ln_rows(const ln_job *j, long r0, int nr)
         const long r = r0 + q;
         h[q] = j->x + r * n;
         if (j->skip) {
-            const float *restrict a = j->x + r * n, *restrict b = j->skip + r * n;
+            const float *restrict a = j->x + r * n, *restrict b = j->skip + (r % j->skip_rows) * n;
             float *restrict s = j->sum + r * n;
             for (long i = 0; i < n; i++) s[i] = a[i] + b[i];
             h[q] = s;
@@ -97,27 +97,29 @@ static int view(PyObject *o, Py_buffer *v, int writable, Py_ssize_t need, const 
     return 0;
 }
 
-/* layer_norm_f32(x, skip|None, gamma, beta|None, y, sum|None, mean|None, inv|None, rows, n, eps): float32,
- * C-contiguous; x, skip, y, sum [rows, n]; gamma, beta [n]; mean, inv [rows]; skip and sum only together.
- * y and sum may not alias the inputs. */
+/* layer_norm_f32(x, skip|None, gamma, beta|None, y, sum|None, mean|None, inv|None, rows, n, eps, skip_rows):
+ * float32, C-contiguous; x, y, sum [rows, n]; skip [skip_rows, n] (skip_rows divides rows: row r adds skip
+ * row r % skip_rows, numpy's broadcast of a skip over leading dimensions); gamma, beta [n]; mean, inv
+ * [rows]; skip and sum only together. y and sum may not alias the inputs. */
 PyObject *py_layer_norm_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "layer_norm_f32 takes 11 positional arguments");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "layer_norm_f32 takes 12 positional arguments");
         return NULL;
     }
     const long rows = PyLong_AsLong(args[8]), n = PyLong_AsLong(args[9]);
     const double eps = PyFloat_AsDouble(args[10]);
+    const long skip_rows = PyLong_AsLong(args[11]);
     if (PyErr_Occurred()) return NULL;
-    if (rows < 0 || n < 1 || rows > (1L << 40) / n) {
+    if (rows < 0 || n < 1 || rows > (1L << 40) / n || skip_rows < 1 || (rows && (skip_rows > rows || rows % skip_rows))) {
         PyErr_SetString(PyExc_ValueError, "layer_norm_f32: bad rows/n");
         return NULL;
     }
     const Py_ssize_t mat = 4 * (Py_ssize_t)rows * n;
     Py_buffer b[8];
     const char *names[8] = {"x", "skip", "gamma", "beta", "y", "sum", "mean", "inv"};
-    const Py_ssize_t need[8] = {mat, mat, 4 * n, 4 * n, mat, mat, 4 * rows, 4 * rows};
+    const Py_ssize_t need[8] = {mat, 4 * (Py_ssize_t)skip_rows * n, 4 * n, 4 * n, mat, mat, 4 * rows, 4 * rows};
     PyObject *ret = NULL;
     int got = 0;
     for (; got < 8; got++)
@@ -128,7 +130,7 @@ PyObject *py_layer_norm_f32(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     ln_job j = {(const float *)b[0].buf, (const float *)b[1].buf, (const float *)b[2].buf, (const float *)b[3].buf,
                 (float *)b[4].buf, (float *)b[5].buf, (float *)b[6].buf, (float *)b[7].buf, rows, n, rows,
-                (float)eps};
+                skip_rows, (float)eps};
     /* 16 Ki elements per task, rounded to whole blocks of 4 rows (as rms_norm) */
     const long per = (1L << 14) / n > 4 ? (1L << 14) / n / 4 * 4 : 4;
     const int ntasks = (int)((rows + per - 1) / per);
