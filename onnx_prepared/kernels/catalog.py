@@ -52,7 +52,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "rnn": ("GRU", "LSTM", "RNN"),
     "rotary": ("RotaryEmbedding", "com.microsoft:RotaryEmbedding"),
     "shape_ops": ("Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather", "Range", "Reshape",
-                  "Shape", "Size", "Slice", "Split", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where"),
+                  "Shape", "Size", "Slice", "Split", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
+                  "onnx_prepared:ReshapeFromShape"),
     "squeeze_excite": ("onnx_prepared:SqueezeExcite",),
 }
 

@@ -43,6 +43,19 @@ def reshape(x: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> tuple[np
     return (x.reshape(dims),)
 
 
+@kernel("ReshapeFromShape", since=1, domain="onnx_prepared")
+def reshape_from_shape(x: np.ndarray, s: np.ndarray, *, index: list[int], copied: list[int], values: list[int],
+                       allowzero: int = 0) -> tuple[np.ndarray]:
+    """Reshape(x, shape) with ``shape[j] = s.shape[index[j]]`` where ``copied[j]`` else ``values[j]``: the
+    Shape / Gather / Unsqueeze / Concat chain that exporters write to build a target shape
+    (resolve/fusions.py), evaluated as that chain evaluates it (a bad index raises as Gather would)."""
+    dims = s.shape
+    target = [dims[i] if c else v for i, c, v in zip(index, copied, values)]
+    if not allowzero:
+        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return (x.reshape(target),)
+
+
 @specializes(reshape)
 def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
     """A constant target shape: its ints once; with no ``0`` to copy (or ``allowzero``) the call is one

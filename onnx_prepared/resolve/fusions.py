@@ -613,14 +613,115 @@ def _swap_gather_dequantize(g: _Graph, weights: Mapping) -> None:
         g.replace[di] = gather
 
 
+def _constant_ints(graph: onnx.GraphProto) -> dict[str, int | list[int]]:
+    """Output name -> value of every Constant node holding an int64 scalar (an int) or 1-D tensor (a list)."""
+    out: dict[str, int | list[int]] = {}
+    for n in graph.node:
+        if not _default(n, "Constant") or len(n.attribute) != 1 or n.attribute[0].name != "value":
+            continue
+        t = n.attribute[0].t
+        if t.data_type != onnx.TensorProto.INT64 or len(t.dims) > 1:
+            continue
+        v = list(t.int64_data) if t.int64_data else np.frombuffer(t.raw_data, "<i8").tolist()
+        if len(v) != (int(t.dims[0]) if t.dims else 1):
+            continue
+        out[n.output[0]] = v if t.dims else v[0]
+    return out
+
+
+def _shape_element(g: _Graph, name: str, ints: Mapping, concat: int) -> tuple[int, int, int, str] | None:
+    """(Unsqueeze, Gather, Shape index, Gather's index) and the shaped tensor when ``name`` (read by the
+    Concat ``concat`` alone) is Unsqueeze(Gather(Shape(S), scalar constant), axes [0]); else None."""
+    nodes = g.graph.node
+    ui = g.producer.get(name)
+    if ui is None or g.ops[ui] != "Unsqueeze" or g.only_reader(name) != concat or g.taken(ui):
+        return None
+    un = nodes[ui]
+    axes = ints.get(un.input[1]) if len(un.input) > 1 else [int(i) for a in un.attribute if a.name == "axes"
+                                                             for i in a.ints]
+    if axes != [0] or len(un.output) != 1:
+        return None
+    gi = g.producer.get(un.input[0])
+    if gi is None or g.ops[gi] != "Gather" or g.taken(gi):
+        return None
+    ga = nodes[gi]
+    if len(ga.input) != 2 or not isinstance(ints.get(ga.input[1]), int) or any(
+            a.name != "axis" or a.i != 0 for a in ga.attribute):
+        return None
+    si = g.producer.get(ga.input[0])
+    if si is None or g.ops[si] != "Shape" or g.taken(si) or len(nodes[si].attribute) or len(nodes[si].input) != 1:
+        return None
+    return ui, gi, si, nodes[si].input[0], ints[ga.input[1]]
+
+
+def _fuse_reshape_from_shape(g: _Graph, ints: Mapping) -> None:
+    """Reshape(X, Concat(Unsqueeze(Gather(Shape(S), i)), ..., int64 constants)) (axis 0, one S, every
+    intermediate read by the chain alone) -> onnx_prepared::ReshapeFromShape(X, S) (attributes index,
+    copied, values: the shape tensor S's dims and the constants make, built in the run as the chain
+    built it, then Reshape's own rules). The Gathers and Shapes go when nothing else reads them."""
+    nodes = g.graph.node
+    gathers: set[int] = set()
+    for ri in g.of("Reshape"):
+        rs = nodes[ri]
+        if len(rs.input) != 2 or len(rs.output) != 1 or g.taken(ri):
+            continue
+        ci = g.producer.get(rs.input[1])
+        if ci is None or g.ops[ci] != "Concat" or g.only_reader(rs.input[1]) != ri or g.taken(ci):
+            continue
+        concat = nodes[ci]
+        if [(a.name, a.i) for a in concat.attribute] != [("axis", 0)]:
+            continue
+        index, copied, values, chain, src, found = [], [], [], [ci], None, set()
+        for name in concat.input:
+            v = ints.get(name)
+            if isinstance(v, list):
+                index += [0] * len(v)
+                copied += [0] * len(v)
+                values += v
+                continue
+            got = _shape_element(g, name, ints, ci)
+            if got is None or (src is not None and got[3] != src):
+                break
+            ui, gi, si, src, i = got
+            chain.append(ui)
+            found.add(gi)
+            index.append(i)
+            copied.append(1)
+            values.append(0)
+        else:
+            if src is None:
+                continue
+            node = onnx.NodeProto(op_type="ReshapeFromShape", domain="onnx_prepared", name=rs.name,
+                                  input=[rs.input[0], src], output=list(rs.output))
+            node.attribute.add(name="index", type=onnx.AttributeProto.INTS, ints=index)
+            node.attribute.add(name="copied", type=onnx.AttributeProto.INTS, ints=copied)
+            node.attribute.add(name="values", type=onnx.AttributeProto.INTS, ints=values)
+            az = [a.i for a in rs.attribute if a.name == "allowzero"]
+            node.attribute.add(name="allowzero", type=onnx.AttributeProto.INT, i=az[0] if az else 0)
+            g.replace[ri] = node
+            g.drop.update(chain)
+            gathers |= found
+    shapes: set[int] = set()
+    for gi in gathers:  # a Gather (then its Shape) goes once every reader of it went
+        out = nodes[gi].output[0]
+        if out not in g.outputs and all(u in g.drop for u in g.consumers.get(out, [])):
+            g.drop.add(gi)
+            shapes.add(g.producer[nodes[gi].input[0]])
+    for si in shapes:
+        out = nodes[si].output[0]
+        if out not in g.outputs and all(u in g.drop for u in g.consumers.get(out, [])):
+            g.drop.add(si)
+
+
 def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
     """The transformer-encoder fusions, each where its pattern matches exactly: the int8 dynamic-quant
-    MatMul chain, MatMul + bias Add, the Erf GELU, Add + LayerNormalization and a quantized embedding's
-    Gather + DequantizeLinear turned round (in that order, over one set of maps: the bias Adds are taken
+    MatMul chain, MatMul + bias Add, the Erf GELU, Add + LayerNormalization, a quantized embedding's
+    Gather + DequantizeLinear turned round and a Reshape to a shape built from another tensor's dims
+    (in that order, over one set of maps: the bias Adds are taken
     before a residual Add + LayerNormalization is looked for); returns how many nodes were written.
     Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
     ops = {n.op_type for n in graph.node}
-    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear"}:
+    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape"}:
         return 0
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
            for a in n.attribute):
@@ -630,7 +731,8 @@ def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
              ("MatMul", lambda: _fuse_matmul_bias(g, weights)),
              ("Erf", lambda: _fuse_gelu(g, _constant_scalars(graph))),
              ("LayerNormalization", lambda: _fuse_add_layer_norm(g)),
-             ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)))
+             ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)),
+             ("Reshape", lambda: _fuse_reshape_from_shape(g, _constant_ints(graph))))
     for needs, step in steps:
         if needs in ops:
             step()

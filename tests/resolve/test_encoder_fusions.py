@@ -235,3 +235,54 @@ def test_quantized_embedding_near_misses_are_left_as_written(tmp_path, variant):
     p = _embedding(tmp_path, **variant)
     assert _choices(p)[0].startswith("ai.onnx::Gather")  # the Gather still reads the quantized table
     _check(p, {"ids": RNG.integers(0, 50, (2, 5)).astype(np.int64)})
+
+
+# **** a Reshape to a shape built from another tensor's dims ****
+
+
+def _int_const(name: str, v) -> helper.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64)))
+
+
+def _reshape_chain(tmp_path, *, other_source=False, unsqueeze_read=False, gather_read=False, zero=False):
+    nodes = [_int_const("i0", 0), _int_const("i1", 1), _int_const("ax", [0]),
+             _int_const("tail", [0 if zero else 3, 4]), helper.make_node("Shape", ["S"], ["sh"]),
+             helper.make_node("Shape", ["Z" if other_source else "S"], ["sh2"]),
+             helper.make_node("Gather", ["sh", "i0"], ["d0"], axis=0),
+             helper.make_node("Gather", ["sh2", "i1"], ["d1"]),
+             helper.make_node("Unsqueeze", ["d0", "ax"], ["u0"]), helper.make_node("Unsqueeze", ["d1", "ax"], ["u1"]),
+             helper.make_node("Concat", ["u0", "u1", "tail"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["X", "shape"], ["Y"])]
+    outs = ["Y"]
+    if unsqueeze_read:
+        nodes.append(helper.make_node("Cast", ["u0"], ["uf"], to=F))
+        outs.append("uf")
+    if gather_read:
+        nodes.append(helper.make_node("Cast", ["d1"], ["df"], to=F))
+        outs.append("df")
+    ins = [_x("X", None), _x("S", [2, "s", 5]), _x("Z", [2, "s", 5])]
+    return _save(tmp_path, nodes, ins, outs, opset=17)
+
+
+def _feeds(s=3):
+    return {k: RNG.standard_normal((2, s, 12 if k == "X" else 5)).astype(np.float32) for k in ("X", "S", "Z")}
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(gather_read=True), dict(zero=True)])
+def test_reshape_from_shape_is_fused_and_matches_onnxruntime(tmp_path, variant):
+    p = _reshape_chain(tmp_path, **variant)
+    ch = [c for c in _choices(p) if "Constant" not in c]
+    assert "onnx_prepared::ReshapeFromShape-1" in ch and "ai.onnx::Concat-4" not in ch
+    assert ch.count("ai.onnx::Shape-1") == (1 if variant.get("gather_read") else 0)
+    for s in (3, 1):
+        feeds = _feeds(s)
+        if variant.get("zero"):
+            feeds["X"] = RNG.standard_normal((2, s, 3, 4)).astype(np.float32)
+        _check(p, feeds)
+
+
+@pytest.mark.parametrize("variant", [dict(other_source=True), dict(unsqueeze_read=True)])
+def test_reshape_from_shape_near_misses_are_left_as_written(tmp_path, variant):
+    p = _reshape_chain(tmp_path, **variant)
+    assert "ai.onnx::Concat-4" in _choices(p)
+    _check(p, _feeds())
