@@ -22,6 +22,8 @@ from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
+_F32 = np.dtype(np.float32)
+
 
 def _axes(x: np.ndarray, axis: int, op: str) -> tuple[int, ...]:
     a = axis + x.ndim if axis < 0 else axis
@@ -106,17 +108,18 @@ def _native_layer(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, a: 
     it (no extension, not float32, a scale or bias of another size, a skip that is not ``x``'s shape or
     broadcast over its leading dimensions by whole rows)."""
     ext = native._ext
-    if ext is None or x.dtype != np.float32 or scale.dtype != np.float32:
+    if ext is None or x.dtype is not _F32 or scale.dtype is not _F32:  # (builtin dtypes are singletons)
         return None
     shape = x.shape
     n = scale.size
-    if not n or x.size % n or math.prod(shape[a:]) != n or (bias is not None and (
-            bias.dtype != np.float32 or bias.size != n)):
+    if not n or x.size % n or ((a != len(shape) - 1 or shape[-1] != n) and math.prod(shape[a:]) != n):
+        return None
+    if bias is not None and (bias.dtype is not _F32 or bias.size != n):
         return None
     rows = x.size // n
     skip_rows = rows
     if skip is not None:
-        if skip.dtype != np.float32 or skip.shape[-1:] != shape[-1:]:
+        if skip.dtype is not _F32 or skip.shape[-1:] != shape[-1:]:
             return None
         skip_rows = _skip_rows(shape, skip.shape)
         if skip_rows == -1:

@@ -30,6 +30,7 @@ from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_r
 from onnx_prepared.kernels.registry import kernel
 
 _F32_EXACT = float(1 << 24)
+_F32 = np.dtype(np.float32)
 _INT8 = frozenset({"uint8", "int8"})
 
 
@@ -212,13 +213,15 @@ def dynamic_quantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> Pre
     def run(packed: np.ndarray, A: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
         ext = native._ext
         shape = A.shape
-        if (ext is not None and A.dtype == np.float32 and shape and shape[-1] == K and b_scale.dtype == np.float32
-                and b_scale.size in (1, N) and (bias is None or (bias.dtype == np.float32 and bias.size == N))):
+        # dtype identity: numpy's builtin dtypes are singletons, and `is` costs half of `==` (once per
+        # quantized MatMul of every run)
+        if (ext is not None and A.dtype is _F32 and shape and shape[-1] == K and b_scale.dtype is _F32
+                and b_scale.size in (1, N) and (bias is None or (bias.dtype is _F32 and bias.size == N))):
             M = A.size // K
-            y = np.empty(shape[:-1] + (N,), np.float32)
-            scratch = native._scratch(M * K + 4 * M * kp + 128)
+            y = np.empty(shape[:-1] + (N,), _F32)
             c = np.ascontiguousarray
-            if ext.dq_matmul_f32(c(A), packed, c(b_scale), None if bias is None else c(bias), y, scratch, M, K, N):
+            if ext.dq_matmul_f32(c(A), packed, c(b_scale), bias if bias is None else c(bias), y,
+                                 native._scratch(M * (K + 4 * kp) + 128), M, K, N):
                 return (y,)
         q, s, zp = dynamic_quantize_linear(A)
         (y32,) = matmul_integer_packed(packed, q, zp, K=K, N=N)
