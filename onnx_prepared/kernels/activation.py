@@ -318,3 +318,15 @@ def gelu_erf(x: np.ndarray, *, d: float = 2 ** 0.5, a: float = 1.0, m: float = 0
     e = np.multiply(x, e)
     e *= np.asarray(m, x.dtype)
     return (e,)
+
+
+@kernel("ScaledMaskedSoftmax", since=1, domain="onnx_prepared")
+def scaled_masked_softmax(x: np.ndarray, mask: np.ndarray, *, d: float = 1.0) -> tuple[np.ndarray]:
+    """``Softmax(Add(Div(x, d), mask), axis=-1)``, an attention block's scores (resolve/fusions.py): the
+    same Div, Add and Softmax kernels' operations, in one call."""
+    t = np.asarray(np.divide(x, np.asarray(d, x.dtype)))
+    if mask.ndim <= t.ndim and np.broadcast_shapes(t.shape, mask.shape) == t.shape:
+        t += mask
+    else:
+        t = np.asarray(np.add(t, mask))
+    return (_softmax(t, -1, False),)

@@ -17,7 +17,7 @@ import threading
 MODULES: dict[str, tuple[str, ...]] = {
     "activation": ("Clip", "Elu", "Erf", "Gelu", "onnx_prepared:GeluErf", "HardSigmoid", "HardSwish", "Identity",
                    "LeakyRelu", "LogSoftmax", "PRelu", "Relu", "Selu", "Sigmoid", "Softmax", "Softplus", "Softsign",
-                   "Tanh", "ThresholdedRelu"),
+                   "Tanh", "ThresholdedRelu", "onnx_prepared:ScaledMaskedSoftmax"),
     "attention": ("com.microsoft:GroupQueryAttention",),
     "cast": ("Cast", "CastLike"),
     "channel_norm": ("BatchNormalization", "InstanceNormalization"),

@@ -547,6 +547,32 @@ def _fuse_gelu(g: _Graph, scalars: Mapping[str, float]) -> None:
         g.drop.update(chain[1:])
 
 
+def _fuse_attention_softmax(g: _Graph, scalars: Mapping[str, float]) -> None:
+    """An attention block's scores, Softmax(Add(Div(S, d), mask), axis=-1) with d a non-zero Constant
+    scalar and each intermediate read once -> onnx_prepared::ScaledMaskedSoftmax(S, mask) (attribute d;
+    the same Div, Add and last-axis Softmax in one call)."""
+    nodes = g.graph.node
+    for idx in g.of("Div"):
+        div = nodes[idx]
+        if len(div.input) != 2 or len(div.output) != 1 or g.taken(idx) or not scalars.get(div.input[1]):
+            continue
+        ai = g.only_reader(div.output[0])
+        if ai is None or g.ops[ai] != "Add" or g.taken(ai) or len(nodes[ai].output) != 1:
+            continue
+        mask = g.other(nodes[ai], div.output[0])
+        si = g.only_reader(nodes[ai].output[0])
+        if mask is None or si is None or g.ops[si] != "Softmax" or g.taken(si):
+            continue
+        sm = nodes[si]
+        if [(a.name, a.i) for a in sm.attribute] != [("axis", -1)] or len(sm.output) != 1:
+            continue
+        node = onnx.NodeProto(op_type="ScaledMaskedSoftmax", domain="onnx_prepared", name=sm.name,
+                              input=[div.input[0], mask], output=list(sm.output))
+        node.attribute.add(name="d", type=onnx.AttributeProto.FLOAT, f=scalars[div.input[1]])
+        g.replace[idx] = node
+        g.drop.update((ai, si))
+
+
 def _fuse_add_layer_norm(g: _Graph) -> None:
     """Add(A, B) read by a LayerNormalization as its X -> onnx_prepared::AddLayerNormalization(A, B, Scale,
     Bias) writing the LayerNormalization's outputs and, when anything else reads it (or the graph returns
@@ -715,21 +741,24 @@ def _fuse_reshape_from_shape(g: _Graph, ints: Mapping) -> None:
 
 def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
     """The transformer-encoder fusions, each where its pattern matches exactly: the int8 dynamic-quant
-    MatMul chain, MatMul + bias Add, the Erf GELU, Add + LayerNormalization, a quantized embedding's
+    MatMul chain, MatMul + bias Add, the Erf GELU, the attention's scaled masked Softmax, Add +
+    LayerNormalization, a quantized embedding's
     Gather + DequantizeLinear turned round and a Reshape to a shape built from another tensor's dims
     (in that order, over one set of maps: the bias Adds are taken
     before a residual Add + LayerNormalization is looked for); returns how many nodes were written.
     Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
     ops = {n.op_type for n in graph.node}
-    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape"}:
+    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape", "Softmax"}:
         return 0
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
            for a in n.attribute):
         return 0
     g = _Graph(graph)
+    scalars = _constant_scalars(graph) if ops & {"Erf", "Softmax"} else {}
     steps = (("MatMulInteger", lambda: _fuse_dynamic_quant_matmul(g, weights)),
              ("MatMul", lambda: _fuse_matmul_bias(g, weights)),
-             ("Erf", lambda: _fuse_gelu(g, _constant_scalars(graph))),
+             ("Erf", lambda: _fuse_gelu(g, scalars)),
+             ("Softmax", lambda: _fuse_attention_softmax(g, scalars)),
              ("LayerNormalization", lambda: _fuse_add_layer_norm(g)),
              ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)),
              ("Reshape", lambda: _fuse_reshape_from_shape(g, _constant_ints(graph))))

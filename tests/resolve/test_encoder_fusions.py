@@ -286,3 +286,31 @@ def test_reshape_from_shape_near_misses_are_left_as_written(tmp_path, variant):
     p = _reshape_chain(tmp_path, **variant)
     assert "ai.onnx::Concat-4" in _choices(p)
     _check(p, _feeds())
+
+
+# **** an attention block's scaled, masked Softmax ****
+
+
+def _attention_softmax(tmp_path, *, axis=-1, d=2.828427, div_read=False, mask_shape=(2, 1, 1, 8)):
+    nodes = [_const("d", d), helper.make_node("Div", ["S", "d"], ["t"]), helper.make_node("Add", ["t", "M"], ["u"]),
+             helper.make_node("Softmax", ["u"], ["Y"], axis=axis)]
+    outs = ["Y"] + (["t"] if div_read else [])
+    return _save(tmp_path, nodes, [_x("S", [2, 4, 8, 8]), _x("M", list(mask_shape))], outs)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 8), (8,), (1, 2, 4, 8, 8)])
+def test_attention_softmax_is_fused_and_matches_onnxruntime(tmp_path, path, mask_shape):
+    p = _attention_softmax(tmp_path, mask_shape=mask_shape)
+    assert [c for c in _choices(p) if "Constant" not in c] == ["onnx_prepared::ScaledMaskedSoftmax-1"]
+    mask = np.where(RNG.random(mask_shape) < 0.3, -10000.0, 0.0).astype(np.float32)
+    _check(p, {"S": (RNG.standard_normal((2, 4, 8, 8)) * 5).astype(np.float32), "M": mask})
+
+
+@pytest.mark.parametrize("variant", [dict(axis=1), dict(d=0.0), dict(div_read=True)])
+def test_attention_softmax_near_misses_are_left_as_written(tmp_path, variant):
+    p = _attention_softmax(tmp_path, **variant)
+    assert "onnx_prepared::ScaledMaskedSoftmax-1" not in _choices(p)
+    if variant.get("d") == 0.0:
+        return
+    _check(p, {"S": RNG.standard_normal((2, 4, 8, 8)).astype(np.float32),
+               "M": RNG.standard_normal((2, 1, 1, 8)).astype(np.float32)})
