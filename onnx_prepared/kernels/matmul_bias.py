@@ -20,6 +20,7 @@ from onnx_prepared.kernels.registry import kernel
 #: products up to this many multiply-adds take the native kernel; larger ones BLAS (its threads and
 #: blocking win there; below, its fixed cost is most of the call)
 NATIVE_MAX_MACS = 1 << 18
+_F32 = np.dtype(np.float32)
 
 
 def _product(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -68,5 +69,25 @@ def matmul_bias_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | N
     if len(shape) != 2 or dtype not in ("float32", "float64"):
         return None
     layout = f"matmul-b-kn-{dtype}-k{shape[0]}-n{shape[1]}"
-    return PrepackSpec((1,), layout, np.ascontiguousarray, matmul_bias_packed, array_to_bytes,
-                       _unpack(shape, dtype))
+    return PrepackSpec((1,), layout, np.ascontiguousarray, _bound(*shape) if dtype == "float32" else matmul_bias_packed,
+                       array_to_bytes, _unpack(shape, dtype))
+
+
+def _bound(k: int, n: int):
+    """The packed kernel for a float32 [k, n] panel: the checks the panel settles made once (it is
+    contiguous and float32), so a small product costs the native call and little else."""
+    bias_shape = (n,)
+
+    def matmul_bias_f32(packed: np.ndarray, a: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray]:
+        ext = native._ext
+        shape = a.shape
+        if ext is not None and a.dtype is _F32 and shape and shape[-1] == k and bias.dtype is _F32:
+            rows = a.size // k
+            if rows * k * n <= NATIVE_MAX_MACS and bias.shape == bias_shape:
+                y = np.empty(shape[:-1] + bias_shape, _F32)
+                c = np.ascontiguousarray
+                ext.gemm_bias_f32(c(a), packed, c(bias), y, native._scratch(64 * k), rows, k, n)
+                return (y,)
+        return (_product(a, packed, bias),)
+
+    return matmul_bias_f32

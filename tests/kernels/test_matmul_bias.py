@@ -38,7 +38,9 @@ def test_matmul_bias_matches_onnxruntime(path, a_shape, n):
     w = r.standard_normal((a_shape[-1], n)).astype(np.float32)
     b = r.standard_normal(n).astype(np.float32)
     want = _ort(a, w, b)
-    for got in (mb.matmul_bias(a, w, b)[0], mb.matmul_bias_packed(np.ascontiguousarray(w), a, b)[0]):
+    spec = mb.matmul_bias_rule(None, {}, frozenset({1, 2}), {1: (w.shape, "float32")})
+    packed = spec.pack(w)
+    for got in (mb.matmul_bias(a, w, b)[0], mb.matmul_bias_packed(packed, a, b)[0], spec.kernel(packed, a, b)[0]):
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
