@@ -7,13 +7,16 @@ amplify it. This script shows where that happens:
 - ``whole``: every output of one prefill, ours vs onnxruntime: max abs difference, elements outside
   atol 1e-4 + rtol 1e-3, and whether our first and second runs are bit-identical; per layer for the
   ``present.*`` outputs (where the divergence starts);
+- ``decode`` (``--decode N``): N decode steps after the prefill, each fed onnxruntime's previous outputs
+  (its greedy token and presents), so every step is compared on its own: logits max abs difference,
+  elements outside the tolerance, outputs not bit-identical;
 - ``ops``: every float-producing node of the first ``--layers`` layers (and those outside the layers) run
   alone by us on onnxruntime's own inputs (its intermediate values), compared bit for bit with
   onnxruntime's output of that node: per op type, nodes, bit-exact nodes, max abs difference.
 
 No timing. Models come from the folder ``benchmarks/llm.py`` uses.
 
-    python -m benchmarks.numerics [--models medium] [--levels 4,0] [--prompt 16] [--layers 3] [--json]
+    python -m benchmarks.numerics [--models medium] [--levels 4,0] [--prompt 16] [--decode 0] [--layers 3] [--json]
 """
 
 from __future__ import annotations
@@ -115,7 +118,24 @@ def _ops(m, folder: str, values: dict, layers: int) -> dict:
     return dict(stats)
 
 
-def bench_model(path: str, prompt: int, layers: int) -> dict:
+def _decode_steps(ref, ours, config, names: list[str], out: dict, steps: int) -> list[dict]:
+    """``steps`` decode steps from onnxruntime's outputs ``out``, each step fed onnxruntime's last ones."""
+    from onnx_prepared.generate import decode_feeds
+
+    rows = []
+    for _ in range(steps):
+        feeds = decode_feeds(config, int(out["logits"][0, -1].argmax()), out)
+        want = dict(zip(names, ref.run(names, feeds)))
+        got = dict(zip(names, ours.run(names, feeds)))
+        d = _diff(want["logits"], got["logits"])
+        rows.append({"past": int(feeds["past_key_values.0.key"].shape[2]), "max_abs": d["max_abs"],
+                     "outside": d["outside"], "size": d["size"],
+                     "not_bit_exact": [n for n in names if not _diff(want[n], got[n])["bit_exact"]]})
+        out = want
+    return rows
+
+
+def bench_model(path: str, prompt: int, layers: int, decode: int = 0) -> dict:
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -137,18 +157,20 @@ def bench_model(path: str, prompt: int, layers: int) -> dict:
         d = _diff(expected[name], first[name])
         d["first_equals_later"] = bool(np.array_equal(first[name], second[name]))
         whole[name] = d
+    steps = _decode_steps(ref, s, config, names, expected, decode)
     folder = os.path.dirname(path)
     m = onnx.load(path, load_external_data=False)
     values = _ort_intermediates(m, folder, feeds)
-    return {"accuracy_level": config.accuracy_level, "whole": whole, "ops": _ops(m, folder, values, layers)}
+    return {"accuracy_level": config.accuracy_level, "whole": whole, "decode": steps,
+            "ops": _ops(m, folder, values, layers)}
 
 
-def run(models: list[str], levels: list[int], prompt: int, layers: int, models_dir: str) -> dict:
+def run(models: list[str], levels: list[int], prompt: int, layers: int, models_dir: str, decode: int = 0) -> dict:
     res: dict = {"benchmark": "numerics", "machine": C.machine(), "prompt": prompt, "layers": layers,
-                 "atol": ATOL, "rtol": RTOL, "rows": []}
+                 "decode": decode, "atol": ATOL, "rtol": RTOL, "rows": []}
     for model in models:
         for level in levels:
-            row = bench_model(L.model_path(models_dir, model, level), prompt, layers)
+            row = bench_model(L.model_path(models_dir, model, level), prompt, layers, decode)
             res["rows"].append({"model": model, "level": level, **row})
     return res
 
@@ -162,6 +184,14 @@ def printer(res: dict) -> None:
         for name, d in r["whole"].items():
             print(f"  {name:28s} {d['max_abs']:10.3g} {d['max_ref']:9.3g} {d['outside']:9d} {d['size']:9d}  "
                   f"{d['first_equals_later']}")
+        if r.get("decode"):
+            print("  decode steps, each fed onnxruntime's previous outputs:")
+            print(f"  {'past':>6s} {'logits max abs':>14s} {'outside':>9s} {'of':>9s}  outputs not bit-exact")
+            for d in r["decode"]:
+                names = d["not_bit_exact"]
+                more = f" (+{len(names) - 4})" if len(names) > 4 else ""
+                print(f"  {d['past']:6d} {d['max_abs']:14.3g} {d['outside']:9d} {d['size']:9d}  "
+                      f"{', '.join(names[:4]) or '-'}{more}")
         print(f"  per op, first {res['layers']} layers, fed onnxruntime's own inputs:")
         print(f"  {'op':34s} {'nodes':>5s} {'bit-exact':>9s} {'max abs':>10s}  worst node")
         for op, s in sorted(r["ops"].items()):
@@ -173,14 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=C.parse_list, default=["medium"])
     ap.add_argument("--levels", type=lambda s: [int(x) for x in C.parse_list(s)], default=[4, 0])
     ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=0, help="decode steps after the prefill")
     ap.add_argument("--layers", type=int, default=3, help="per-op check over the first N layers")
     ap.add_argument("--models-dir", default=C.MODELS_DIR)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     bad = [m for m in a.models if m not in L.MODELS]
-    if bad or a.prompt < 1 or a.layers < 0:
-        ap.error(f"unknown models {bad}, or non-positive prompt / negative layers")
-    C.emit(run(a.models, a.levels, a.prompt, a.layers, a.models_dir), a.json, printer)
+    if bad or a.prompt < 1 or a.layers < 0 or a.decode < 0:
+        ap.error(f"unknown models {bad}, or non-positive prompt / negative layers or decode steps")
+    C.emit(run(a.models, a.levels, a.prompt, a.layers, a.models_dir, a.decode), a.json, printer)
     return 0
 
 
