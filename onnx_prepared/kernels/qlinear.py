@@ -11,19 +11,22 @@ integers, so "what onnxruntime computes" means the same float roundings, not a c
   ``rb = sb / sc``, ``fixed = zc - (ra * za + rb * zb)`` and ``y = fma(a, ra, fma(b, rb, fixed))``; where
   one input is constant along the innermost span of the broadcast (a scalar per span, ``[N, C, 1, 1]``
   against ``[N, C, H, W]``), onnxruntime passes the other one first. Without AVX2 MLAS's SSE2 kernel
-  multiplies and adds separately (:data:`_FUSED` False);
+  multiplies and adds separately (:func:`_fused` False);
 - **QLinearMul** (MLAS ``qlmul.cpp``, SSE2 on x86): ``(a - za) * (b - zb)`` exactly in int32, times
   ``sa * sb / sc``, plus ``zc``, rounded half to even.
 
 The fused multiply-adds are emulated in float64 (a float32 product is exact there, and the sums of these
 magnitudes are too), then rounded to float32 once. Integer products go through float64 BLAS, exact
-below 2**53. onnxruntime's u8s8 GEMM saturates int16 pairs on CPUs without VNNI; this module computes
-the exact sums the ONNX definition states (see ``tests/helpers/ort_int8.py``).
+below 2**53 (QLinearConv: float32 where no partial sum reaches 2**24). onnxruntime's u8s8 GEMM
+saturates int16 pairs on CPUs without VNNI; this module computes the exact sums the ONNX definition
+states (see ``tests/helpers/ort_int8.py``). A constant weight's debiased float copy is made on its
+first call and kept while the array lives (:func:`_derived`), outside the residency budget.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 
@@ -157,11 +160,6 @@ def qlinear_global_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point,
     return (requantize(acc.astype(np.int32), scale, zy, x.dtype),)
 
 
-def _int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact integer product of int32 matrices (float64 BLAS: exact while every sum stays below 2**53)."""
-    return np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
-
-
 @kernel("QGemm", since=1, domain=_MS)
 def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None, *,
           alpha: float = 1.0, transA: int = 0, transB: int = 0):
@@ -169,7 +167,7 @@ def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=No
     if a.ndim != 2 or b.ndim != 2:
         raise KernelError(f"QGemm needs 2-D A and B, got {a.shape} and {b.shape}")
     A = (a.T if transA else a).astype(np.int32) - int(_scalar(a_zero_point, "a_zero_point"))
-    B = (b.T if transB else b).astype(np.int32)
+    B = b.T if transB else b
     N = B.shape[1]
     if A.shape[1] != B.shape[0]:
         raise KernelError(f"QGemm inner dimensions differ: A {A.shape}, B {B.shape}")
@@ -177,7 +175,8 @@ def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=No
     sb = np.asarray(b_scale, np.float32).reshape(-1)
     if zb.size not in (1, N) or sb.size not in (1, N):
         raise KernelError(f"QGemm b_scale/b_zero_point must have 1 or N={N} values, got {sb.size} and {zb.size}")
-    acc = _int_matmul(A, B - zb)
+    Bf = _derived(b, ("gemm", transB, zb.tobytes()), lambda: B.astype(np.float64) - zb)
+    acc = np.rint(A.astype(np.float64) @ Bf).astype(np.int64)
     if c is not None:
         acc = acc + c.astype(np.int64)
     sa = np.float32(_scalar(a_scale, "a_scale"))
@@ -197,14 +196,54 @@ def _per_channel(v: np.ndarray, n: int, name: str, dtype) -> np.ndarray:
     return flat
 
 
+#: (id(weight), parameters) -> (weakref, derived): what a constant weight's calls share (the debiased float
+#: matrices), computed on the first call and dropped with the array (weakref.finalize)
+_DERIVED: dict[tuple, tuple] = {}
+_EXACT_F32 = (1 << 24) - 1  # every integer up to this is a float32, and so is every partial sum below it
+
+
+def _derived(w: np.ndarray, params: tuple, make):
+    key = (id(w), *params)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    value = make()
+    _DERIVED[key] = (weakref.ref(w), value)
+    weakref.finalize(w, _DERIVED.pop, key, None)
+    return value
+
+
+def _conv_weights(w: np.ndarray, zw: int, group: int, act_bound: int):
+    """``(work dtype, [(c0, c1, matrix [g, M/g, (c1-c0)*K])])``: input-channel chunks whose integer sums
+    stay exact in float32 (one chunk, or float64, when that cannot be arranged), once per weight array."""
+
+    def make():
+        m, cg = w.shape[:2]
+        wi = w.astype(np.int32) - zw
+        per_channel = int(np.prod(w.shape[2:])) * int(np.abs(wi).max(initial=0)) * act_bound
+        if per_channel * cg <= _EXACT_F32:
+            work, step = np.float32, cg
+        elif group == 1 and 0 < per_channel <= _EXACT_F32:
+            work, step = np.float32, _EXACT_F32 // per_channel
+        else:
+            work, step = np.float64, cg
+        return work, [(c0, min(cg, c0 + step),
+                       np.ascontiguousarray(wi[:, c0:c0 + step], dtype=work).reshape(group, m // group, -1))
+                      for c0 in range(0, cg, step)]
+
+    return _derived(w, ("conv", zw, group, act_bound), make)
+
+
 @kernel("QLinearConv", since=10)
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
                  auto_pad: str = "NOTSET", dilations: list[int] | None = None, group: int = 1,
                  kernel_shape: list[int] | None = None, pads: list[int] | None = None,
                  strides: list[int] | None = None):
     """Integer convolution + int32 bias, requantized per output channel by ``x_scale * w_scale[m] / y_scale``
-    as onnxruntime does; padding is the input's zero point. The sums are exact: float32 SGEMM where no
-    sum can reach 2**24, else float64 BLAS."""
+    as onnxruntime does; padding is the input's zero point. The sums are exact: float32 SGEMM over chunks
+    of input channels in which no sum can reach 2**24 (the chunks added in float64), else float64 BLAS.
+    The debiased float weights are derived once per weight array (:func:`_conv_weights`; 4 bytes per
+    int8 weight, outside the residency budget)."""
     from onnx_prepared.kernels.conv import conv_core
 
     kshape = tuple(w.shape[2:])
@@ -218,17 +257,16 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     scales = (np.float32(xs) * _per_channel(w_scale, m, "w_scale", np.float32) / ys).astype(np.float32)
     if group < 1 or m % group:
         raise KernelError(f"QLinearConv: {m} output channels do not split into group={group}")
-    zx = float(_scalar(x_zero_point, "x_zero_point"))
-    wi = w.astype(np.int32) - int(zw[0])
-    # float32 sums of integers are exact while every partial sum stays below 2**24: then the native SGEMM
-    # runs (the bound takes the worst input |x - zx| of the type), else float64 BLAS
+    zx = int(_scalar(x_zero_point, "x_zero_point"))
     lo, hi = _range(x.dtype)
-    bound = (w[0].size * int(np.abs(wi).max(initial=0)) * max(hi - zx, zx - lo))
-    work = np.float32 if bound < 1 << 24 else np.float64
+    work, chunks = _conv_weights(w, int(zw[0]), group, max(hi - zx, zx - lo))
     xf = x.astype(work)
     xf -= work(zx)
-    acc = conv_core(xf, wi.astype(work).reshape(group, m // group, -1), None, kshape, auto_pad=auto_pad,
-                    dilations=dilations, group=group, pads=pads, strides=strides)
+    acc = None
+    for c0, c1, wm in chunks:
+        part = conv_core(xf if len(chunks) == 1 else np.ascontiguousarray(xf[:, c0:c1]), wm, None, kshape,
+                         auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
+        acc = part if acc is None else acc + part.astype(np.float64)  # exact: float64 sums of the chunks
     acc = np.rint(acc).astype(np.int64)
     if B is not None:
         acc += B.astype(np.int64).reshape((m,) + (1,) * (acc.ndim - 2))

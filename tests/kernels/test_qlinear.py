@@ -112,9 +112,10 @@ def test_qgemm_matches_onnxruntime(per_column, quantized_out, trans):
 @pytest.mark.parametrize(("shape", "w_shape", "attrs"), [
     ((1, 8, 12, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((2, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    ((1, 256, 4, 4), (8, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # K * 63 * 255 > 2**24: the float64 path
+    ((1, 256, 4, 4), (8, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # K * 63 * 255 > 2**24: float32 channel chunks
+    ((1, 512, 3, 3), (8, 256, 3, 3), {"group": 2}),  # the same bound, grouped: float64
     ((1, 4, 10), (6, 4, 3), {"dilations": [2]}),
-], ids=["3x3", "depthwise-s2", "wide-k", "1d-dilated"])
+], ids=["3x3", "depthwise-s2", "wide-k-chunks", "wide-k-grouped-f64", "1d-dilated"])
 def test_qlinear_conv_matches_onnxruntime(dtype, per_channel, shape, w_shape, attrs):
     rng = _rng("qconv", dtype, per_channel, shape)
     m = w_shape[0]
@@ -138,6 +139,20 @@ def test_qlinear_matmul_matches_onnxruntime(per_column):
         ins = [a, np.array(0.02, np.float32), np.array(5, np.uint8), b, bs, bz, np.array(0.07, np.float32),
                np.array(100, np.uint8)]
         _same(*both("QLinearMatMul", ins, domain=""))
+
+
+def test_conv_weights_are_derived_once_per_array_and_dropped_with_it():
+    w = np.ones((8, 256, 3, 3), np.int8)
+    work, chunks = Q._conv_weights(w, 0, 1, 255)
+    assert work == np.float32 and [c[:2] for c in chunks] == [(0, 256)]
+    assert Q._conv_weights(w, 0, 1, 255)[1][0][2] is chunks[0][2]
+    w63 = np.full((8, 256, 3, 3), 63, np.int8)
+    work, chunks = Q._conv_weights(w63, 0, 1, 255)  # 9 * 63 * 255 per channel: 116 channels per chunk
+    assert work == np.float32 and [c[:2] for c in chunks] == [(0, 116), (116, 232), (232, 256)]
+    assert Q._conv_weights(w63, 0, 2, 255)[0] == np.float64
+    n = len(Q._DERIVED)
+    del w, w63, chunks
+    assert len(Q._DERIVED) == n - 3
 
 
 def test_bad_parameters_name_the_input():
