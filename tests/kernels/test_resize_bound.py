@@ -72,9 +72,15 @@ def test_bound_resize_matches_the_kernel_and_onnxruntime(mode, spec):
         np.testing.assert_allclose(y, run_ort("Resize", [x, *inputs], opset=19, mode=mode)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_bound_resize_needs_every_input_constant_and_reports_bad_ones():
-    plain, bound = _bound(3, {1: None}, mode="nearest")
-    assert bound is plain  # runtime scales
+def test_bound_resize_reads_runtime_inputs_per_call_and_reports_bad_ones():
+    plain, bound = _bound(3, {1: None}, mode="nearest")  # runtime scales: planned per value
+    assert bound is not plain
+    x = RNG.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    for vals in ([1, 1, 2, 2], [1, 1, 3, 1], [1, 1, 2, 2], [1, 1, 0.5, 1.5]):
+        sc = np.array(vals, np.float32)
+        np.testing.assert_array_equal(bound(x, None, sc)[0], plain(x, None, sc)[0])
+    with pytest.raises(KernelError, match="scales"):
+        bound(x, None, np.array([1, 2], np.float32))
     _, bound = _bound(3, {1: None, 2: np.array([1, 2], np.float32)}, mode="nearest")
     with pytest.raises(KernelError, match="scales"):
         bound(np.zeros((1, 1, 2, 2), np.float32), None, None)

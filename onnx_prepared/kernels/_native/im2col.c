@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdint.h>
 #include <string.h>
 
 #include "im2col.h"
@@ -141,6 +142,132 @@ PyObject *py_im2col2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(ret);
 done:
     if (have_c) PyBuffer_Release(&bc);
+    if (have_x) PyBuffer_Release(&bx);
+    PyBuffer_Release(&bd);
+    return ret;
+}
+
+/* ConvTranspose's col2im when every stride equals its kernel extent (no pads, dilations or output
+ * padding: a UNet's 2x2/2 upsampling): the taps tile the output without overlap, so
+ * y[b][m][i * KH + a][jj * KW + bb] = cols[b][m * KH * KW + a * KW + bb][i * W + jj] (+ bias[m]), one
+ * pass (numpy: a uint64 interleave of column pairs, a transposing copy, then the bias: 86 -> ~20 us on
+ * 16 x 8x8 -> 16x16). The same float32 add as the numpy path, so the same values. */
+static void c2t_plane(const float *cols, float *y, long KH, long KW, long H, long W, const float *bias)
+{
+    const float v = bias ? *bias : 0.0f;
+    const long OW = W * KW, P = H * W;
+    for (long i = 0; i < H; i++)
+        for (long a = 0; a < KH; a++) {
+            float *dst = y + (i * KH + a) * OW;
+            for (long bb = 0; bb < KW; bb++) {
+                const float *src = cols + (a * KW + bb) * P + i * W;
+                if (bias)
+                    for (long jj = 0; jj < W; jj++) dst[jj * KW + bb] = src[jj] + v;
+                else
+                    for (long jj = 0; jj < W; jj++) dst[jj * KW + bb] = src[jj];
+            }
+        }
+}
+
+/* col2im_tiled(cols, bias|None, y, dims int64[6] = N M KH KW H W) */
+PyObject *py_col2im_tiled(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "col2im_tiled takes 4 positional arguments");
+        return NULL;
+    }
+    Py_buffer bd, bc, by, bb;
+    memset(&bb, 0, sizeof bb);
+    if (PyObject_GetBuffer(args[3], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *ret = NULL;
+    int have_c = 0, have_y = 0;
+    const long long *d = (const long long *)bd.buf;
+    int bad = bd.len < 6 * 8;
+    for (int i = 0; !bad && i < 6; i++) bad |= d[i] < 1 || d[i] > (1LL << 30);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "col2im_tiled: dims needs 6 positive int64 values");
+        goto done;
+    }
+    const long N = (long)d[0], M = (long)d[1], KH = (long)d[2], KW = (long)d[3], H = (long)d[4], W = (long)d[5];
+    if (PyObject_GetBuffer(args[0], &bc, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_c = 1;
+    if (args[1] != Py_None && PyObject_GetBuffer(args[1], &bb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[2], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    have_y = 1;
+    const double total = (double)N * M * KH * KW * H * W;
+    if (bc.len < 4 * total || by.len < 4 * total || (bb.obj && bb.len < 4 * (Py_ssize_t)M)) {
+        PyErr_SetString(PyExc_ValueError, "col2im_tiled: a buffer is smaller than its shape");
+        goto done;
+    }
+    const float *cols = (const float *)bc.buf, *bias = bb.obj ? (const float *)bb.buf : NULL;
+    float *y = (float *)by.buf;
+    const size_t plane = (size_t)KH * KW * H * W;
+    Py_BEGIN_ALLOW_THREADS
+    for (long p = 0; p < N * M; p++)
+        c2t_plane(cols + p * plane, y + p * plane, KH, KW, H, W, bias ? bias + p % M : NULL);
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    if (have_y) PyBuffer_Release(&by);
+    if (bb.obj) PyBuffer_Release(&bb);
+    if (have_c) PyBuffer_Release(&bc);
+    PyBuffer_Release(&bd);
+    return ret;
+}
+
+/* Nearest resizing by whole factors of the last two axes (Resize's repeat path, resize.py _repeats):
+ * y[p][i * RH + a][j * RW + b] = x[p][i][j]. Each output row is built once and copied RH - 1 more
+ * times (numpy: a uint64 interleave then a broadcasting copy, 30 us on 8x16x16 x2). A copy: the
+ * values are the input's. */
+/* nearest_repeat2d(x, y, dims int64[5] = P H W RH RW) */
+PyObject *py_nearest_repeat2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "nearest_repeat2d takes 3 positional arguments");
+        return NULL;
+    }
+    Py_buffer bd, bx, by;
+    if (PyObject_GetBuffer(args[2], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *ret = NULL;
+    int have_x = 0, have_y = 0;
+    const long long *d = (const long long *)bd.buf;
+    int bad = bd.len < 5 * 8;
+    for (int i = 0; !bad && i < 5; i++) bad |= d[i] < 1 || d[i] > (1LL << 30);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "nearest_repeat2d: dims needs 5 positive int64 values");
+        goto done;
+    }
+    const long P = (long)d[0], H = (long)d[1], W = (long)d[2], RH = (long)d[3], RW = (long)d[4];
+    if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_x = 1;
+    if (PyObject_GetBuffer(args[1], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    have_y = 1;
+    if (bx.len < 4 * (double)P * H * W || by.len < 4 * (double)P * H * W * RH * RW || bx.itemsize != 4) {
+        PyErr_SetString(PyExc_ValueError, "nearest_repeat2d: a buffer is smaller than its shape (4-byte items)");
+        goto done;
+    }
+    const uint32_t *x = (const uint32_t *)bx.buf;
+    uint32_t *y = (uint32_t *)by.buf;
+    const long OW = W * RW;
+    Py_BEGIN_ALLOW_THREADS
+    for (long r = 0; r < P * H; r++) {
+        const uint32_t *src = x + r * W;
+        uint32_t *dst = y + r * RH * OW;
+        if (RW == 2)
+            for (long j = 0; j < W; j++) dst[2 * j] = dst[2 * j + 1] = src[j];
+        else
+            for (long j = 0; j < W; j++)
+                for (long b = 0; b < RW; b++) dst[j * RW + b] = src[j];
+        for (long a = 1; a < RH; a++) memcpy(dst + a * OW, dst, (size_t)OW * 4);
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    if (have_y) PyBuffer_Release(&by);
     if (have_x) PyBuffer_Release(&bx);
     PyBuffer_Release(&bd);
     return ret;
