@@ -56,6 +56,11 @@ def _model(B, scales, K, N, accuracy_level):
 
 #: seconds each batch waits before it starts, so that the previous batch's waiting threads are idle
 SETTLE_S = 0.05
+#: untimed calls before each batch. NOTE: setting the thread count restarts our pool's workers, and the
+#: first jobs after that can run on the caller alone (pool.c, the NOTE on resizes); a run does not resize
+#: between calls. In a session of its own (1024x3072, load 3-6), ours on 2 threads vs 1 at M=16 was 1.19x
+#: (level 0) and 1.45x (level 4) after one warm-up call, 1.99x and 2.01x after three.
+WARM_CALLS = 3
 
 
 def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE_S) -> dict:
@@ -76,7 +81,8 @@ def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE
         for k, (setup, f) in fns.items():
             setup()
             time.sleep(settle)
-            f()
+            for _ in range(WARM_CALLS):
+                f()
             for _ in range(per):
                 t0 = time.perf_counter()
                 f()

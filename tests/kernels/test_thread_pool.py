@@ -68,3 +68,26 @@ def test_wait_policy_round_trips(pool):
     assert pool.pool_set_wait(7, 8, 0) == (50, 1000, 1)
     assert pool.pool_set_wait(-1, 200000, 5) == (7, 8, 0)
     assert pool.pool_set_wait(50, 1000, 1) == (0, 100000, 1)  # clamped
+
+
+@needs_two
+def test_the_job_that_starts_the_workers_leaves_no_back_off(pool):
+    """After a resize the next job starts the workers, which reach it late (thread start-up): that job is not
+    judged and the old back-off is dropped, so the job after it is pooled, not run on the caller alone."""
+    import numpy as np
+
+    from onnx_prepared.kernels import matmul_nbits as mm
+
+    rng = np.random.default_rng(0)
+    B = rng.integers(0, 256, (64, 8, 16), dtype=np.uint8)
+    packed = mm.prepack_matmul_nbits(B, np.full(64 * 8, 0.01, np.float32), None, K=256, N=64, bits=4,
+                                     block_size=32)
+    A = rng.standard_normal((16, 256)).astype(np.float32)  # 16 x 256 x 64: one pooled job per call
+    for _ in range(3):
+        native.set_num_threads(1)
+        native.set_num_threads(2)
+        mm.matmul_nbits_packed(A, packed)  # starts the workers
+        jobs, *_, solo = pool.pool_stats()
+        mm.matmul_nbits_packed(A, packed)
+        jobs2, *_, solo2 = pool.pool_stats()
+        assert (jobs2 - jobs, solo2 - solo) == (1, 0)
