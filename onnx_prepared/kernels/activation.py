@@ -325,8 +325,8 @@ def scaled_masked_softmax(x: np.ndarray, mask: np.ndarray, *, d: float = 1.0) ->
     """``Softmax(Add(Div(x, d), mask), axis=-1)``, an attention block's scores (resolve/fusions.py): the
     same Div, Add and Softmax kernels' operations, in one call."""
     t = np.asarray(np.divide(x, np.asarray(d, x.dtype)))
-    if mask.ndim <= t.ndim and np.broadcast_shapes(t.shape, mask.shape) == t.shape:
-        t += mask
-    else:
+    try:  # the mask broadcast into the scores' shape, in place (np.broadcast_shapes alone costs ~5 us)
+        np.add(t, mask, out=t)
+    except ValueError:  # the sum is larger than the scores
         t = np.asarray(np.add(t, mask))
     return (_softmax(t, -1, False),)
