@@ -21,6 +21,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "attention": ("com.microsoft:GroupQueryAttention",),
     "cast": ("Cast", "CastLike"),
     "channel_norm": ("BatchNormalization", "InstanceNormalization"),
+    "contrib_gelu": ("com.microsoft:BiasGelu", "com.microsoft:Gelu"),
     "conv": ("Conv",),
     "conv_prepacked": ("Conv",),
     "conv_fused": ("onnx_prepared:FusedConv",),

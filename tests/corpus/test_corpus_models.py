@@ -70,6 +70,7 @@ def test_corpus_covers_the_issue(corpus):
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops("bert_int8")
     assert {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QGemm"} <= ops("cnn_int8_qoperator")
     assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Add", "Mul", "Gemm"} <= ops("cnn_int8_qdq")
+    assert {"SkipLayerNormalization", "BiasGelu"} <= ops("bert_ort_optimized")
     m = onnx.load(corpus("dynamic_minus_one").path)
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [-1, 3, -1, -1]
     for name in ("unet_opset11", "bn_cnn_opset9", "bn_cnn_opset13"):

@@ -365,6 +365,30 @@ def bert_int8(folder: str) -> CorpusModel:
                        "quantize_dynamic INT8 twin of bert: DynamicQuantizeLinear, MatMulInteger, Cast/Mul rescale")
 
 
+def bert_ort_optimized(folder: str) -> CorpusModel:
+    """onnxruntime.transformers' optimizer (``model_type="bert"``, python fusions only) on :func:`bert`:
+    com.microsoft SkipLayerNormalization and BiasGelu, as a BERT deployment pipeline writes them."""
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    src = os.path.join(folder, "bert.onnx")
+    if not os.path.exists(src):
+        bert(folder)
+    path = os.path.join(folder, "bert_ort_optimized.onnx")
+    logger = logging.getLogger("onnxruntime.transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimize_model(src, model_type="bert", num_heads=4, hidden_size=32, opt_level=0).save_model_to_file(path)
+    finally:
+        logger.setLevel(level)
+    return CorpusModel("bert_ort_optimized", path, _bert_feeds(), "transformer",
+                       "onnxruntime.transformers optimizer output: SkipLayerNormalization, BiasGelu")
+
+
 def _small_se_cnn(torch):
     """Conv/BN/ReLU, a strided residual block and a squeeze-excite gate (HardSigmoid), GAP, Linear."""
     nn = torch.nn
@@ -437,6 +461,7 @@ MODELS: dict[str, Callable[[str], CorpusModel]] = {
     "loop_if": loop_if,
     "bert": bert,
     "bert_int8": bert_int8,
+    "bert_ort_optimized": bert_ort_optimized,
     "cnn_int8_qoperator": lambda d: cnn_int8(d, "QOperator"),
     "cnn_int8_qdq": lambda d: cnn_int8(d, "QDQ"),
 }
