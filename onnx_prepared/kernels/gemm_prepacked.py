@@ -39,7 +39,8 @@ def matmul_packed(packed: np.ndarray, a: np.ndarray) -> tuple:
     return (a @ packed,)
 
 
-def _unpack(shape: tuple[int, ...], dtype: str):
+def unpack_array(shape: tuple[int, ...], dtype: str):
+    """``from_bytes`` of a packed payload that is the C-contiguous array of ``shape`` and ``dtype``."""
     def from_bytes(buf: np.ndarray) -> np.ndarray:
         return buf.view(np.dtype(dtype)).reshape(shape)
 
@@ -59,7 +60,7 @@ def gemm_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     return PrepackSpec(
         (1,), layout, functools.partial(pack_gemm_b, trans_b=trans_b, alpha=alpha),
         functools.partial(gemm_packed, trans_a=int(attrs.get("transA", 0)), beta=float(attrs.get("beta", 1.0))),
-        array_to_bytes, _unpack((k, n), dtype),
+        array_to_bytes, unpack_array((k, n), dtype),
     )
 
 
@@ -71,4 +72,4 @@ def matmul_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     if len(shape) != 2 or dtype not in ("float32", "float64"):
         return None
     layout = f"matmul-b-kn-{dtype}-k{shape[0]}-n{shape[1]}"
-    return PrepackSpec((1,), layout, np.ascontiguousarray, matmul_packed, array_to_bytes, _unpack(shape, dtype))
+    return PrepackSpec((1,), layout, np.ascontiguousarray, matmul_packed, array_to_bytes, unpack_array(shape, dtype))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnx_prepared.kernels import native
+from onnx_prepared.kernels.gemm_prepacked import unpack_array
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
@@ -54,13 +55,6 @@ def matmul_bias_packed(packed: np.ndarray, a: np.ndarray, bias: np.ndarray) -> t
     return (_product(a, packed, bias),)
 
 
-def _unpack(shape: tuple[int, ...], dtype: str):
-    def from_bytes(buf: np.ndarray) -> np.ndarray:
-        return buf.view(np.dtype(dtype)).reshape(shape)
-
-    return from_bytes
-
-
 @prepack_rule("MatMulBias", domain="onnx_prepared")
 def matmul_bias_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     if 1 not in const_inputs or 0 in const_inputs:
@@ -70,7 +64,7 @@ def matmul_bias_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | N
         return None
     layout = f"matmul-b-kn-{dtype}-k{shape[0]}-n{shape[1]}"
     return PrepackSpec((1,), layout, np.ascontiguousarray, _bound(*shape) if dtype == "float32" else matmul_bias_packed,
-                       array_to_bytes, _unpack(shape, dtype))
+                       array_to_bytes, unpack_array(shape, dtype))
 
 
 def _bound(k: int, n: int):

@@ -65,21 +65,10 @@ ORDER_ENV = "ONNX_PREPARED_NBITS_ORDER"
 INT8_ORDERS = {"avx512": 1, "avx2": 2, "avx2vnni": 3}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def _detected_order() -> str:
     """The MLAS kernels onnxruntime picks on this CPU: AVX-512 core (F, BW, DQ, VL), else AVX-VNNI, else AVX2."""
-    flags = _cpu_flags()
+    flags = native.cpu_flags()
     if not flags:  # no /proc/cpuinfo: the extension's levels (AVX-512 without VNNI counts as AVX2 here)
         levels = native.supported_levels()
         return "avx512" if "avx512vnni" in levels else "avx2vnni" if "avx2vnni" in levels else "avx2"

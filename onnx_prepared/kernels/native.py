@@ -19,6 +19,7 @@ only grow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,20 @@ DISABLE_ENV = "ONNX_PREPARED_NATIVE"
 
 class NativeConfigError(OnnxPreparedError, ValueError):
     """An unknown or unsupported dispatch level, or a bad thread count."""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` of /proc/cpuinfo (empty where it cannot be read): what onnxruntime's MLAS picks its
+    kernels by, for the ops whose rounding follows its per-CPU order."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def _load():

@@ -31,6 +31,7 @@ import weakref
 import numpy as np
 
 from onnx_prepared.errors import KernelError
+from onnx_prepared.kernels import native
 from onnx_prepared.kernels.registry import kernel
 
 _MS = "com.microsoft"
@@ -38,15 +39,9 @@ _MS = "com.microsoft"
 
 @functools.cache
 def _fused() -> bool:
-    """True where MLAS runs its AVX2 QLinearAdd kernel (FMA), i.e. the CPU has AVX2."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx2" in line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return True
+    """True where MLAS runs its AVX2 QLinearAdd kernel (FMA), i.e. the CPU has AVX2 (assumed if unknown)."""
+    flags = native.cpu_flags()
+    return not flags or "avx2" in flags
 
 
 def _scalar(x: np.ndarray | None, name: str, dtype=None):
@@ -96,17 +91,24 @@ def _constant_in_span(x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> b
     return i >= 0 and xs[i] == 1
 
 
+def _binary_params(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point, op: str):
+    """((sa, sb, sc) as float32, (za, zb, zc) as ints) of a QLinearAdd/QLinearMul, checked."""
+    _check_same(a.dtype, b, a_zero_point, b_zero_point, c_zero_point)
+    if a.dtype not in (np.uint8, np.int8):
+        raise KernelError(f"{op} supports uint8 and int8, got {a.dtype}")
+    scales = tuple(np.float32(_scalar(s, n)) for s, n in ((a_scale, "A_scale"), (b_scale, "B_scale"),
+                                                          (c_scale, "C_scale")))
+    zps = tuple(int(_scalar(z, n, a.dtype.type)) for z, n in ((a_zero_point, "A_zero_point"),
+                                                              (b_zero_point, "B_zero_point"),
+                                                              (c_zero_point, "C_zero_point")))
+    return scales, zps
+
+
 @kernel("QLinearAdd", since=1, domain=_MS)
 def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
     """``c = saturate(round((a - za) * sa / sc + (b - zb) * sb / sc) + zc)`` in MLAS's float order."""
-    _check_same(a.dtype, b, a_zero_point, b_zero_point, c_zero_point)
-    if a.dtype not in (np.uint8, np.int8):
-        raise KernelError(f"QLinearAdd supports uint8 and int8, got {a.dtype}")
-    sa, sb, sc = (np.float32(_scalar(s, n)) for s, n in ((a_scale, "A_scale"), (b_scale, "B_scale"),
-                                                           (c_scale, "C_scale")))
-    za, zb, zc = (int(_scalar(z, n, a.dtype.type)) for z, n in ((a_zero_point, "A_zero_point"),
-                                                                 (b_zero_point, "B_zero_point"),
-                                                                 (c_zero_point, "C_zero_point")))
+    (sa, sb, sc), (za, zb, zc) = _binary_params(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
+                                                c_zero_point, "QLinearAdd")
     out_shape = np.broadcast_shapes(a.shape, b.shape)
     if _constant_in_span(a.shape, out_shape) and not _constant_in_span(b.shape, out_shape):
         a, sa, za, b, sb, zb = b, sb, zb, a, sa, za  # onnxruntime passes the span first, the scalar second
@@ -125,14 +127,8 @@ def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_z
 @kernel("QLinearMul", since=1, domain=_MS)
 def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
     """``c = saturate(round((a - za) * (b - zb) * (sa * sb / sc)) + zc)``: the product exact, then MLAS's order."""
-    _check_same(a.dtype, b, a_zero_point, b_zero_point, c_zero_point)
-    if a.dtype not in (np.uint8, np.int8):
-        raise KernelError(f"QLinearMul supports uint8 and int8, got {a.dtype}")
-    sa, sb, sc = (np.float32(_scalar(s, n)) for s, n in ((a_scale, "A_scale"), (b_scale, "B_scale"),
-                                                           (c_scale, "C_scale")))
-    za, zb, zc = (int(_scalar(z, n, a.dtype.type)) for z, n in ((a_zero_point, "A_zero_point"),
-                                                                 (b_zero_point, "B_zero_point"),
-                                                                 (c_zero_point, "C_zero_point")))
+    (sa, sb, sc), (za, zb, zc) = _binary_params(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
+                                                c_zero_point, "QLinearMul")
     ratio = np.float32(np.float32(sa * sb) / sc)
     p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
     y = p.astype(np.float32) * ratio + np.float32(zc)

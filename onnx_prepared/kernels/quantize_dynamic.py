@@ -150,8 +150,9 @@ def matmul_integer_packed(packed: np.ndarray, A: np.ndarray, a_zero_point: np.nd
     return (_exact_matmul(a, unpack_b_pairs(packed, K, N)),)
 
 
-@prepack_rule("MatMulInteger")
-def matmul_integer_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
+def _b_pairs_plan(node, const_inputs, const_shapes):
+    """``(sources, layout, K, N, kp, from_bytes, packed nbytes)`` of a constant int8 B (and zero point) in
+    :func:`pack_b_pairs`' layout, shared by MatMulInteger and DynamicQuantizeMatMul; None if B is not one."""
     has_zp = len(node.input) > 3 and bool(node.input[3])
     sources = (1, 3) if has_zp else (1,)
     if not set(sources) <= const_inputs or 0 in const_inputs:
@@ -165,11 +166,21 @@ def matmul_integer_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec 
     def from_bytes(buf: np.ndarray) -> np.ndarray:
         return buf.view(np.int16).reshape(kp, n16, 2)
 
+    layout = f"mmi-b-i16pairs-{dtype}-k{K}-n{N}-zp{int(has_zp)}"
+    return sources, layout, K, N, kp, from_bytes, kp * n16 * 4
+
+
+@prepack_rule("MatMulInteger")
+def matmul_integer_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
+    plan = _b_pairs_plan(node, const_inputs, const_shapes)
+    if plan is None:
+        return None
+    sources, layout, K, N, _, from_bytes, nbytes = plan
+
     def run(packed: np.ndarray, A: np.ndarray, a_zero_point: np.ndarray | None = None) -> tuple[np.ndarray]:
         return matmul_integer_packed(packed, A, a_zero_point, K=K, N=N)
 
-    layout = f"mmi-b-i16pairs-{dtype}-k{K}-n{N}-zp{int(has_zp)}"
-    return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, kp * n16 * 4)
+    return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, nbytes)
 
 
 # **** onnx_prepared::DynamicQuantizeMatMul: the whole quantize_dynamic chain of one MatMul ****
@@ -197,18 +208,10 @@ def dynamic_quantize_matmul(A: np.ndarray, B: np.ndarray, b_scale: np.ndarray, b
 @prepack_rule("DynamicQuantizeMatMul", domain="onnx_prepared")
 def dynamic_quantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     """B (and its zero point) packed as MatMulInteger's (:func:`pack_b_pairs`, the same layout key)."""
-    has_zp = len(node.input) > 3 and bool(node.input[3])
-    sources = (1, 3) if has_zp else (1,)
-    if not set(sources) <= const_inputs or 0 in const_inputs:
+    plan = _b_pairs_plan(node, const_inputs, const_shapes)
+    if plan is None:
         return None
-    shape, dtype = const_shapes[1]
-    if len(shape) != 2 or dtype not in _INT8:
-        return None
-    K, N = shape
-    kp, n16 = -(-K // 2), -(-N // 16) * 16
-
-    def from_bytes(buf: np.ndarray) -> np.ndarray:
-        return buf.view(np.int16).reshape(kp, n16, 2)
+    sources, layout, K, N, kp, from_bytes, nbytes = plan
 
     def run(packed: np.ndarray, A: np.ndarray, b_scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
         ext = native._ext
@@ -227,5 +230,4 @@ def dynamic_quantize_matmul_rule(node, attrs, const_inputs, const_shapes) -> Pre
         (y32,) = matmul_integer_packed(packed, q, zp, K=K, N=N)
         return (_dequantized(y32, s, b_scale, bias),)
 
-    layout = f"mmi-b-i16pairs-{dtype}-k{K}-n{N}-zp{int(has_zp)}"
-    return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, kp * n16 * 4)
+    return PrepackSpec(sources, layout, pack_b_pairs, run, array_to_bytes, from_bytes, nbytes)
