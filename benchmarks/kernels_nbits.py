@@ -101,7 +101,7 @@ def _loadavg() -> str:
 def _autogroup() -> str:
     try:
         with open("/proc/self/autogroup") as f:
-            return f.read().strip()
+            return f.read().strip() or "n/a"
     except OSError:
         return "n/a"
 
