@@ -209,36 +209,38 @@ def _specialized(op: str, fn, attrs: dict):
                  attrs.get("linear_before_reset", 0))
     layers: dict[tuple, _rnn_native.Layer] = {}
     lstm_ = op == "LSTM"
-    calls: dict[tuple, tuple] = {}  # see _call_plan
+    plans: dict[tuple, tuple | None] = {}  # X shape -> see _call_plan (None: that shape stays checked)
+    plannable = not layout
 
     def rnn_layer(X, W, R, B=None, sequence_lens=None, initial_h=None, *rest):
         if X.dtype != _F32 or not _rnn_native.usable(_F32):
             return fn(X, W, R, B, sequence_lens, initial_h, *rest, **attrs)
         c0 = rest[0] if lstm_ and rest else None
         P = rest[1] if lstm_ and len(rest) > 1 else None
-        key = (X.shape, id(W), id(R), id(B), id(P)) if sequence_lens is None and not layout else None
-        plan = calls.get(key) if key is not None else None
-        if (plan and plan[0] is W and plan[1] is R and plan[2] is B and plan[3] is P
-                and _state_ok(initial_h, plan[5]) and _state_ok(c0, plan[5])):
-            if not X.flags.c_contiguous:
-                X = np.ascontiguousarray(X)
-            cfg, fcfg, nbytes, wt, bias, rt, p, rbh = plan[4]
-            y = np.empty(plan[6], _F32)
-            h = np.empty(plan[5], _F32)
-            c = np.empty(plan[5], _F32) if lstm_ else None
-            native._ext.rnn_layer(cfg, fcfg, X, wt, None, bias, rt, initial_h, c0, None, p, rbh, y, h, c,
-                                  native._scratch(nbytes))
-            return (y, h, c) if lstm_ else (y, h)
-        key = (X.shape, W.shape, R.shape)
-        layer = layers.get(key)
+        if plannable and sequence_lens is None:
+            plan = plans.get(X.shape)
+            if (plan is not None and plan[0] is W and plan[1] is R and plan[2] is B and plan[3] is P
+                    and (initial_h is None or _state_ok(initial_h, plan[5]))
+                    and (c0 is None or _state_ok(c0, plan[5]))):
+                if not X.flags.c_contiguous:
+                    X = np.ascontiguousarray(X)
+                cfg, fcfg, nbytes, wt, bias, rt, p, rbh = plan[4]
+                y = np.empty(plan[6], _F32)
+                h = np.empty(plan[5], _F32)
+                c = np.empty(plan[5], _F32) if lstm_ else None
+                native._ext.rnn_layer(cfg, fcfg, X, wt, None, bias, rt, initial_h, c0, None, p, rbh, y, h, c,
+                                      native._scratch(nbytes))
+                return (y, h, c) if lstm_ else (y, h)
+        geometry = (X.shape, W.shape, R.shape)
+        layer = layers.get(geometry)
         if layer is None:
             layer = _native_spec(op, X.shape, W.shape, R.shape, *spec_args)
             if len(layers) < 64:
-                layers[key] = layer
+                layers[geometry] = layer
         init = [initial_h, c0] if lstm_ else [initial_h]
         out = _run_layer(layer, X, W, R, B, P, sequence_lens, init, layout)
-        if key is not None and key not in calls and len(calls) < 16:
-            calls[key] = _call_plan(layer, X, W, R, B, P)  # None: this key always takes the checked path
+        if plannable and sequence_lens is None and X.shape not in plans and len(plans) < 16:
+            plans[X.shape] = _call_plan(layer, X, W, R, B, P)  # None: this shape always takes the checked path
         return out
 
     return rnn_layer

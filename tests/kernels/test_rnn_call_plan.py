@@ -109,3 +109,21 @@ def test_numpy_fallback_is_unchanged(monkeypatch):
     monkeypatch.setattr(native, "_ext", None)
     for g, w in zip(call(*ins), FNS[op](*ins, **attrs)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@needs_ext
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_a_repeated_call_takes_the_plan(op, monkeypatch):
+    """The second call of an X shape with the same read-only weights skips the checked path (the plan
+    was once stored under another key than the one looked up, so every call paid the checked path)."""
+    ins = _frozen(_inputs(op, "bidirectional", init=True))
+    attrs = {"hidden_size": ins[2].shape[-1], "direction": "bidirectional"}
+    call = _bound(op, len(ins), **attrs)
+    checked = []
+    run_layer = rnn._run_layer
+    monkeypatch.setattr(rnn, "_run_layer", lambda *a: checked.append(1) or run_layer(*a))
+    first = call(*ins)
+    second = call(*ins)
+    assert len(checked) == 1
+    for g, w in zip(second, first):
+        np.testing.assert_array_equal(g, w)
