@@ -36,10 +36,10 @@ def weight_matrix(w: np.ndarray, group: int) -> np.ndarray:
 
 def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple[int, ...], *, auto_pad: str,
               dilations, group: int, pads, strides, panel_rows: int | None = None, lo: float = -np.inf,
-              hi: float = np.inf, act: int = native.ACT_NONE) -> np.ndarray:
+              hi: float = np.inf, act: int = native.ACT_NONE, alpha: float = 0.0) -> np.ndarray:
     """The convolution of ``x [N, C, *S]`` with the weight matrix ``wm [g, M/g, C/g*K]``, or, with
     ``panel_rows`` (= M/g), that matrix in ``native.pack_panels``' layout ``[g, ceil(M/g/16), C/g*K, 16]``;
-    then ``native.epilogue(lo, hi, act)`` (a fused activation: in the native kernels' epilogue where they
+    then ``native.epilogue(lo, hi, act, alpha)`` (a fused activation: in the native kernels' epilogue where they
     run, in numpy otherwise)."""
     nd = x.ndim - 2
     if nd < 1 or len(kshape) != nd:
@@ -66,7 +66,7 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
         wm, panel_rows = native.unpack_panels(wm, mg), None
     if cg == 1 and nd == 2 and kshape[1] <= 64 and wd == np.float32 and native.available() and (
             b is None or (b.shape == (m,) and b.dtype == np.float32)):
-        y = native.depthwise2d(xw, wm, b, out, begins, strides, dilations, kshape, lo, hi, act)
+        y = native.depthwise2d(xw, wm, b, out, begins, strides, dilations, kshape, lo, hi, act, alpha)
         return y if y.dtype == dtype else y.astype(dtype)
     # NOTE: a batch of small planes joins the GEMM's columns ([g, K, N*P], one pass over the weights
     # instead of N): late ResNet layers have P = 4..16 columns per image and weights of megabytes.
@@ -74,8 +74,8 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
     merge = n > 1 and p < 256 and cg > 1
     # the packed GEMM adds a float32 [M] bias in its epilogue
     fuse = panel_rows is not None and (b is None or (b.shape == (m,) and b.dtype == np.float32))
-    gemm = functools.partial(_gemm_packed, panel_rows, b, lo, hi, act) if fuse else functools.partial(
-        _gemm_packed, panel_rows, None, -np.inf, np.inf, native.ACT_NONE) if panel_rows is not None else _gemm
+    gemm = functools.partial(_gemm_packed, panel_rows, b, lo, hi, act, alpha) if fuse else functools.partial(
+        _gemm_packed, panel_rows, None, -np.inf, np.inf, native.ACT_NONE, 0.0) if panel_rows is not None else _gemm
     if pointwise:
         cols = xw.reshape(n, g, cg, p)
         y = gemm(wm, cols.transpose(1, 2, 0, 3).reshape(1, g, cg, n * p)) if merge else gemm(wm, cols)
@@ -100,7 +100,7 @@ def conv_core(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, kshape: tuple
             if b.shape != (m,):
                 raise KernelError(f"Conv: bias shape {list(b.shape)} is not [{m}]")
             y += b.astype(wd, copy=False).reshape((m,) + (1,) * nd)
-        native.epilogue(y, lo, hi, act)
+        native.epilogue(y, lo, hi, act, alpha)
     return y if y.dtype == dtype else y.astype(dtype)
 
 
@@ -114,12 +114,12 @@ def _gemm(wm: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return np.matmul(wm, cols)
 
 
-def _gemm_packed(rows: int, bias: np.ndarray | None, lo: float, hi: float, act: int, packed: np.ndarray,
-                 cols: np.ndarray) -> np.ndarray:
+def _gemm_packed(rows: int, bias: np.ndarray | None, lo: float, hi: float, act: int, alpha: float,
+                 packed: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``_gemm`` on the panel layout (``native.sgemm_packed``: the weights are read once per call, bias
     and activation applied in the epilogue); float64 never gets here (the prepack packs float32 only)."""
     return native.sgemm_packed(packed, rows, cols if cols.dtype == np.float32 else cols.astype(np.float32), bias,
-                               lo, hi, act)
+                               lo, hi, act, alpha)
 
 
 def _depthwise(x, wm, kshape, begins, ends, out, strides, dilations) -> np.ndarray:

@@ -3,19 +3,19 @@
 
 :mod:`onnx_prepared.resolve.fusions` rewrites a Conv whose only consumer is an inference-mode
 BatchNormalization into ``FusedConv(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, and a
-Conv (or such a FusedConv) whose only consumer is a Relu, a Clip with constant bounds or a HardSwish into
+Conv (or such a FusedConv) whose only consumer is a Relu, a Clip with constant bounds, a LeakyRelu or a
+HardSwish into
 a FusedConv with ``activation_*``. The BatchNormalization is folded into the weight and bias once, at
 prepack time (``W * a``, ``(B - mean) * a + bn_B`` with ``a = scale / sqrt(var + eps)``, in float64 then
 rounded: onnxruntime's ConvBNFusion does the same fold); the activation runs in the native kernels'
-epilogue (``sgemm.c``, ``depthwise.c``: clip to ``[lo, hi]``, then HardSwish when ``act`` is 1) instead of
+epilogue (``sgemm.c``, ``depthwise.c``, ``im2col_direct.c``: clip to ``[lo, hi]``, then HardSwish when ``act``
+is 1, LeakyRelu of slope ``activation_alpha`` when it is 2) instead of
 as a second pass over the output. Without a fold the prepack is Conv's own
 (:func:`onnx_prepared.kernels.conv_prepacked.conv_rule`, same layout key: the companion cache is shared
 with the unfused graph); with one the layout key adds the fold and its epsilon.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from onnx_prepared.records import record
 FUSED_DOMAIN = "onnx_prepared"
 FUSED_OP = "FusedConv"
 #: the fused node's own attributes (the rest are Conv's)
-EPILOGUE_ATTRS = ("activation_lo", "activation_hi", "activation_act")
+EPILOGUE_ATTRS = ("activation_lo", "activation_hi", "activation_act", "activation_alpha")
 BN_ATTR = "bn_epsilon"
 
 
@@ -48,7 +48,8 @@ def fused_conv(
     X: np.ndarray, W: np.ndarray, B: np.ndarray | None = None, scale: np.ndarray | None = None,
     bn_B: np.ndarray | None = None, mean: np.ndarray | None = None, var: np.ndarray | None = None, *,
     bn_epsilon: float = 1e-5, activation_lo: float = -np.inf, activation_hi: float = np.inf,
-    activation_act: int = 0, auto_pad: str = "NOTSET", dilations: list[int] | None = None, group: int = 1,
+    activation_act: int = 0, activation_alpha: float = 0.0, auto_pad: str = "NOTSET",
+    dilations: list[int] | None = None, group: int = 1,
     kernel_shape: list[int] | None = None, pads: list[int] | None = None, strides: list[int] | None = None,
 ) -> tuple[np.ndarray]:
     """Unprepacked path (the weight is not constant): the fold per call, Conv, then the epilogue in numpy."""
@@ -57,7 +58,8 @@ def fused_conv(
     (y,) = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
                 strides=strides)
     if y.dtype.kind == "f":
-        y = native.epilogue(y if y.flags.writeable else y.copy(), activation_lo, activation_hi, activation_act)
+        y = native.epilogue(y if y.flags.writeable else y.copy(), activation_lo, activation_hi, activation_act,
+                            activation_alpha)
     return (y,)
 
 
@@ -71,10 +73,6 @@ class FoldedConv:
     @property
     def nbytes(self) -> int:
         return self.w.nbytes + self.b.nbytes
-
-
-def _folded_kernel(inner, packed: FoldedConv, x: np.ndarray, *_unused, **epilogue) -> tuple:
-    return inner(packed.w, x, packed.b, **epilogue)
 
 
 def _fold_spec(base: PrepackSpec, node, attrs: dict, const_inputs: frozenset[int],
@@ -103,21 +101,20 @@ def _fold_spec(base: PrepackSpec, node, attrs: dict, const_inputs: frozenset[int
         return FoldedConv(base.from_bytes(buf[:wbytes]), buf[wbytes:wbytes + 4 * m].view(np.float32))
 
     return PrepackSpec(sources, f"{base.layout}-bnfold-eps{eps!r}-b{int(has_b)}", pack,
-                       functools.partial(_folded_kernel, base.kernel), to_bytes, from_bytes, wbytes + 4 * m)
+                       base.kernel.with_epilogue(folded=True), to_bytes, from_bytes, wbytes + 4 * m)
 
 
 @prepack_rule(FUSED_OP, domain=FUSED_DOMAIN)
 def fused_conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     ep = {k: attrs[k] for k in EPILOGUE_ATTRS if k in attrs}
     conv_attrs = {k: v for k, v in attrs.items() if k not in EPILOGUE_ATTRS and k != BN_ATTR}
-    if len(node.input) > 3:  # a folded BatchNormalization: its inputs are no Conv inputs
-        spec = conv_rule(node, conv_attrs, const_inputs - {2, 3, 4, 5, 6}, const_shapes)
-        spec = _fold_spec(spec, node, attrs, const_inputs, const_shapes) if spec is not None else None
-    else:
-        spec = conv_rule(node, conv_attrs, const_inputs, const_shapes)
+    folded = len(node.input) > 3  # a folded BatchNormalization: its inputs are no Conv inputs
+    base = conv_rule(node, conv_attrs, const_inputs - {2, 3, 4, 5, 6} if folded else const_inputs, const_shapes)
+    spec = _fold_spec(base, node, attrs, const_inputs, const_shapes) if folded and base is not None else base
     if spec is None:
         return None
-    kernel_fn = functools.partial(spec.kernel, lo=float(ep.get("activation_lo", -np.inf)),
-                                  hi=float(ep.get("activation_hi", np.inf)), act=int(ep.get("activation_act", 0)))
+    kernel_fn = base.kernel.with_epilogue(
+        float(ep.get("activation_lo", -np.inf)), float(ep.get("activation_hi", np.inf)),
+        int(ep.get("activation_act", 0)), float(ep.get("activation_alpha", 0.0)), folded=folded)
     return PrepackSpec(spec.source_inputs, spec.layout, spec.pack, kernel_fn, spec.to_bytes, spec.from_bytes,
                        spec.packed_bytes)

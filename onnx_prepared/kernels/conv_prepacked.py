@@ -28,9 +28,10 @@ _DTYPES = frozenset({"float16", "float32", "float64"})
 
 def conv_packed(packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, kshape: tuple[int, ...],
                 auto_pad: str = "NOTSET", dilations=None, group: int = 1, pads=None, strides=None,
-                panel_rows: int | None = None, lo: float = -np.inf, hi: float = np.inf, act: int = 0) -> tuple:
+                panel_rows: int | None = None, lo: float = -np.inf, hi: float = np.inf, act: int = 0,
+                alpha: float = 0.0) -> tuple:
     return (conv_core(x, packed, b, kshape, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads,
-                      strides=strides, panel_rows=panel_rows, lo=lo, hi=hi, act=act),)
+                      strides=strides, panel_rows=panel_rows, lo=lo, hi=hi, act=act, alpha=alpha),)
 
 
 class PackedConv:
@@ -42,24 +43,42 @@ class PackedConv:
     else (other dtypes, ranks, no extension) goes through :func:`conv_core` as before. Thread-safe:
     plans are immutable and a race only builds one twice."""
 
-    __slots__ = ("_plans", "attrs", "group", "kshape", "panel_rows")
+    __slots__ = ("_plain", "_plans", "attrs", "group", "kshape", "panel_rows")
 
     def __init__(self, *, kshape: tuple[int, ...], group: int, panel_rows: int | None = None, **attrs):
         self.kshape, self.group, self.panel_rows, self.attrs = kshape, group, panel_rows, attrs
         self._plans: dict = {}
+        self._plain = self.with_epilogue()  # a Conv node's own call: no epilogue
 
-    def __call__(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, lo: float = -np.inf,
-                 hi: float = np.inf, act: int = 0) -> tuple:
-        key = (x.shape, x.dtype, None if b is None else (b.shape, b.dtype), lo, hi, act)
+    def __call__(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, **epilogue) -> tuple:
+        if not epilogue:
+            return self._plain(packed, x, b)
+        return self._with(packed, x, b, **epilogue)
+
+    def _with(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None = None, *, lo: float = -np.inf,
+              hi: float = np.inf, act: int = 0, alpha: float = 0.0) -> tuple:
+        key = (x.shape, x.dtype, None if b is None else (b.shape, b.dtype), lo, hi, act, alpha)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._plan(packed, x, b, lo, hi, act) or False
+            plan = self._plans[key] = self._plan(packed, x, b, lo, hi, act, alpha) or False
         if plan and native._ext is plan[0]:
             return (plan[1](packed, x, b),)
         return conv_packed(packed, x, b, kshape=self.kshape, group=self.group, panel_rows=self.panel_rows, lo=lo,
-                           hi=hi, act=act, **self.attrs)
+                           hi=hi, act=act, alpha=alpha, **self.attrs)
 
-    def _plan(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None, lo: float, hi: float, act: int):
+    def native_plans(self) -> int:
+        """How many input shapes this Conv runs as one extension plan (its own call's and the kwargs' calls';
+        diagnostics and tests)."""
+        return sum(1 for p in self._plans.values() if p) + self._plain.native_plans()
+
+    def with_epilogue(self, lo: float = -np.inf, hi: float = np.inf, act: int = 0, alpha: float = 0.0, *,
+                      folded: bool = False) -> EpilogueConv:
+        """This Conv's call with a fused epilogue (and, with ``folded``, a :class:`FoldedConv`-style packed
+        object carrying ``.w`` and ``.b``) settled at binding."""
+        return EpilogueConv(self, float(lo), float(hi), int(act), float(alpha), folded)
+
+    def _plan(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None, lo: float, hi: float, act: int,
+              alpha: float = 0.0):
         ext = native._ext
         if ext is None or x.dtype != np.float32 or x.ndim != 4 or len(self.kshape) != 2 or not x.size:
             return None
@@ -76,7 +95,7 @@ class PackedConv:
             return None
         if not cg or min(out) < 1:
             return None
-        lo, hi, act = float(lo), float(hi), int(act)
+        lo, hi, act, alpha = float(lo), float(hi), int(act), float(alpha)
         p = out[0] * out[1]
         if self.panel_rows is None:  # conv-w-gmk: depthwise when one channel per group
             if cg != 1 or kshape[1] > 64:
@@ -93,7 +112,7 @@ class PackedConv:
             def depthwise(packed, x, b):
                 y = np.empty(yshape, np.float32)
                 ext.depthwise2d(x if x.flags.c_contiguous else np.ascontiguousarray(x), packed, b, y, dims, lo, hi,
-                                act)
+                                act, alpha)
                 return y
 
             return ext, depthwise
@@ -108,18 +127,19 @@ class PackedConv:
             def direct(packed, x, b):
                 y = np.empty(yshape, np.float32)
                 ext.conv_direct(x if x.flags.c_contiguous else np.ascontiguousarray(x), packed, b, y, ddims, lo, hi,
-                                act)
+                                act, alpha)
                 return y
 
             return ext, direct
         if n > 1 and p < 256:
-            return ext, _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c, h, w, lo, hi, act)
+            return ext, _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c, h, w, lo, hi, act,
+                                alpha)
         gdims = np.array([g, mg, cgk, p, n], np.int64)
         if kshape == (1, 1) and strides == [1, 1] and not any(begins) and not any(ends):
             def pointwise(packed, x, b):
                 y = np.empty(yshape, np.float32)
                 ext.sgemm_packed(packed, x if x.flags.c_contiguous else np.ascontiguousarray(x), y, b, gdims, lo, hi,
-                                 act)
+                                 act, alpha)
                 return y
 
             return ext, pointwise
@@ -130,10 +150,47 @@ class PackedConv:
             cols = np.empty(cshape, np.float32)
             ext.im2col2d(x if x.flags.c_contiguous else np.ascontiguousarray(x), cols, idims)
             y = np.empty(yshape, np.float32)
-            ext.sgemm_packed(packed, cols, y, b, gdims, lo, hi, act)
+            ext.sgemm_packed(packed, cols, y, b, gdims, lo, hi, act, alpha)
             return y
 
         return ext, im2col
+
+
+class EpilogueConv:
+    """A FusedConv node's call: :class:`PackedConv` with the epilogue (and the BatchNormalization fold's
+    packed pair) settled when the node is bound, so a call is one dict lookup by input shape and the
+    plan's extension call. The plan stays valid while the bias it was made with (the same object: a
+    constant in every run) and the input dtype are the ones seen, and the extension is the one it was
+    made with; anything else re-plans (another bias, the numpy fallback) or takes :func:`conv_packed`.
+    Thread-safe as :class:`PackedConv`."""
+
+    __slots__ = ("_plans", "act", "alpha", "conv", "folded", "hi", "lo")
+
+    def __init__(self, conv: PackedConv, lo: float, hi: float, act: int, alpha: float, folded: bool):
+        self.conv, self.lo, self.hi, self.act, self.alpha, self.folded = conv, lo, hi, act, alpha, folded
+        self._plans: dict = {}
+
+    def __call__(self, packed, x: np.ndarray, b: np.ndarray | None = None, *_unused) -> tuple:
+        if self.folded:
+            packed, b = packed.w, packed.b
+        plan = self._plans.get(x.shape)
+        if plan is not None and plan[2] is b and plan[3] is x.dtype and plan[0] is native._ext:
+            return (plan[1](packed, x, b),)
+        return self._replan(packed, x, b)
+
+    def native_plans(self) -> int:
+        return sum(1 for p in self._plans.values() if p[1] != self._general)
+
+    def _replan(self, packed, x: np.ndarray, b: np.ndarray | None) -> tuple:
+        got = self.conv._plan(packed, x, b, self.lo, self.hi, self.act, self.alpha) if x.dtype == np.float32 else None
+        ext, fn = got if got else (native._ext, self._general)
+        self._plans[x.shape] = (ext, fn, b, x.dtype)
+        return (fn(packed, x, b),)
+
+    def _general(self, packed, x: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        c = self.conv
+        return conv_packed(packed, x, b, kshape=c.kshape, group=c.group, panel_rows=c.panel_rows, lo=self.lo,
+                           hi=self.hi, act=self.act, alpha=self.alpha, **c.attrs)[0]
 
 
 def _direct(ext, kshape, strides, dilations, begins, ends, out) -> bool:
@@ -151,7 +208,7 @@ def _direct(ext, kshape, strides, dilations, begins, ends, out) -> bool:
     return -(-out[1] // 8) * 8 * 3 <= out[1] * 4
 
 
-def _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c, h, w, lo, hi, act):
+def _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c, h, w, lo, hi, act, alpha):
     """A batch of small planes as conv_core merges it: the images' columns side by side (one pass over the
     weights, ``[1, g, K, N*P]``), then the ``[M, N, P]`` product copied into a C-contiguous ``[N, M, *out]``
     (later nodes on a strided view cost more than the copy: on [2, 16, 4, 4] GlobalAveragePool took
@@ -175,7 +232,7 @@ def _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c
 
     def merged(packed, x, b):
         ym = np.empty((m, n, p), np.float32)
-        ext.sgemm_packed(packed, cols_of(x), ym, b, gdims, lo, hi, act)
+        ext.sgemm_packed(packed, cols_of(x), ym, b, gdims, lo, hi, act, alpha)
         y = np.empty(yshape, np.float32)
         np.copyto(y.reshape(n, m, p), ym.transpose(1, 0, 2))
         return y

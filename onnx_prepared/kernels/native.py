@@ -246,8 +246,9 @@ def unpack_panels(packed: np.ndarray, m: int) -> np.ndarray:
     return packed.transpose(0, 1, 3, 2).reshape(g, p * SG_PANEL, k)[:, :m]
 
 
-def epilogue(y: np.ndarray, lo: float, hi: float, act: int) -> np.ndarray:
-    """The native epilogues in numpy, in place: clip to [lo, hi], then HardSwish when ``act`` is 1."""
+def epilogue(y: np.ndarray, lo: float, hi: float, act: int, alpha: float = 0.0) -> np.ndarray:
+    """The native epilogues in numpy, in place: clip to [lo, hi], then HardSwish when ``act`` is
+    :data:`ACT_HARDSWISH`, LeakyRelu of slope ``alpha`` when it is :data:`ACT_LEAKY_RELU`."""
     if lo != -np.inf or hi != np.inf:
         np.clip(y, lo, hi, out=y)
     if act == ACT_HARDSWISH:
@@ -255,17 +256,19 @@ def epilogue(y: np.ndarray, lo: float, hi: float, act: int) -> np.ndarray:
         h += y.dtype.type(0.5)
         np.clip(h, 0, 1, out=h)
         y *= h
+    elif act == ACT_LEAKY_RELU:
+        np.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
     return y
 
 
-#: ``act`` codes of the native epilogues (after the clip)
-ACT_NONE, ACT_HARDSWISH = 0, 1
+#: ``act`` codes of the native epilogues (after the clip; sgemm.h's SG_ACT_*)
+ACT_NONE, ACT_HARDSWISH, ACT_LEAKY_RELU = 0, 1, 2
 
 
 def sgemm_packed(packed: np.ndarray, m: int, x: np.ndarray, bias: np.ndarray | None = None,
-                 lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray:
-    """``A [g, m, K] @ x [n, g, K, N]`` (+ ``bias [g*m]``, clipped to [lo, hi], HardSwish'd when ``act``
-    is :data:`ACT_HARDSWISH`) with A in the :func:`pack_panels` layout: ``sgemm.c`` over the pool (every
+                 lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE, alpha: float = 0.0) -> np.ndarray:
+    """``A [g, m, K] @ x [n, g, K, N]`` (+ ``bias [g*m]``, then :func:`epilogue`) with A in the
+    :func:`pack_panels` layout: ``sgemm.c`` over the pool (every
     task a fixed block, so the same values for any thread count), or numpy's matmul of the unpacked
     matrix without the extension."""
     g, _, k, _ = packed.shape
@@ -274,10 +277,10 @@ def sgemm_packed(packed: np.ndarray, m: int, x: np.ndarray, bias: np.ndarray | N
         y = np.matmul(unpack_panels(packed, m), x)
         if bias is not None:
             y += bias.reshape(g, m, 1)
-        return epilogue(y, lo, hi, act)
+        return epilogue(y, lo, hi, act, alpha)
     y = np.empty((n, g, m, cols), np.float32)
     _ext.sgemm_packed(packed, np.ascontiguousarray(x), y, bias, np.array([g, m, k, cols, n], np.int64),
-                      float(lo), float(hi), act)
+                      float(lo), float(hi), act, float(alpha))
     return y
 
 
@@ -312,7 +315,8 @@ def global_avg(x: np.ndarray) -> np.ndarray | None:
 
 
 def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[int, int], begins, strides,
-                dilations, kshape, lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE) -> np.ndarray | None:
+                dilations, kshape, lo: float = -np.inf, hi: float = np.inf, act: int = ACT_NONE,
+                alpha: float = 0.0) -> np.ndarray | None:
     """2-D depthwise Conv of float32 NCHW ``x`` with ``wm [C, mult, KH*KW]`` (+ bias, then :func:`epilogue`),
     or None without the extension (``depthwise.c``; pads are given by their begins, the output size fixes
     the ends)."""
@@ -322,7 +326,7 @@ def depthwise2d(x: np.ndarray, wm: np.ndarray, b: np.ndarray | None, out: tuple[
     mult = wm.shape[1]
     y = np.empty((n, c * mult) + tuple(out), np.float32)
     dims = np.array([n, c, h, w, mult, *kshape, *out, *begins, *strides, *dilations], np.int64)
-    _ext.depthwise2d(np.ascontiguousarray(x), wm, b, y, dims, float(lo), float(hi), act)
+    _ext.depthwise2d(np.ascontiguousarray(x), wm, b, y, dims, float(lo), float(hi), act, float(alpha))
     return y
 
 

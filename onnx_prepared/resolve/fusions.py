@@ -11,9 +11,9 @@
 - a float32 Conv with a constant weight whose only consumer is an inference-mode BatchNormalization of
   constant statistics becomes one ``onnx_prepared::FusedConv`` carrying the BatchNormalization's inputs
   (folded into the weight and bias at prepack time, as onnxruntime's ConvBNFusion does);
-- a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is a Relu or a
-  HardSwish becomes one ``onnx_prepared::FusedConv`` (kernels/conv_fused.py): the activation runs in the
-  conv kernel's epilogue;
+- a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is a Relu, a
+  HardSwish, a LeakyRelu or a Clip of constant bounds becomes one ``onnx_prepared::FusedConv``
+  (kernels/conv_fused.py): the activation runs in the conv kernel's epilogue;
 - a transformer encoder's chains (:func:`fuse_encoder`): ``quantize_dynamic``'s DynamicQuantizeLinear +
   MatMulInteger + Cast + scale Muls (+ bias Add) becomes one ``onnx_prepared::DynamicQuantizeMatMul``,
   MatMul + bias Add one ``onnx_prepared::MatMulBias``, the Erf GELU one ``onnx_prepared::GeluErf``, and
@@ -122,8 +122,42 @@ def _reads_as_b(node: onnx.NodeProto, name: str) -> bool:
             and node.input[1] == name and node.input[0] != name)
 
 
-#: activations fused into a Conv's epilogue: op -> (lo, hi, act) of kernels/conv_fused.py
-_CONV_EPILOGUES = {"Relu": (0.0, float("inf"), 0), "HardSwish": (float("-inf"), float("inf"), 1)}
+#: activations fused into a Conv's epilogue: op -> (lo, hi, act) of kernels/conv_fused.py (LeakyRelu's
+#: slope and Clip's bounds come from the node: :func:`_conv_epilogue`)
+_CONV_EPILOGUES = {"Relu": (0.0, float("inf"), 0), "HardSwish": (float("-inf"), float("inf"), 1),
+                   "LeakyRelu": (float("-inf"), float("inf"), 2), "Clip": (float("-inf"), float("inf"), 0)}
+#: Clip-6's default bounds (float32 lowest/max): no bound
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _conv_epilogue(act: onnx.NodeProto, scalars: Mapping[str, float]) -> tuple[float, float, int, float] | None:
+    """``(lo, hi, act code, alpha)`` of the epilogue computing ``act`` (one of :data:`_CONV_EPILOGUES`), or
+    None when it has attributes or inputs the epilogue cannot express: a Clip's bounds must be attributes
+    (opset 6-10) or float32 scalar Constant nodes (``scalars``; initializers are not read at resolution)."""
+    lo, hi, code = _CONV_EPILOGUES[act.op_type]
+    attrs = {a.name: onnx.get_attribute_value(a) for a in act.attribute}
+    if act.op_type == "LeakyRelu":
+        if set(attrs) - {"alpha"}:
+            return None
+        return lo, hi, code, float(np.float32(attrs.get("alpha", 0.01)))
+    if act.op_type == "Clip":
+        if set(attrs) - {"min", "max"}:
+            return None
+        if attrs:  # Clip-6: bounds as attributes
+            if len(act.input) != 1:
+                return None
+            mn, mx = float(np.float32(attrs.get("min", -_FLT_MAX))), float(np.float32(attrs.get("max", _FLT_MAX)))
+            lo, hi = (mn if mn > -_FLT_MAX else lo), (mx if mx < _FLT_MAX else hi)
+        else:
+            bounds = [n for n in act.input[1:]]
+            if any(n and n not in scalars for n in bounds):
+                return None
+            if len(bounds) > 0 and bounds[0]:
+                lo = scalars[bounds[0]]
+            if len(bounds) > 1 and bounds[1]:
+                hi = scalars[bounds[1]]
+        return (lo, hi, code, 0.0) if lo <= hi else None  # lo > hi: every value is hi (not a clip of [lo, hi])
+    return (lo, hi, code, 0.0) if not attrs else None
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 
 
@@ -207,8 +241,12 @@ def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping) -> int:
 
 def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
     """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) or activation-free
-    FusedConv whose output feeds exactly one Relu or HardSwish and nothing else (not a graph output) into
-    one FusedConv writing the activation's output; returns how many were fused."""
+    FusedConv whose output feeds exactly one Relu, HardSwish, LeakyRelu or Clip of constant bounds and
+    nothing else (not a graph output) into one FusedConv writing the activation's output; returns how
+    many were fused."""
+    if not any(n.op_type in _CONV_EPILOGUES for n in graph.node):
+        return 0
+    scalars = _constant_scalars(graph) if any(n.op_type == "Clip" for n in graph.node) else {}
     consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     replace: dict[int, onnx.NodeProto] = {}
@@ -222,13 +260,20 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
         act = graph.node[users[0]]
         if act.op_type not in _CONV_EPILOGUES or act.domain not in ("", "ai.onnx") or len(act.output) != 1:
             continue
-        lo, hi, code = _CONV_EPILOGUES[act.op_type]
+        if act.input[0] != node.output[0]:  # a Clip bound computed by the Conv
+            continue
+        ep = _conv_epilogue(act, scalars)
+        if ep is None:
+            continue
+        lo, hi, code, alpha = ep
         fused = onnx.NodeProto(op_type=_conv_fused().FUSED_OP, input=list(node.input), output=list(act.output),
                                name=node.name, domain=_conv_fused().FUSED_DOMAIN)
         fused.attribute.extend(node.attribute)
         fused.attribute.add(name="activation_lo", type=onnx.AttributeProto.FLOAT, f=lo)
         fused.attribute.add(name="activation_hi", type=onnx.AttributeProto.FLOAT, f=hi)
         fused.attribute.add(name="activation_act", type=onnx.AttributeProto.INT, i=code)
+        if code == 2:
+            fused.attribute.add(name="activation_alpha", type=onnx.AttributeProto.FLOAT, f=alpha)
         replace[idx] = fused
         drop.add(users[0])
     return _rewrite(graph, replace, drop)

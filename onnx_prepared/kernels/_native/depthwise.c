@@ -18,20 +18,21 @@ static void (*g_planes)(const dw_job *, int) = dw_planes_portable; /* set per ca
 static void dw_task(void *ctx, int t) { g_planes((const dw_job *)ctx, t); }
 
 
-/* depthwise2d(x, w, b|None, y, dims int64[15], lo, hi, act): dims = N C H W mult KH KW OH OW pt pl sh sw dh dw;
- * the output is clipped to [lo, hi], then HardSwish'd when act is 1 */
+/* depthwise2d(x, w, b|None, y, dims int64[15], lo, hi, act[, alpha]): dims = N C H W mult KH KW OH OW pt pl sh
+ * sw dh dw; the output is clipped to [lo, hi], then HardSwish'd when act is 1, LeakyRelu'd (slope alpha) when 2 */
 PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "depthwise2d takes 8 positional arguments");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "depthwise2d takes 8 or 9 positional arguments");
         return NULL;
     }
     const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
     const long act = PyLong_AsLong(args[7]);
+    const double alpha = nargs > 8 ? PyFloat_AsDouble(args[8]) : 0.0;
     if (PyErr_Occurred()) return NULL;
-    if (act < 0 || act > 1) {
-        PyErr_SetString(PyExc_ValueError, "depthwise2d: act is 0 or 1");
+    if (act < 0 || act > 2) {
+        PyErr_SetString(PyExc_ValueError, "depthwise2d: act is 0, 1 or 2");
         return NULL;
     }
     Py_buffer bd, bx, bw, bb, by;
@@ -52,6 +53,7 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     j.lo = (float)lo;
     j.hi = (float)hi;
     j.act = (int)act;
+    j.alpha = (float)alpha;
     int bad = 0;
     for (int i = 0; i < 15; i++) bad |= d[i] < (i == 9 || i == 10 ? 0 : 1) || d[i] > (1LL << 30);
     bad |= d[6] > DW_MAX_KW;

@@ -13,7 +13,8 @@ typedef struct {
     long N, C, H, W, mult, KH, KW, OH, OW, pt, pl, sh, sw, dh, dw, planes_per_task;
     int *failed; /* set by a task that could not get its scratch */
     float lo, hi; /* the epilogue's clip (-inf, +inf: none) */
-    int act;      /* then 0: nothing, 1: HardSwish */
+    int act;      /* then 0: nothing, 1: HardSwish, 2: LeakyRelu */
+    float alpha;  /* LeakyRelu's slope */
 } dw_job;
 
 /* rows of the padded input plane the output reads, and the width of one of its sw phase rows (with

@@ -34,7 +34,8 @@ typedef struct {
     const long *koff;  /* per k = (c, kh, kw): its input offset c * Hp * Wp + kh * Wp + kw */
     long B, C, G, M, K, KH, KW, Hp, Wp, OH, OW, P, vpr, nvec, per_task, ntpp;
     float lo, hi;
-    int act;
+    int act;     /* sgemm.h's SG_ACT_* */
+    float alpha; /* LeakyRelu's slope */
 } cd_job;
 
 enum { CD_V = 3, CD_R = 4 }; /* 12 accumulators, 3 vectors of x and a broadcast: 16 ymm */
@@ -55,10 +56,11 @@ static int cd_vectors(const cd_job *j, long v0, long *off, long *yoff, int *cnt)
     return n;
 }
 
-AI float cd_epilogue1(float v, float lo, float hi, int act)
+AI float cd_epilogue1(float v, float lo, float hi, int act, float alpha)
 {
     v = v < lo ? lo : v; /* NaN stays NaN, as max/min with the value second */
     v = v > hi ? hi : v;
+    if (act == SG_ACT_LEAKY) return v < 0.0f ? v * alpha : v;
     if (act) {
         float h = v * (1.0f / 6.0f) + 0.5f;
         h = h < 0.0f ? 0.0f : h;
@@ -87,7 +89,7 @@ static void cd_tile_portable(const cd_job *j, const float *xc, const float *ap, 
         const float b = bias ? bias[i] : 0.0f;
         for (int v = 0; v < CD_V; v++)
             for (int l = 0; l < cnt[v]; l++)
-                y0[i * ps + yoff[v] + l] = cd_epilogue1(acc[i][v][l] + b, j->lo, j->hi, j->act);
+                y0[i * ps + yoff[v] + l] = cd_epilogue1(acc[i][v][l] + b, j->lo, j->hi, j->act, j->alpha);
     }
 }
 
@@ -95,9 +97,12 @@ static void cd_tile_portable(const cd_job *j, const float *xc, const float *ap, 
 #include <immintrin.h>
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-AI __m256 cd_epilogue8(__m256 v, __m256 lo, __m256 hi, int act)
+AI __m256 cd_epilogue8(__m256 v, __m256 lo, __m256 hi, int act, float alpha)
 {
     v = _mm256_min_ps(hi, _mm256_max_ps(lo, v)); /* max/min return their second operand on NaN: NaN stays */
+    if (act == SG_ACT_LEAKY) /* false on NaN: NaN stays */
+        return _mm256_blendv_ps(v, _mm256_mul_ps(v, _mm256_set1_ps(alpha)),
+                                _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
     if (act) {
         __m256 h = _mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.0f / 6.0f)), _mm256_set1_ps(0.5f));
         h = _mm256_min_ps(_mm256_set1_ps(1.0f), _mm256_max_ps(_mm256_setzero_ps(), h));
@@ -129,9 +134,9 @@ AI void cd_store(float *dst, __m256 v, int cnt)
     do { \
         const __m256 b = _mm256_set1_ps(bias ? bias[i] : 0.0f); \
         float *dst = y0 + i * ps; \
-        cd_store(dst + yoff[0], cd_epilogue8(_mm256_add_ps(c##i##0, b), lo, hi, j->act), cnt[0]); \
-        cd_store(dst + yoff[1], cd_epilogue8(_mm256_add_ps(c##i##1, b), lo, hi, j->act), cnt[1]); \
-        cd_store(dst + yoff[2], cd_epilogue8(_mm256_add_ps(c##i##2, b), lo, hi, j->act), cnt[2]); \
+        cd_store(dst + yoff[0], cd_epilogue8(_mm256_add_ps(c##i##0, b), lo, hi, j->act, j->alpha), cnt[0]); \
+        cd_store(dst + yoff[1], cd_epilogue8(_mm256_add_ps(c##i##1, b), lo, hi, j->act, j->alpha), cnt[1]); \
+        cd_store(dst + yoff[2], cd_epilogue8(_mm256_add_ps(c##i##2, b), lo, hi, j->act, j->alpha), cnt[2]); \
     } while (0)
 
 AI void cd_tile8(const cd_job *j, const float *xc, const float *ap, const long *off, float *y0, const long *yoff,
@@ -212,20 +217,21 @@ static _Thread_local size_t g_pad_cap = 0;
 static _Thread_local long *g_koff = NULL;
 static _Thread_local long g_koff_cap = 0;
 
-/* conv_direct(x, packed, bias|None, y, dims int64[12] = B C H W G M KH KW OH OW pt pl, lo, hi, act): unit
- * strides and dilations; pt, pl the leading pads (the output size fixes the trailing ones) */
+/* conv_direct(x, packed, bias|None, y, dims int64[12] = B C H W G M KH KW OH OW pt pl, lo, hi, act[, alpha]):
+ * unit strides and dilations; pt, pl the leading pads (the output size fixes the trailing ones) */
 PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "conv_direct takes 8 positional arguments");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "conv_direct takes 8 or 9 positional arguments");
         return NULL;
     }
     const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
     const long act = PyLong_AsLong(args[7]);
+    const double alpha = nargs > 8 ? PyFloat_AsDouble(args[8]) : 0.0;
     if (PyErr_Occurred()) return NULL;
-    if (act < 0 || act > 1) {
-        PyErr_SetString(PyExc_ValueError, "conv_direct: act is 0 or 1");
+    if (act < 0 || act > SG_ACT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "conv_direct: act is 0, 1 or 2");
         return NULL;
     }
     Py_buffer bd, bx, ba, by, bb;
@@ -257,7 +263,7 @@ PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     j.nvec = j.OH * j.vpr;
     j.Hp = j.OH + j.KH - 1;
     j.Wp = j.vpr * 8 + j.KW - 1;
-    j.lo = (float)lo, j.hi = (float)hi, j.act = (int)act;
+    j.lo = (float)lo, j.hi = (float)hi, j.act = (int)act, j.alpha = (float)alpha;
     if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) goto done;
     have_x = 1;
     if (PyObject_GetBuffer(args[1], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;

@@ -62,19 +62,20 @@ static int sg_run(sg_job *j, long B)
     return 0;
 }
 
-/* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi, act) */
+/* sgemm_packed(a, x, y, bias|None, dims int64[5] = G M K N B, lo, hi, act[, alpha]) */
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "sgemm_packed takes 8 positional arguments");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "sgemm_packed takes 8 or 9 positional arguments");
         return NULL;
     }
     const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
     const long act = PyLong_AsLong(args[7]);
+    const double alpha = nargs > 8 ? PyFloat_AsDouble(args[8]) : 0.0;
     if (PyErr_Occurred()) return NULL;
-    if (act < 0 || act > 1) {
-        PyErr_SetString(PyExc_ValueError, "sgemm_packed: act is 0 or 1");
+    if (act < 0 || act > SG_ACT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sgemm_packed: act is 0, 1 or 2");
         return NULL;
     }
     Py_buffer bd, ba, bx, by, bb;
@@ -101,6 +102,7 @@ PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t narg
     j.lo = (float)lo;
     j.hi = (float)hi;
     j.act = (int)act;
+    j.alpha = (float)alpha;
     const long B = (long)d[4];
     j.P = ceil_div(j.M, SG_PANEL);
     if (PyObject_GetBuffer(args[0], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;

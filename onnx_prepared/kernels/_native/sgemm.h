@@ -8,6 +8,10 @@
  * ceil(M/16) panels of 16 rows, each panel K-major ([K][16], rows past M zero). */
 enum { SG_PANEL = 16, SG_NCHUNK_ALIGN = 12 };
 
+/* the epilogue's activation after the clip (the ``act`` argument of sgemm_packed, depthwise2d and
+ * conv_direct; native.py's ACT_* codes) */
+enum { SG_ACT_NONE = 0, SG_ACT_HARDSWISH = 1, SG_ACT_LEAKY = 2, SG_ACT_MAX = 2 };
+
 typedef struct {
     const float *a; /* [G][P][K][16] */
     const float *x; /* [B][G][K][N] */
@@ -17,7 +21,8 @@ typedef struct {
     long mchunk, nchunk; /* panels (even) and columns (multiple of 12) per task */
     long nmc, nnc;       /* tasks along the panels and along the columns, per (b, g) */
     float lo, hi;        /* the epilogue's clip (-inf, +inf: none) */
-    int act;             /* then 0: nothing, 1: HardSwish (v * clip(v / 6 + 1/2, 0, 1)) */
+    int act;             /* then SG_ACT_*: nothing, HardSwish (v * clip(v / 6 + 1/2, 0, 1)), LeakyRelu */
+    float alpha;         /* LeakyRelu's slope (v < 0 ? alpha * v : v) */
 } sg_job;
 
 /* task t of a job (sgemm_isa.c, one build per ISA) */

@@ -89,9 +89,11 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long ldb,
  * (sgemm.h: sg_ncols_avx2), as sg_ntask_avx512: each k broadcasts up to 6 weights of the panel and
  * multiplies two vectors of x's row k, so the tile's rows are stored as vectors with the epilogue
  * vectorised. Same k-order FMA chains from zero as sg_micro2: bit-identical results. */
-AI __m256 sgn2_epilogue(__m256 v, __m256 lo, __m256 hi, int act)
+AI __m256 sgn2_epilogue(__m256 v, __m256 lo, __m256 hi, int act, __m256 al)
 {
     v = _mm256_min_ps(hi, _mm256_max_ps(lo, v)); /* max/min return their second operand on NaN: NaN stays */
+    if (act == SG_ACT_LEAKY) /* v < 0 ? alpha * v : v (false on NaN: NaN stays) */
+        return _mm256_blendv_ps(v, _mm256_mul_ps(v, al), _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
     if (act) {
         const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
         __m256 h = _mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.0f / 6.0f)), _mm256_set1_ps(0.5f));
@@ -102,7 +104,7 @@ AI __m256 sgn2_epilogue(__m256 v, __m256 lo, __m256 hi, int act)
 }
 
 AI void sgn2_tile(const float *a, long K, const float *x, long N, long nr, float *y, const float *bias, __m256 lo,
-                  __m256 hi, int act, const int R, const int FULL)
+                  __m256 hi, int act, __m256 al, const int R, const int FULL)
 {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr), iota);
@@ -123,8 +125,8 @@ AI void sgn2_tile(const float *a, long K, const float *x, long N, long nr, float
     for (int i = 0; i < R; i++) {
         const __m256 b = _mm256_set1_ps(bias ? bias[i] : 0.0f);
         float *yr = y + (size_t)i * N;
-        const __m256 v0 = sgn2_epilogue(_mm256_add_ps(c0[i], b), lo, hi, act);
-        const __m256 v1 = sgn2_epilogue(_mm256_add_ps(c1[i], b), lo, hi, act);
+        const __m256 v0 = sgn2_epilogue(_mm256_add_ps(c0[i], b), lo, hi, act, al);
+        const __m256 v1 = sgn2_epilogue(_mm256_add_ps(c1[i], b), lo, hi, act, al);
         if (FULL) {
             _mm256_storeu_ps(yr, v0);
             _mm256_storeu_ps(yr + 8, v1);
@@ -138,12 +140,12 @@ AI void sgn2_tile(const float *a, long K, const float *x, long N, long nr, float
 #define SGN2_CASE(r) \
     case r: \
         if (nr == 16) \
-            sgn2_tile(a, K, x, N, 16, y, bias, lo, hi, act, r, 1); \
+            sgn2_tile(a, K, x, N, 16, y, bias, lo, hi, act, al, r, 1); \
         else \
-            sgn2_tile(a, K, x, N, nr, y, bias, lo, hi, act, r, 0); \
+            sgn2_tile(a, K, x, N, nr, y, bias, lo, hi, act, al, r, 0); \
         break;
 static void sgn2_rows(const float *a, long K, const float *x, long N, long nr, long rows, float *y,
-                      const float *bias, __m256 lo, __m256 hi, int act)
+                      const float *bias, __m256 lo, __m256 hi, int act, __m256 al)
 {
     switch (rows) {
         SGN2_CASE(1)
@@ -167,7 +169,7 @@ void sg_ntask_avx2(const sg_job *j, int t)
     float *y = j->y + (size_t)bg * M * N;
     const float *a = j->a + (size_t)g * j->P * K * SG_PANEL;
     const float *bias = j->bias ? j->bias + (size_t)g * M : NULL;
-    const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
+    const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi), al = _mm256_set1_ps(j->alpha);
     for (long p = p0; p < p1; p++)
         for (long r0 = 0; r0 < SG_PANEL && p * SG_PANEL + r0 < M; r0 += 6) {
             const long m0 = p * SG_PANEL + r0, left = M - m0 < SG_PANEL - r0 ? M - m0 : SG_PANEL - r0;
@@ -175,7 +177,7 @@ void sg_ntask_avx2(const sg_job *j, int t)
             const float *ap = a + (size_t)p * K * SG_PANEL + r0;
             for (long c0 = n0; c0 < n1; c0 += 16)
                 sgn2_rows(ap, K, x + c0, N, n1 - c0 < 16 ? n1 - c0 : 16, rows, y + (size_t)m0 * N + c0,
-                          bias ? bias + m0 : NULL, lo, hi, j->act);
+                          bias ? bias + m0 : NULL, lo, hi, j->act, al);
         }
 }
 #pragma GCC pop_options
@@ -248,9 +250,11 @@ static void sg_micro(const float *a0, const float *a1, const float *b, long ldb,
  * weights of the panel and multiplies two vectors of x's row k, so the tile's rows are stored as vectors
  * with the epilogue vectorised (the row-vectorised tile above needs a scalar transposing epilogue,
  * which costs more than the FMAs at small K). Same k-order FMA chains from zero as sg_micro5: bit-identical results. */
-AI __m512 sgn_epilogue(__m512 v, __m512 lo, __m512 hi, int act)
+AI __m512 sgn_epilogue(__m512 v, __m512 lo, __m512 hi, int act, __m512 al)
 {
     v = _mm512_min_ps(hi, _mm512_max_ps(lo, v)); /* max/min return their second operand on NaN: NaN stays */
+    if (act == SG_ACT_LEAKY) /* v < 0 ? alpha * v : v (false on NaN: NaN stays) */
+        return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ), v, al);
     if (act) {
         const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
         __m512 h = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.0f / 6.0f)), _mm512_set1_ps(0.5f));
@@ -261,7 +265,7 @@ AI __m512 sgn_epilogue(__m512 v, __m512 lo, __m512 hi, int act)
 }
 
 AI void sgn_tile(const float *a, long K, const float *x, long N, long nr, long rows, float *y, const float *bias,
-                 __m512 lo, __m512 hi, int act)
+                 __m512 lo, __m512 hi, int act, __m512 al)
 {
     const __mmask16 k0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     const __mmask16 k1 = nr >= 32 ? (__mmask16)0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
@@ -279,8 +283,8 @@ AI void sgn_tile(const float *a, long K, const float *x, long N, long nr, long r
     for (long i = 0; i < rows; i++) {
         const __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
         float *yr = y + (size_t)i * N;
-        _mm512_mask_storeu_ps(yr, k0, sgn_epilogue(_mm512_add_ps(c0[i], b), lo, hi, act));
-        if (k1) _mm512_mask_storeu_ps(yr + 16, k1, sgn_epilogue(_mm512_add_ps(c1[i], b), lo, hi, act));
+        _mm512_mask_storeu_ps(yr, k0, sgn_epilogue(_mm512_add_ps(c0[i], b), lo, hi, act, al));
+        if (k1) _mm512_mask_storeu_ps(yr + 16, k1, sgn_epilogue(_mm512_add_ps(c1[i], b), lo, hi, act, al));
     }
 }
 
@@ -295,14 +299,14 @@ void sg_ntask_avx512(const sg_job *j, int t)
     float *y = j->y + (size_t)bg * M * N;
     const float *a = j->a + (size_t)g * j->P * K * SG_PANEL;
     const float *bias = j->bias ? j->bias + (size_t)g * M : NULL;
-    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi), al = _mm512_set1_ps(j->alpha);
     for (long p = p0; p < p1; p++)
         for (long r0 = 0; r0 < SG_PANEL && p * SG_PANEL + r0 < M; r0 += 8) {
             const long m0 = p * SG_PANEL + r0, rows = M - m0 < 8 ? M - m0 : 8;
             const float *ap = a + (size_t)p * K * SG_PANEL + r0;
             for (long c0 = n0; c0 < n1; c0 += 32)
                 sgn_tile(ap, K, x + c0, N, n1 - c0 < 32 ? n1 - c0 : 32, rows, y + (size_t)m0 * N + c0,
-                         bias ? bias + m0 : NULL, lo, hi, j->act);
+                         bias ? bias + m0 : NULL, lo, hi, j->act, al);
         }
 }
 #pragma GCC pop_options
