@@ -64,9 +64,10 @@ class Inference:
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = PrefetchWindow(8, len(plan.requirements))
         self.hot_seconds = float("inf")  # the last hot replay's duration (unknown: hand it off)
-        # id of a weak reference to a run's first output -> (that reference, the IOArena charge of the
-        # run's outputs), released when the output dies (arrays are unhashable: the key is the ref's id)
-        self._out_refs: dict[int, tuple[weakref.ref, Any]] = {}
+        # id of a weak reference to a run's first output -> (that reference, the bytes of the run's
+        # outputs held in the IOArena), unheld when the output dies (arrays are unhashable: the key is
+        # the ref's id)
+        self._out_refs: dict[int, tuple[weakref.ref, int]] = {}
         self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
         bit = {r.key: b for b, r in enumerate(plan.requirements)}
         n = len(plan.execution.actions)
@@ -125,10 +126,17 @@ class Inference:
         """``submit(..., inline=True).result()`` for a caller that waits anyway (``RuntimeSession.run``).
 
         A hot run is the spec's whole hot path and nothing else: epoch check, lease, replay on this
-        thread, release, outputs; no handle is built (its outcome is the same: a kernel's exception
-        propagates as is, and a ``Cancelled`` checkpoint goes through ``run_here`` to become the same
-        ``CancelledError``). While tracing, the run is the traced inline task of :meth:`submit`.
+        thread, release, outputs; no handle and no frame are built (its outcome is the same: a kernel's
+        exception propagates as is, and a ``Cancelled`` checkpoint goes through ``run_here`` to become
+        the same ``CancelledError``). The first hot run, which measures the activation peak, and every
+        run while tracing, go through the frame (:meth:`_replay_hot`, the traced inline task of
+        :meth:`submit`).
         """
+        store = self.store
+        epoch = store.epoch
+        peak = self.state.execution_peak
+        if peak and store.hot_epoch == epoch and self.scheduler.trace is None and store.acquire_lease(epoch):
+            return self._run_hot(values, context, peak)
         frame = self._frame(values, overridden, context)
         execution = self._enter_hot(frame)
         if execution is None:
@@ -142,6 +150,38 @@ class Inference:
         except Cancelled as e:
             return self.scheduler.run_here(_raiser(e), name=f"I.run-{frame.invocation_id}").result()
         return self._outputs(frame)
+
+    def _run_hot(self, values: list, context: RuntimeContext | None, peak: int) -> list:
+        """:meth:`run`'s hot path with the lease taken: what :meth:`_replay_hot` does through a frame,
+        here on the values list itself (the frame's records, its allocations and its bookkeeping cost
+        ~25 us a run, more than a small CNN's kernels)."""
+        run_id = self.state.next_invocation_id()
+        execution = self.execution
+        try:
+            for s, v in self._hot_values():
+                if values[s] is None:
+                    values[s] = v
+            self.counters["hot_runs"] += 1
+            self._bind_threads()
+            arena = self.state.arenas.execution
+            arena.hold(peak, lambda: f"activations of run {run_id}")
+            try:
+                t0 = time.perf_counter()
+                execution.replay(values)
+                self.hot_seconds = time.perf_counter() - t0
+            finally:
+                arena.unhold(peak)
+        except Cancelled as e:
+            self.store.release_lease()
+            return self.scheduler.run_here(_raiser(e), name=f"I.run-{run_id}").result()
+        except BaseException:
+            self.store.release_lease()
+            raise
+        self.store.release_lease()
+        self.state.reader.reader.check_verified()  # a no-op once every read was verified
+        if context is not None and context.carry:
+            context.rebind(execution.slot_names, execution.output_slots, values)
+        return self._take_outputs(values, run_id)
 
     def _frame(self, values: list, overridden: frozenset[int], context: RuntimeContext | None) -> ExecutionFrame:
         frame = ExecutionFrame(self.state.next_invocation_id(), values, self.state.arenas.execution, context)
@@ -363,26 +403,37 @@ class Inference:
         return hot[1]
 
     def _outputs(self, frame: ExecutionFrame) -> list:
-        """The run's outputs; their bytes move to the IOArena until the caller drops them."""
-        vals = frame.values
-        outs = [vals[s] for s in self.plan.execution.output_slots]
-        nbytes = sum(int(getattr(o, "nbytes", 0)) for o in outs)
+        """The run's outputs (see :meth:`_take_outputs`); the frame keeps no reference to them."""
+        outs = self._take_outputs(frame.values, frame.invocation_id)
+        frame.values = []
+        return outs
+
+    def _take_outputs(self, values: list, run_id: int) -> list:
+        """The outputs in ``values``; their bytes move to the IOArena until the caller drops them."""
+        outs = [values[s] for s in self.plan.execution.output_slots]
+        nbytes = 0
+        owner = None
+        for o in outs:
+            n = getattr(o, "nbytes", None)
+            if n is not None:
+                nbytes += int(n)
+                if owner is None:
+                    owner = o
         if nbytes:
-            alloc = self.state.arenas.io.acquire(nbytes, f"outputs of run {frame.invocation_id}")
-            owner = next((o for o in outs if hasattr(o, "nbytes")), None)
+            io = self.state.arenas.io
+            io.hold(nbytes, lambda: f"outputs of run {run_id}")
             try:
                 ref = weakref.ref(owner, self._outputs_dropped)
             except TypeError:
-                alloc.release()
+                io.unhold(nbytes)
             else:  # a plain weak reference kept until it fires (weakref.finalize costs 5x more)
-                self._out_refs[id(ref)] = (ref, alloc)
-        frame.values = []
+                self._out_refs[id(ref)] = (ref, nbytes)
         return outs
 
     def _outputs_dropped(self, ref: weakref.ref) -> None:
         entry = self._out_refs.pop(id(ref), None)
         if entry is not None:
-            entry[1].release()
+            self.state.arenas.io.unhold(entry[1])
 
 
 def _raiser(e: BaseException) -> Callable[[], None]:
