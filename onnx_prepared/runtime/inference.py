@@ -152,11 +152,11 @@ class Inference:
         return self._outputs(frame)
 
     def _run_hot(self, values: list, context: RuntimeContext | None, peak: int) -> list:
-        """:meth:`run`'s hot path with the lease taken: what :meth:`_replay_hot` does through a frame,
-        here on the values list itself (the frame's records, its allocations and its bookkeeping cost
-        ~25 us a run, more than a small CNN's kernels)."""
+        """:meth:`run`'s hot path, the lease taken: :meth:`_replay_hot` on the values list itself (a
+        frame, its records and its allocations cost ~25 us a run, more than a small CNN's kernels)."""
         run_id = self.state.next_invocation_id()
         execution = self.execution
+        stopped = None
         try:
             for s, v in self._hot_values():
                 if values[s] is None:
@@ -172,12 +172,11 @@ class Inference:
             finally:
                 arena.unhold(peak)
         except Cancelled as e:
+            stopped = e
+        finally:
             self.store.release_lease()
-            return self.scheduler.run_here(_raiser(e), name=f"I.run-{run_id}").result()
-        except BaseException:
-            self.store.release_lease()
-            raise
-        self.store.release_lease()
+        if stopped is not None:
+            return self.scheduler.run_here(_raiser(stopped), name=f"I.run-{run_id}").result()
         self.state.reader.reader.check_verified()  # a no-op once every read was verified
         if context is not None and context.carry:
             context.rebind(execution.slot_names, execution.output_slots, values)

@@ -24,7 +24,7 @@ def test_the_kernel_call_loop_exists_once():
 
 
 def test_hot_path_fits_on_one_screen():
-    for fn in (Inference.run, Inference._enter_hot, Inference._replay_hot):
+    for fn in (Inference.run, Inference._run_hot, Inference._enter_hot, Inference._replay_hot):
         lines = inspect.getsource(fn).strip().splitlines()
         assert len(lines) <= 30, (fn.__name__, len(lines))
 
@@ -152,3 +152,34 @@ def test_a_failing_hot_run_raises_from_its_handle_and_releases_its_lease(tmp_pat
             s.run({"x": X})
         assert act.kernel.name in str(e.value)
         assert s.store.leases == 0 and s.arenas.execution.live == 0
+
+
+def test_a_hot_run_charges_its_peak_while_it_runs_and_its_outputs_until_they_are_dropped(tmp_path, monkeypatch):
+    """The frameless hot run (Arena.hold/unhold) keeps the ledger the frame path keeps: the measured
+    activation peak is live in the ExecutionArena while kernels run and returned after, the outputs'
+    bytes are live in the IOArena until the caller drops them, and a limit the peak would pass raises
+    ArenaLimitError naming the run, with the lease released."""
+    from onnx_prepared.memory import ArenaLimitError
+
+    with RuntimeSession(gemm_mlp(tmp_path, layers=2)) as s:
+        s.prepare()
+        s.run({"x": X})  # the first hot run measures the peak through the frame
+        peak = s.state.execution_peak
+        ex_arena, io = s.arenas.execution, s.arenas.io
+        assert peak > 0 and ex_arena.live == 0 and io.live == 0
+        seen: list[int] = []
+        steps = list(s.plan.execution.steps)
+        call = steps[0][0]
+        steps[0] = (lambda *a: seen.append(ex_arena.live) or call(*a), *steps[0][1:])
+        monkeypatch.setattr(s.inference, "execution", s.plan.execution.traced(lambda i: None))
+        object.__setattr__(s.inference.execution, "steps", tuple(steps))
+        (y,) = s.run({"x": X})
+        assert seen == [peak] and ex_arena.live == 0 and io.live == y.nbytes and s.store.leases == 0
+        del y
+        assert io.live == 0
+        ex_arena.limit = peak - 1
+        with pytest.raises(ArenaLimitError, match=r"ExecutionArena: \d+ bytes for activations of run \d+"):
+            s.run({"x": X})
+        assert ex_arena.live == 0 and s.store.leases == 0
+        ex_arena.limit = None
+        assert s.counters["hot_runs"] == 3  # the refused run counts: it was hot
