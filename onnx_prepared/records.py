@@ -3,7 +3,9 @@
 ``dataclass`` compiles each generated method (``__init__``, ``__repr__``, ``__eq__``, ``__hash__``,
 frozen ``__setattr__``/``__delattr__``) with a separate ``exec``, and ``slots=True`` builds the class
 twice: about 0.4 ms per frozen class, 13 ms over the 34 classes constructing a session imports (a third
-of our import). ``record`` generates the same methods in one ``exec`` and builds a slotted class once.
+of our import). ``record`` compiles only ``__init__`` (compiling is what class creation costs; one
+generated method in one ``exec``), makes the other methods closures over the field names (their reads
+are one ``operator.attrgetter`` call) and builds a slotted class once.
 ``dataclasses.fields``/``replace``/``asdict`` keep working: ``__dataclass_fields__`` is computed on first
 access by running ``dataclass`` itself on a shadow copy of the class (only introspection pays for it).
 The ``dataclasses`` module itself (with ``inspect``, ``dis`` and ``ast``: 3-4 ms) loads only then, or for
@@ -19,7 +21,9 @@ different thing.
 
 from __future__ import annotations
 
+import operator
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -127,6 +131,60 @@ def _plain(cls: type, kwargs: dict[str, Any]) -> bool:
     return True
 
 
+def _tuple_getter(names: list[str]) -> Callable[[Any], tuple]:
+    """``lambda obj: (obj.a, obj.b, ...)``, as the generated methods of ``dataclasses`` compare and hash."""
+    if not names:
+        return lambda obj: ()
+    if len(names) == 1:
+        get1 = operator.attrgetter(names[0])
+        return lambda obj: (get1(obj),)
+    return operator.attrgetter(*names)
+
+
+def _repr_of(names: tuple[str, ...]) -> Callable[[Any], str]:
+    def __repr__(self: Any) -> str:
+        return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    return __repr__
+
+
+def _eq_of(get: Callable[[Any], tuple]) -> Callable[[Any, Any], Any]:
+    def __eq__(self: Any, other: Any) -> Any:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return get(self) == get(other)
+
+    return __eq__
+
+
+def _hash_of(get: Callable[[Any], tuple]) -> Callable[[Any], int]:
+    def __hash__(self: Any) -> int:
+        return hash(get(self))
+
+    return __hash__
+
+
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise _frozen()(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise _frozen()(f"cannot delete field {name!r}")
+
+
+def _state_of(names: tuple[str, ...]) -> tuple[Callable, Callable]:
+    get = _tuple_getter(list(names))
+
+    def __getstate__(self: Any) -> list:
+        return list(get(self))
+
+    def __setstate__(self: Any, state: list) -> None:
+        for n, v in zip(names, state):
+            object.__setattr__(self, n, v)
+
+    return __getstate__, __setstate__
+
+
 def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     """``@record(frozen=True, slots=True)``: as ``@dataclass(...)`` with the same arguments."""
     if cls is None:
@@ -187,38 +245,22 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     if "__post_init__" in cls.__dict__:
         body.append("  self.__post_init__()")
     qual = cls.__qualname__
-    src = [f"def __init__(self, {', '.join(params)}):", *(body or ["  pass"]),
-           "def __repr__(self):",
-           "  return f'{self.__class__.__qualname__}(" + ", ".join(f"{n}={{self.{n}!r}}" for n in shown) + ")'"]
-    methods = ["__init__", "__repr__"]
+    # Only __init__ is compiled (one small exec: compiling is what class creation costs); the other
+    # methods are closures over the field names, with operator.attrgetter doing the reads in C.
+    exec("\n".join([f"def __init__(self, {', '.join(params)}):", *(body or ["  pass"])]), ns)
+    attrs: dict[str, Any] = {"__init__": ns["__init__"], "__repr__": _repr_of(tuple(shown))}
     if eq:
-        a = "".join(f"self.{n}," for n in compared)
-        b = "".join(f"other.{n}," for n in compared)
-        src += ["def __eq__(self, other):", "  if other.__class__ is not self.__class__:", "    return NotImplemented",
-                f"  return ({a}) == ({b})"]
-        methods.append("__eq__")
+        attrs["__eq__"] = _eq_of(_tuple_getter(compared))
         if frozen:
-            src += ["def __hash__(self):", f"  return hash(({''.join(f'self.{n},' for n in hashed)}))"]
-            methods.append("__hash__")
+            attrs["__hash__"] = _hash_of(_tuple_getter(hashed))
     if frozen:
-        src += ["def __setattr__(self, name, value):",
-                "  raise _frozen()(f'cannot assign to field {name!r}')",
-                "def __delattr__(self, name):",
-                "  raise _frozen()(f'cannot delete field {name!r}')"]
-        ns["_frozen"] = _frozen
-        methods += ["__setattr__", "__delattr__"]
+        attrs["__setattr__"], attrs["__delattr__"] = _frozen_setattr, _frozen_delattr
     if frozen and slots:  # pickle and copy restore slots through setattr, which a frozen record refuses
-        src += ["def __getstate__(self):", f"  return [{', '.join(f'self.{n}' for n in names)}]",
-                "def __setstate__(self, state):", "  for n, v in zip(_names, state):", "    _setattr(self, n, v)"]
-        ns["_names"] = tuple(names)
-        methods += ["__getstate__", "__setstate__"]
-    exec("\n".join(src), ns)  # generated from the class's own field names, as dataclasses does
+        attrs["__getstate__"], attrs["__setstate__"] = _state_of(tuple(names))
     spec = {"frozen": frozen, "eq": eq, "annotations": annotations, "defaults": defaults}
-    attrs: dict[str, Any] = {}
-    for m in methods:
-        fn = ns[m]
-        fn.__qualname__ = f"{qual}.{m}"
-        attrs[m] = fn
+    for m, fn in attrs.items():
+        if m in ("__init__", "__repr__", "__eq__", "__hash__", "__getstate__", "__setstate__"):
+            fn.__qualname__ = f"{qual}.{m}"
     if eq and not frozen:
         attrs["__hash__"] = None
     attrs["__match_args__"] = tuple(names)
