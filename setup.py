@@ -16,7 +16,7 @@ SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2
            "act.c", "sgemm.c", "sgemm_isa.c", "im2col.c", "im2col_direct.c", "gap.c",
            "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c",
            "llm_gather.c",
-           "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c",
+           "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c", "qlinear.c",
            "encoder_act.c", "encoder_norm.c", "encoder_gemm.c"]
 
 
@@ -54,7 +54,7 @@ def _extensions() -> list[Extension]:
                                         "attention.h", "attention.inc", "llm_norm.h", "llm_norm.inc", "prep_panels.h",
                                         "llm_gather.h",
                                         "im2col.h", "gap.h", "winpool.h", "winpool.inc", "se_block.h", "se_block.inc",
-                                        "qgemm.h", "encoder_act.h", "encoder_norm.h", "encoder_gemm.h")],
+                                        "qgemm.h", "qlinear.h", "encoder_act.h", "encoder_norm.h", "encoder_gemm.h")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

@@ -104,6 +104,23 @@ def _binary_params(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, 
     return scales, zps
 
 
+def add_params(sa, za: int, sb, zb: int, sc, zc: int, fused: bool) -> tuple[np.float32, np.float32, np.float32]:
+    """QLinearAdd's float32 ``(ra, rb, fixed)`` as MLAS computes them (``fused``: its AVX2 kernel)."""
+    sa, sb, sc = np.float32(sa), np.float32(sb), np.float32(sc)
+    ra, rb = np.float32(sa / sc), np.float32(sb / sc)
+    if fused:
+        fixed = np.float32(np.float32(zc) - _fma32(ra, np.float32(za), np.float32(rb * np.float32(zb))))
+    else:
+        products = np.float32(np.float32(ra * np.float32(za)) + np.float32(rb * np.float32(zb)))
+        fixed = np.float32(np.float32(zc) - products)
+    return ra, rb, np.float32(fixed)
+
+
+def mul_ratio(sa, sb, sc) -> np.float32:
+    """QLinearMul's float32 ``sa * sb / sc``."""
+    return np.float32(np.float32(np.float32(sa) * np.float32(sb)) / np.float32(sc))
+
+
 @kernel("QLinearAdd", since=1, domain=_MS)
 def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
     """``c = saturate(round((a - za) * sa / sc + (b - zb) * sb / sc) + zc)`` in MLAS's float order."""
@@ -112,14 +129,11 @@ def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_z
     out_shape = np.broadcast_shapes(a.shape, b.shape)
     if _constant_in_span(a.shape, out_shape) and not _constant_in_span(b.shape, out_shape):
         a, sa, za, b, sb, zb = b, sb, zb, a, sa, za  # onnxruntime passes the span first, the scalar second
-    ra, rb = np.float32(sa / sc), np.float32(sb / sc)
+    ra, rb, fixed = add_params(sa, za, sb, zb, sc, zc, _fused())
     fa, fb = a.astype(np.float32), b.astype(np.float32)
     if _fused():
-        fixed = np.float32(np.float32(zc) - _fma32(ra, np.float32(za), np.float32(rb * np.float32(zb))))
         y = _fma32(fa, ra, _fma32(fb, rb, fixed))
     else:
-        products = np.float32(np.float32(ra * np.float32(za)) + np.float32(rb * np.float32(zb)))
-        fixed = np.float32(np.float32(zc) - products)
         y = (fixed + fa * ra) + fb * rb
     return (_round_to(np.broadcast_to(y, out_shape), a.dtype),)
 
@@ -129,7 +143,7 @@ def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_z
     """``c = saturate(round((a - za) * (b - zb) * (sa * sb / sc)) + zc)``: the product exact, then MLAS's order."""
     (sa, sb, sc), (za, zb, zc) = _binary_params(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
                                                 c_zero_point, "QLinearMul")
-    ratio = np.float32(np.float32(sa * sb) / sc)
+    ratio = mul_ratio(sa, sb, sc)
     p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
     y = p.astype(np.float32) * ratio + np.float32(zc)
     return (_round_to(y, a.dtype),)
@@ -230,6 +244,24 @@ def _conv_weights(w: np.ndarray, zw: int, group: int, act_bound: int):
     return _derived(w, ("conv", zw, group, act_bound), make)
 
 
+def conv_accumulate(x: np.ndarray, zx: int, w: np.ndarray, zw: int, group: int, kshape: tuple[int, ...], *,
+                    auto_pad: str = "NOTSET", dilations=None, pads=None, strides=None) -> np.ndarray:
+    """The exact int64 sums of the convolution of ``x - zx`` with ``w - zw`` (no bias): float32 SGEMM over
+    chunks of input channels in which no sum can reach 2**24 (the chunks added in float64), else float64."""
+    from onnx_prepared.kernels.conv import conv_core
+
+    lo, hi = _range(x.dtype)
+    work, chunks = _conv_weights(w, zw, group, max(hi - zx, zx - lo))
+    xf = x.astype(work)
+    xf -= work(zx)
+    acc = None
+    for c0, c1, wm in chunks:
+        part = conv_core(xf if len(chunks) == 1 else np.ascontiguousarray(xf[:, c0:c1]), wm, None, kshape,
+                         auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
+        acc = part if acc is None else acc + part.astype(np.float64)  # exact: float64 sums of the chunks
+    return np.rint(acc).astype(np.int64)
+
+
 @kernel("QLinearConv", since=10)
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
                  auto_pad: str = "NOTSET", dilations: list[int] | None = None, group: int = 1,
@@ -240,8 +272,6 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     of input channels in which no sum can reach 2**24 (the chunks added in float64), else float64 BLAS.
     The debiased float weights are derived once per weight array (:func:`_conv_weights`; 4 bytes per
     int8 weight, outside the residency budget)."""
-    from onnx_prepared.kernels.conv import conv_core
-
     kshape = tuple(w.shape[2:])
     if kernel_shape and tuple(kernel_shape) != kshape:
         raise KernelError(f"QLinearConv: kernel_shape={list(kernel_shape)} differs from the weight's {list(kshape)}")
@@ -254,16 +284,8 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     if group < 1 or m % group:
         raise KernelError(f"QLinearConv: {m} output channels do not split into group={group}")
     zx = int(_scalar(x_zero_point, "x_zero_point"))
-    lo, hi = _range(x.dtype)
-    work, chunks = _conv_weights(w, int(zw[0]), group, max(hi - zx, zx - lo))
-    xf = x.astype(work)
-    xf -= work(zx)
-    acc = None
-    for c0, c1, wm in chunks:
-        part = conv_core(xf if len(chunks) == 1 else np.ascontiguousarray(xf[:, c0:c1]), wm, None, kshape,
-                         auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
-        acc = part if acc is None else acc + part.astype(np.float64)  # exact: float64 sums of the chunks
-    acc = np.rint(acc).astype(np.int64)
+    acc = conv_accumulate(x, zx, w, int(zw[0]), group, kshape, auto_pad=auto_pad, dilations=dilations, pads=pads,
+                          strides=strides)
     if B is not None:
         acc += B.astype(np.int64).reshape((m,) + (1,) * (acc.ndim - 2))
     nd = acc.ndim - 2

@@ -117,6 +117,8 @@ def quantize_linear(
     dtype = onnx.tensor_dtype_to_np_dtype(to)
     if to in _INT_RANGES:
         np.rint(y, out=y)
+        if y.dtype.itemsize >= 4:  # saturate as MLAS does (in float) before the int32 cast; NaN stays NaN
+            np.clip(y, -(1 << 20), 1 << 20, out=y)
         q = y.astype(np.int32)
         if y_zero_point is not None:
             _apply(q, y_zero_point.astype(np.int32), axis, block_size, np.add)

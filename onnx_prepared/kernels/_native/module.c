@@ -24,6 +24,7 @@
 #include "winpool.h"
 #include "se_block.h"
 #include "qgemm.h"
+#include "qlinear.h"
 #include "encoder_act.h"
 
 #ifdef NB_X86
@@ -421,6 +422,7 @@ static PyMethodDef methods[] = {
     SGEMM_METHODS
     IM2COL_METHODS
     GAP_METHODS
+    QLINEAR_METHODS
     /* nbits-perf: elementwise activations of the LLM path (act.c) */
     ACT_METHODS
     NMS_METHODS

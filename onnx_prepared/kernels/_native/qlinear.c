@@ -1,0 +1,577 @@
+/* The static-quantization ops of onnxruntime's QOperator models (kernels/qlinear.py, kernels/quantize.py),
+ * in the roundings MLAS uses, so that every integer output is onnxruntime's.
+ *
+ * qconv: QLinearConv (and QGemm, as a 1x1 convolution) on prepacked centered int16 weights
+ * ``[M, Kp]`` (``w - w_zp``, K = C/g * KH * KW rounded up to even, zero past K). Every image and group
+ * is turned into int16 columns of ``x - x_zp`` (padding is the zero point, so 0), laid out as pairs of k
+ * ``[Kp/2, P8, 2]`` (P8 = output pixels rounded up to 8, zero past P); a pair of k of a weight row
+ * multiplies a pair of columns in int32 (vpmaddwd: |sum| <= 2 * 255 * 255, never saturated), summed in
+ * int32: the exact integer the ONNX definition states, whatever the order. The int32 bias is added,
+ * then MLAS's MlasRequantizeOutput: float32(acc) * scale[m], clamped to the type's range less the
+ * output zero point, rounded half to even (the default MXCSR mode; rintf on the portable level), plus
+ * the zero point. Output mode 2 stores float32(acc) * scale[m] instead (QGemm without y_scale).
+ *
+ * qbinary: QLinearAdd (MLAS qladd: fma(a, ra, fma(b, rb, fixed)) where MLAS runs its AVX2 kernel, else
+ * (fixed + a * ra) + b * rb) and QLinearMul ((a - za) * (b - zb) in int32, times the ratio, plus zc),
+ * rounded half to even and saturated; b is either elementwise or one value per span of a.
+ *
+ * qgap: QLinearGlobalAveragePool: the integer sum of each plane minus zx * size, requantized.
+ *
+ * quantize_f32 / dequantize_f32: per-tensor QuantizeLinear (x / scale, clamped, rounded half to even,
+ * plus the zero point: MLAS's order) and DequantizeLinear ((x - zp) * scale in float32).
+ *
+ * Everything runs on the calling thread with the GIL released (these models' tensors are small);
+ * the column scratch is per thread and only grows. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qlinear.h"
+#include "rnn_module.h" /* ext_isa_level */
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define QL_X86 1
+#include <immintrin.h>
+#endif
+
+typedef struct {
+    long n, c, h, w, g, mg, kh, kw, oh, ow, pt, pl, sh, sw, dh, dw;
+    int zx, zy, xsigned, ymode; /* ymode: 0 uint8, 1 int8, 2 float32 */
+} qc_dims;
+
+static _Thread_local int16_t *tl_cols;
+static _Thread_local size_t tl_cols_n;
+
+static int16_t *cols_scratch(size_t n)
+{
+    if (n > tl_cols_n) {
+        int16_t *p = (int16_t *)realloc(tl_cols, n * sizeof(int16_t));
+        if (!p) return NULL;
+        tl_cols = p;
+        tl_cols_n = n;
+    }
+    return tl_cols;
+}
+
+/* columns of one image's group: cols[(k / 2) * P8 * 2 + p * 2 + k % 2] = x - zx (0 outside the image) */
+static void im2col_i16(const uint8_t *xg, const int16_t *lut, const qc_dims *d, long cg, int16_t *cols, long P8)
+{
+    const long kk = d->kh * d->kw, K = cg * kk;
+    for (long k = 0; k < K; k++) {
+        const long ci = k / kk, r = k % kk, ky = r / d->kw, kx = r % d->kw;
+        int16_t *dst = cols + (k >> 1) * P8 * 2 + (k & 1);
+        const uint8_t *plane = xg + ci * d->h * d->w;
+        long p = 0;
+        for (long oy = 0; oy < d->oh; oy++) {
+            const long iy = oy * d->sh - d->pt + ky * d->dh;
+            if (iy < 0 || iy >= d->h) {
+                for (long ox = 0; ox < d->ow; ox++, p++) dst[2 * p] = 0;
+                continue;
+            }
+            const uint8_t *row = plane + iy * d->w;
+            long ix = -d->pl + kx * d->dw;
+            for (long ox = 0; ox < d->ow; ox++, p++, ix += d->sw) dst[2 * p] = (ix >= 0 && ix < d->w) ? lut[row[ix]] : 0;
+        }
+        for (; p < P8; p++) dst[2 * p] = 0;
+    }
+    if (K & 1) {
+        int16_t *dst = cols + (K >> 1) * P8 * 2 + 1;
+        for (long p = 0; p < P8; p++) dst[2 * p] = 0;
+    }
+}
+
+static inline int clamp_round(float f, float lo, float hi, int zy)
+{
+    f = f > lo ? f : lo; /* NaN -> lo, as maxps(f, lo) */
+    f = f < hi ? f : hi;
+    return (int)rintf(f) + zy;
+}
+
+static void store_out(void *y, long idx, int ymode, int32_t acc, float scale, float lo, float hi, int zy)
+{
+    const float f = (float)acc * scale;
+    if (ymode == 2) {
+        ((float *)y)[idx] = f;
+    } else if (ymode == 1) {
+        ((int8_t *)y)[idx] = (int8_t)clamp_round(f, lo, hi, zy);
+    } else {
+        ((uint8_t *)y)[idx] = (uint8_t)clamp_round(f, lo, hi, zy);
+    }
+}
+
+static void gemm_portable(const int16_t *w, long Kp, const int16_t *cols, long P8, long P, long mg, const int32_t *bias,
+                          const float *scales, void *y, long ybase, int ymode, float lo, float hi, int zy)
+{
+    for (long m = 0; m < mg; m++) {
+        const int16_t *wr = w + m * Kp;
+        for (long p = 0; p < P; p++) {
+            uint32_t s = 0; /* wraps as the SIMD sums do (int32 overflow is onnxruntime's too) */
+            for (long q = 0; q < Kp / 2; q++) {
+                const int16_t *c = cols + (q * P8 + p) * 2;
+                s += (uint32_t)((int32_t)c[0] * wr[2 * q] + (int32_t)c[1] * wr[2 * q + 1]);
+            }
+            s += (uint32_t)bias[m];
+            store_out(y, ybase + m * P + p, ymode, (int32_t)s, scales[m], lo, hi, zy);
+        }
+    }
+}
+
+#ifdef QL_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static inline void store8_avx2(void *y, long idx, int ymode, __m256i acc, __m256 scale, __m256 lo, __m256 hi,
+                               __m256i zy, long count)
+{
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), scale);
+    if (ymode == 2) {
+        if (count == 8) {
+            _mm256_storeu_ps((float *)y + idx, f);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, f);
+            memcpy((float *)y + idx, t, (size_t)count * 4);
+        }
+        return;
+    }
+    f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
+    const __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(f), zy);
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i p8 = ymode == 1 ? _mm_packs_epi16(p16, p16) : _mm_packus_epi16(p16, p16);
+    uint8_t *dst = (uint8_t *)y + idx;
+    if (count == 8) {
+        _mm_storel_epi64((__m128i *)dst, p8);
+    } else {
+        uint8_t t[16];
+        _mm_storeu_si128((__m128i *)t, p8);
+        memcpy(dst, t, (size_t)count);
+    }
+}
+
+static void gemm_avx2(const int16_t *w, long Kp, const int16_t *cols, long P8, long P, long mg, const int32_t *bias,
+                      const float *scales, void *y, long ybase, int ymode, float lo_f, float hi_f, int zy_i)
+{
+    const __m256 lo = _mm256_set1_ps(lo_f), hi = _mm256_set1_ps(hi_f);
+    const __m256i zy = _mm256_set1_epi32(zy_i);
+    const long half = Kp / 2;
+    for (long m0 = 0; m0 < mg; m0 += 4) {
+        const long rows = mg - m0 < 4 ? mg - m0 : 4;
+        const int16_t *wr[4];
+        for (int r = 0; r < 4; r++) wr[r] = w + (m0 + (r < rows ? r : rows - 1)) * Kp;
+        for (long p0 = 0; p0 < P8; p0 += 16) {
+            const int two = p0 + 16 <= P8;
+            __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                    a31 = a00;
+            const int16_t *c = cols + p0 * 2;
+            if (two) {
+                for (long q = 0; q < half; q++, c += P8 * 2) {
+                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)c);
+                    const __m256i c1 = _mm256_loadu_si256((const __m256i *)(c + 16));
+                    int32_t w0, w1, w2, w3;
+                    memcpy(&w0, wr[0] + 2 * q, 4);
+                    memcpy(&w1, wr[1] + 2 * q, 4);
+                    memcpy(&w2, wr[2] + 2 * q, 4);
+                    memcpy(&w3, wr[3] + 2 * q, 4);
+                    const __m256i b0 = _mm256_set1_epi32(w0), b1 = _mm256_set1_epi32(w1);
+                    const __m256i b2 = _mm256_set1_epi32(w2), b3 = _mm256_set1_epi32(w3);
+                    a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(c0, b0));
+                    a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(c1, b0));
+                    a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(c0, b1));
+                    a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(c1, b1));
+                    a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(c0, b2));
+                    a21 = _mm256_add_epi32(a21, _mm256_madd_epi16(c1, b2));
+                    a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(c0, b3));
+                    a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(c1, b3));
+                }
+            } else {
+                for (long q = 0; q < half; q++, c += P8 * 2) {
+                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)c);
+                    int32_t w0, w1, w2, w3;
+                    memcpy(&w0, wr[0] + 2 * q, 4);
+                    memcpy(&w1, wr[1] + 2 * q, 4);
+                    memcpy(&w2, wr[2] + 2 * q, 4);
+                    memcpy(&w3, wr[3] + 2 * q, 4);
+                    a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(c0, _mm256_set1_epi32(w0)));
+                    a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(c0, _mm256_set1_epi32(w1)));
+                    a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(c0, _mm256_set1_epi32(w2)));
+                    a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(c0, _mm256_set1_epi32(w3)));
+                }
+            }
+            const __m256i acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+            for (long r = 0; r < rows; r++) {
+                const long m = m0 + r;
+                const __m256i b = _mm256_set1_epi32(bias[m]);
+                const __m256 s = _mm256_set1_ps(scales[m]);
+                for (int v = 0; v < 1 + two; v++) {
+                    const long p = p0 + 8 * v;
+                    if (p >= P) break;
+                    store8_avx2(y, ybase + m * P + p, ymode, _mm256_add_epi32(acc[r][v], b), s, lo, hi, zy,
+                                P - p < 8 ? P - p : 8);
+                }
+            }
+        }
+    }
+}
+#pragma GCC pop_options
+#endif
+
+static int get_dims(PyObject *o, int64_t *out, Py_ssize_t n, const char *who)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (b.len != n * 8) {
+        PyBuffer_Release(&b);
+        PyErr_Format(PyExc_ValueError, "%s: dims must hold %zd int64", who, n);
+        return -1;
+    }
+    memcpy(out, b.buf, (size_t)n * 8);
+    PyBuffer_Release(&b);
+    return 0;
+}
+
+static void release_all(Py_buffer *b, int n)
+{
+    for (int i = 0; i < n; i++) PyBuffer_Release(&b[i]);
+}
+
+static int get_buffers(PyObject *const *args, Py_buffer *b, int n, int writable_index)
+{
+    for (int i = 0; i < n; i++) {
+        const int flags = PyBUF_C_CONTIGUOUS | (i == writable_index ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(args[i], &b[i], flags) < 0) {
+            release_all(b, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void type_range(int ymode, float zy, float *lo, float *hi)
+{
+    *lo = (ymode == 1 ? -128.0f : 0.0f) - zy;
+    *hi = (ymode == 1 ? 127.0f : 255.0f) - zy;
+}
+
+/* qconv(x, w16 [M, Kp], bias int32 [M], scales float32 [M], y, dims int64[20]) */
+PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "qconv takes 6 positional arguments");
+        return NULL;
+    }
+    int64_t v[20];
+    if (get_dims(args[5], v, 20, "qconv") < 0) return NULL;
+    qc_dims d = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15],
+                 (int)v[16], (int)v[17], (int)v[18], (int)v[19]};
+    Py_buffer b[5];
+    if (get_buffers(args, b, 5, 4) < 0) return NULL;
+    const long cg = d.g > 0 ? d.c / d.g : 0, K = cg * d.kh * d.kw, Kp = (K + 1) & ~1L, P = d.oh * d.ow;
+    const long P8 = (P + 7) & ~7L, M = d.g * d.mg;
+    const Py_ssize_t ysize = d.ymode == 2 ? 4 : 1;
+    if (d.g < 1 || d.c % d.g || P < 1 || b[0].len != (Py_ssize_t)(d.n * d.c * d.h * d.w) || b[1].len != 2 * M * Kp ||
+        b[2].len != 4 * M || b[3].len != 4 * M || b[4].len != ysize * d.n * M * P) {
+        release_all(b, 5);
+        PyErr_SetString(PyExc_ValueError, "qconv: buffer sizes do not match dims");
+        return NULL;
+    }
+    int16_t *cols = cols_scratch((size_t)(Kp * P8));
+    if (!cols) {
+        release_all(b, 5);
+        return PyErr_NoMemory();
+    }
+    int16_t lut[256];
+    for (int i = 0; i < 256; i++) lut[i] = (int16_t)((d.xsigned ? (int)(int8_t)i : i) - d.zx);
+    float lo, hi;
+    type_range(d.ymode, (float)d.zy, &lo, &hi);
+    const uint8_t *x = (const uint8_t *)b[0].buf;
+    const int16_t *w = (const int16_t *)b[1].buf;
+    const int32_t *bias = (const int32_t *)b[2].buf;
+    const float *scales = (const float *)b[3].buf;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef QL_X86
+    const int simd = ext_isa_level() >= 1;
+#endif
+    for (long img = 0; img < d.n; img++) {
+        for (long gi = 0; gi < d.g; gi++) {
+            im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, lut, &d, cg, cols, P8);
+            const long m0 = gi * d.mg, ybase = (img * M + m0) * P;
+#ifdef QL_X86
+            if (simd) {
+                gemm_avx2(w + m0 * Kp, Kp, cols, P8, P, d.mg, bias + m0, scales + m0, b[4].buf, ybase, d.ymode, lo, hi,
+                          d.zy);
+                continue;
+            }
+#endif
+            gemm_portable(w + m0 * Kp, Kp, cols, P8, P, d.mg, bias + m0, scales + m0, b[4].buf, ybase, d.ymode, lo, hi,
+                          d.zy);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release_all(b, 5);
+    Py_RETURN_NONE;
+}
+
+/* ---- QLinearAdd / QLinearMul ---- */
+
+typedef struct {
+    long n, span;
+    int bmode, ysigned, op, fused;
+    float p0, p1, p2;   /* add: ra, rb, fixed; mul: ratio, zc */
+    int za, zb;         /* mul */
+} qb_args;
+
+static inline float qb_value(const qb_args *q, int a, int b)
+{
+    if (q->op == 0) {
+        const float fa = (float)a, fb = (float)b;
+        return q->fused ? fmaf(fa, q->p0, fmaf(fb, q->p1, q->p2)) : (q->p2 + fa * q->p0) + fb * q->p1;
+    }
+    const int32_t p = (int32_t)(a - q->za) * (int32_t)(b - q->zb);
+    return (float)p * q->p0 + q->p1;
+}
+
+static void qbinary_portable(const qb_args *q, const uint8_t *a, const uint8_t *b, uint8_t *y, long i0, long i1)
+{
+    const float lo = q->ysigned ? -128.0f : 0.0f, hi = q->ysigned ? 127.0f : 255.0f;
+    for (long i = i0; i < i1; i++) {
+        const long j = q->bmode ? i / q->span : i;
+        const int av = q->ysigned ? (int)(int8_t)a[i] : (int)a[i];
+        const int bv = q->ysigned ? (int)(int8_t)b[j] : (int)b[j];
+        const int r = clamp_round(qb_value(q, av, bv), lo, hi, 0);
+        y[i] = (uint8_t)r; /* int8 as its two's complement byte */
+    }
+}
+
+#ifdef QL_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static inline __m256i load8_i32(const uint8_t *p, int sgn)
+{
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return sgn ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+static inline void store8_u8(uint8_t *dst, __m256i v, int sgn)
+{
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)dst, sgn ? _mm_packs_epi16(p16, p16) : _mm_packus_epi16(p16, p16));
+}
+
+/* elements [i0, i0 + 8k) with b elementwise (bv NULL) or the one value bv */
+static long qbinary_avx2_run(const qb_args *q, const uint8_t *a, const uint8_t *b, const int *bv, uint8_t *y,
+                             long i0, long i1)
+{
+    const int sgn = q->ysigned;
+    const __m256 lo = _mm256_set1_ps(sgn ? -128.0f : 0.0f), hi = _mm256_set1_ps(sgn ? 127.0f : 255.0f);
+    const __m256 p0 = _mm256_set1_ps(q->p0), p1 = _mm256_set1_ps(q->p1), p2 = _mm256_set1_ps(q->p2);
+    const __m256i za = _mm256_set1_epi32(q->za), zb = _mm256_set1_epi32(q->zb);
+    const __m256i bb = _mm256_set1_epi32(bv ? *bv : 0);
+    long i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        const __m256i ai = load8_i32(a + i, sgn), bi = bv ? bb : load8_i32(b + i, sgn);
+        __m256 f;
+        if (q->op == 0) {
+            const __m256 fa = _mm256_cvtepi32_ps(ai), fb = _mm256_cvtepi32_ps(bi);
+            f = q->fused ? _mm256_fmadd_ps(fa, p0, _mm256_fmadd_ps(fb, p1, p2))
+                         : _mm256_add_ps(_mm256_add_ps(p2, _mm256_mul_ps(fa, p0)), _mm256_mul_ps(fb, p1));
+        } else {
+            const __m256i pr = _mm256_mullo_epi32(_mm256_sub_epi32(ai, za), _mm256_sub_epi32(bi, zb));
+            f = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(pr), p0), p1);
+        }
+        f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
+        store8_u8(y + i, _mm256_cvtps_epi32(f), sgn);
+    }
+    return i;
+}
+
+static void qbinary_avx2(const qb_args *q, const uint8_t *a, const uint8_t *b, uint8_t *y)
+{
+    if (!q->bmode) {
+        const long i = qbinary_avx2_run(q, a, b, NULL, y, 0, q->n);
+        qbinary_portable(q, a, b, y, i, q->n);
+        return;
+    }
+    for (long o = 0; o * q->span < q->n; o++) {
+        const long i0 = o * q->span, i1 = i0 + q->span;
+        const int bv = q->ysigned ? (int)(int8_t)b[o] : (int)b[o];
+        const long i = qbinary_avx2_run(q, a, b, &bv, y, i0, i1);
+        qbinary_portable(q, a, b, y, i, i1);
+    }
+}
+#pragma GCC pop_options
+#endif
+
+/* qbinary(a, b, y, dims int64[6] (n, span, bmode, signed, op, fused), params float64[5]) */
+PyObject *py_qbinary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "qbinary takes 5 positional arguments");
+        return NULL;
+    }
+    int64_t v[6];
+    if (get_dims(args[3], v, 6, "qbinary") < 0) return NULL;
+    Py_buffer pb;
+    if (PyObject_GetBuffer(args[4], &pb, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (pb.len != 5 * 8) {
+        PyBuffer_Release(&pb);
+        PyErr_SetString(PyExc_ValueError, "qbinary: params must hold 5 float64");
+        return NULL;
+    }
+    const double *p = (const double *)pb.buf;
+    qb_args q = {v[0], v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (float)p[0], (float)p[1], (float)p[2],
+                 (int)p[3], (int)p[4]};
+    PyBuffer_Release(&pb);
+    Py_buffer b[3];
+    if (get_buffers(args, b, 3, 2) < 0) return NULL;
+    if (q.span < 1 || b[0].len != q.n || b[2].len != q.n || b[1].len != (q.bmode ? q.n / q.span : q.n) ||
+        (q.bmode && q.n % q.span)) {
+        release_all(b, 3);
+        PyErr_SetString(PyExc_ValueError, "qbinary: buffer sizes do not match dims");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef QL_X86
+    if (ext_isa_level() >= 1)
+        qbinary_avx2(&q, b[0].buf, b[1].buf, b[2].buf);
+    else
+#endif
+        qbinary_portable(&q, b[0].buf, b[1].buf, b[2].buf, 0, q.n);
+    Py_END_ALLOW_THREADS
+    release_all(b, 3);
+    Py_RETURN_NONE;
+}
+
+/* qgap(x, y, dims int64[5] (planes, size, zx, zy, signed), scale) */
+PyObject *py_qgap(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "qgap takes 4 positional arguments");
+        return NULL;
+    }
+    int64_t v[5];
+    if (get_dims(args[2], v, 5, "qgap") < 0) return NULL;
+    const float scale = (float)PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer b[2];
+    if (get_buffers(args, b, 2, 1) < 0) return NULL;
+    const long planes = v[0], size = v[1];
+    const int zx = (int)v[2], zy = (int)v[3], sgn = (int)v[4];
+    if (b[0].len != planes * size || b[1].len != planes) {
+        release_all(b, 2);
+        PyErr_SetString(PyExc_ValueError, "qgap: buffer sizes do not match dims");
+        return NULL;
+    }
+    float lo, hi;
+    type_range(sgn, (float)zy, &lo, &hi);
+    const uint8_t *x = b[0].buf;
+    uint8_t *y = b[1].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (long i = 0; i < planes; i++) {
+        const uint8_t *row = x + i * size;
+        int64_t s = 0;
+        if (sgn) {
+            for (long j = 0; j < size; j++) s += (int8_t)row[j];
+        } else {
+            for (long j = 0; j < size; j++) s += row[j];
+        }
+        const int32_t acc = (int32_t)(uint32_t)(s - (int64_t)zx * size);
+        y[i] = (uint8_t)clamp_round((float)acc * scale, lo, hi, zy);
+    }
+    Py_END_ALLOW_THREADS
+    release_all(b, 2);
+    Py_RETURN_NONE;
+}
+
+static void quantize_portable(const float *x, uint8_t *y, long i0, long n, float scale, int zp, int sgn)
+{
+    float lo, hi;
+    type_range(sgn, (float)zp, &lo, &hi);
+    for (long i = i0; i < n; i++) y[i] = (uint8_t)clamp_round(x[i] / scale, lo, hi, zp);
+}
+
+#ifdef QL_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+static long quantize_avx2(const float *x, uint8_t *y, long n, float scale, int zp, int sgn)
+{
+    float lo_f, hi_f;
+    type_range(sgn, (float)zp, &lo_f, &hi_f);
+    const __m256 s = _mm256_set1_ps(scale), lo = _mm256_set1_ps(lo_f), hi = _mm256_set1_ps(hi_f);
+    const __m256i z = _mm256_set1_epi32(zp);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 f = _mm256_div_ps(_mm256_loadu_ps(x + i), s);
+        f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
+        store8_u8(y + i, _mm256_add_epi32(_mm256_cvtps_epi32(f), z), sgn);
+    }
+    return i;
+}
+
+static long dequantize_avx2(const uint8_t *x, float *y, long n, float scale, int zp, int sgn)
+{
+    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps((float)zp);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 f = _mm256_cvtepi32_ps(load8_i32(x + i, sgn));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_sub_ps(f, z), s));
+    }
+    return i;
+}
+#pragma GCC pop_options
+#endif
+
+/* quantize_f32(x float32, y, zp, signed, scale) and dequantize_f32(x, y float32, zp, signed, scale) */
+static PyObject *qdq_call(PyObject *const *args, Py_ssize_t nargs, int quant)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "quantize_f32/dequantize_f32 take 5 positional arguments");
+        return NULL;
+    }
+    const int zp = (int)PyLong_AsLong(args[2]), sgn = (int)PyLong_AsLong(args[3]);
+    const float scale = (float)PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer b[2];
+    if (get_buffers(args, b, 2, 1) < 0) return NULL;
+    const long n = (long)(quant ? b[1].len : b[0].len);
+    if ((quant ? b[0].len : b[1].len) != 4 * (Py_ssize_t)n) {
+        release_all(b, 2);
+        PyErr_SetString(PyExc_ValueError, "quantize_f32/dequantize_f32: x and y sizes differ");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    long i = 0;
+    if (quant) {
+#ifdef QL_X86
+        if (ext_isa_level() >= 1) i = quantize_avx2(b[0].buf, b[1].buf, n, scale, zp, sgn);
+#endif
+        quantize_portable(b[0].buf, b[1].buf, i, n, scale, zp, sgn);
+    } else {
+        const uint8_t *x = b[0].buf;
+        float *y = b[1].buf;
+#ifdef QL_X86
+        if (ext_isa_level() >= 1) i = dequantize_avx2(x, y, n, scale, zp, sgn);
+#endif
+        for (; i < n; i++) y[i] = ((float)(sgn ? (int)(int8_t)x[i] : (int)x[i]) - (float)zp) * scale;
+    }
+    Py_END_ALLOW_THREADS
+    release_all(b, 2);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_quantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return qdq_call(args, nargs, 1);
+}
+
+PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return qdq_call(args, nargs, 0);
+}

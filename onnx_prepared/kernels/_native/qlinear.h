@@ -1,0 +1,26 @@
+/* Entry points of qlinear.c (QLinearConv/QGemm, QLinearAdd/Mul, QLinearGlobalAveragePool, per-tensor
+ * QuantizeLinear/DequantizeLinear in MLAS's roundings) for module.c. */
+#ifndef ONNX_PREPARED_QLINEAR_H
+#define ONNX_PREPARED_QLINEAR_H
+
+#include <Python.h>
+
+PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_qbinary(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_qgap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_quantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#define QLINEAR_METHODS                                                                                        \
+    {"qconv", (PyCFunction)(void (*)(void))py_qconv, METH_FASTCALL,                                           \
+     "exact int32 convolution on centered int16 weights, + bias, requantized as MlasRequantizeOutput"},      \
+    {"qbinary", (PyCFunction)(void (*)(void))py_qbinary, METH_FASTCALL,                                       \
+     "QLinearAdd (op 0) / QLinearMul (op 1) in MLAS's float order"},                                          \
+    {"qgap", (PyCFunction)(void (*)(void))py_qgap, METH_FASTCALL,                                             \
+     "QLinearGlobalAveragePool: integer plane sums, requantized"},                                            \
+    {"quantize_f32", (PyCFunction)(void (*)(void))py_quantize_f32, METH_FASTCALL,                             \
+     "per-tensor QuantizeLinear of float32 into uint8/int8"},                                                 \
+    {"dequantize_f32", (PyCFunction)(void (*)(void))py_dequantize_f32, METH_FASTCALL,                         \
+     "per-tensor DequantizeLinear of uint8/int8 into float32"},
+
+#endif
