@@ -28,6 +28,7 @@ from onnx_prepared.resolve.fusions import (
     fuse_encoder,
     fuse_squeeze_excite,
 )
+from onnx_prepared.resolve.fusions_qdq import fuse_qdq
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
@@ -155,6 +156,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     removed = _eliminate_dead_nodes(graph)
     fuse_dequantize_matmul(graph, model.weights, model.opsets)
     forward_initializer_identities(graph, model.weights)
+    fuse_qdq(graph, model.weights)
     fuse_squeeze_excite(graph, model.weights)
     fuse_conv_batchnorm(graph, model.weights)
     fuse_conv_activation(graph, model.weights)

@@ -3,10 +3,10 @@
  *
  * qconv: QLinearConv (and QGemm, as a 1x1 convolution) on prepacked centered int16 weights
  * ``[M, Kp]`` (``w - w_zp``, K = C/g * KH * KW rounded up to even, zero past K). Every image and group
- * is turned into int16 columns of ``x - x_zp`` (padding is the zero point, so 0), laid out as pairs of k
- * ``[Kp/2, P8, 2]`` (P8 = output pixels rounded up to 8, zero past P); a pair of k of a weight row
- * multiplies a pair of columns in int32 (vpmaddwd: |sum| <= 2 * 255 * 255, never saturated), summed in
- * int32: the exact integer the ONNX definition states, whatever the order. The int32 bias is added,
+ * is turned into int16 columns of ``x - x_zp`` ``[Kp, P16]`` (padding is the zero point, so 0; P16 = the
+ * output pixels rounded up to 16, zero past P); two rows of columns interleaved into pairs of k multiply
+ * a pair of a weight row in int32 (vpmaddwd: |sum| <= 2 * 255 * 255, never saturated), summed in int32:
+ * the exact integer the ONNX definition states, whatever the order. The int32 bias is added,
  * then MLAS's MlasRequantizeOutput: float32(acc) * scale[m], clamped to the type's range less the
  * output zero point, rounded half to even (the default MXCSR mode; rintf on the portable level), plus
  * the zero point. Output mode 2 stores float32(acc) * scale[m] instead (QGemm without y_scale).
@@ -20,8 +20,9 @@
  * quantize_f32 / dequantize_f32: per-tensor QuantizeLinear (x / scale, clamped, rounded half to even,
  * plus the zero point: MLAS's order) and DequantizeLinear ((x - zp) * scale in float32).
  *
- * Everything runs on the calling thread with the GIL released (these models' tensors are small);
- * the column scratch is per thread and only grows. */
+ * Everything runs with the GIL released; a large convolution's GEMM (AVX2) is split over the pool in
+ * blocks of weight rows, the rest runs on the calling thread. The column scratch is per thread and only
+ * grows. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
 #include "qlinear.h"
 #include "rnn_module.h" /* ext_isa_level */
 
@@ -57,31 +59,48 @@ static int16_t *cols_scratch(size_t n)
     return tl_cols;
 }
 
-/* columns of one image's group: cols[(k / 2) * P8 * 2 + p * 2 + k % 2] = x - zx (0 outside the image) */
-static void im2col_i16(const uint8_t *xg, const int16_t *lut, const qc_dims *d, long cg, int16_t *cols, long P8)
+/* columns of one image's group: cols[k * P16 + p] = x - zx (0 outside the image, past P and at k = K when
+ * K is odd); a unit-stride row is a widening copy the compiler vectorizes */
+static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *cols, long P16)
 {
     const long kk = d->kh * d->kw, K = cg * kk;
+    const int zx = d->zx;
     for (long k = 0; k < K; k++) {
         const long ci = k / kk, r = k % kk, ky = r / d->kw, kx = r % d->kw;
-        int16_t *dst = cols + (k >> 1) * P8 * 2 + (k & 1);
+        int16_t *dst = cols + k * P16;
         const uint8_t *plane = xg + ci * d->h * d->w;
-        long p = 0;
-        for (long oy = 0; oy < d->oh; oy++) {
+        /* the outputs whose input column is inside the row: ox in [o0, o1) */
+        const long base = -d->pl + kx * d->dw;
+        long o0 = base >= 0 ? 0 : (-base + d->sw - 1) / d->sw;
+        long o1 = d->w - base <= 0 ? 0 : (d->w - base + d->sw - 1) / d->sw;
+        if (o1 > d->ow) o1 = d->ow;
+        if (o0 > o1) o0 = o1;
+        for (long oy = 0; oy < d->oh; oy++, dst += d->ow) {
             const long iy = oy * d->sh - d->pt + ky * d->dh;
             if (iy < 0 || iy >= d->h) {
-                for (long ox = 0; ox < d->ow; ox++, p++) dst[2 * p] = 0;
+                memset(dst, 0, (size_t)d->ow * 2);
                 continue;
             }
             const uint8_t *row = plane + iy * d->w;
-            long ix = -d->pl + kx * d->dw;
-            for (long ox = 0; ox < d->ow; ox++, p++, ix += d->sw) dst[2 * p] = (ix >= 0 && ix < d->w) ? lut[row[ix]] : 0;
+            for (long ox = 0; ox < o0; ox++) dst[ox] = 0;
+            if (d->sw == 1) {
+                if (d->xsigned) {
+                    const int8_t *sr = (const int8_t *)row;
+                    for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(sr[base + ox] - zx);
+                } else {
+                    for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(row[base + ox] - zx);
+                }
+            } else if (d->xsigned) {
+                const int8_t *sr = (const int8_t *)row;
+                for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(sr[base + ox * d->sw] - zx);
+            } else {
+                for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(row[base + ox * d->sw] - zx);
+            }
+            for (long ox = o1; ox < d->ow; ox++) dst[ox] = 0;
         }
-        for (; p < P8; p++) dst[2 * p] = 0;
+        memset(cols + k * P16 + d->oh * d->ow, 0, (size_t)(P16 - d->oh * d->ow) * 2);
     }
-    if (K & 1) {
-        int16_t *dst = cols + (K >> 1) * P8 * 2 + 1;
-        for (long p = 0; p < P8; p++) dst[2 * p] = 0;
-    }
+    if (K & 1) memset(cols + K * P16, 0, (size_t)P16 * 2);
 }
 
 static inline int clamp_round(float f, float lo, float hi, int zy)
@@ -103,20 +122,20 @@ static void store_out(void *y, long idx, int ymode, int32_t acc, float scale, fl
     }
 }
 
-static void gemm_portable(const int16_t *w, long Kp, const int16_t *cols, long P8, long P, long mg, const int32_t *bias,
-                          const float *scales, void *y, long ybase, int ymode, float lo, float hi, int zy)
+/* acc: P16 uint32 of scratch (uint32: wraps as the SIMD sums do; an int32 overflow is onnxruntime's too) */
+static void gemm_portable(const int16_t *w, long Kp, const int16_t *cols, long P16, long P, long mg, const int32_t *bias,
+                          const float *scales, void *y, long ybase, int ymode, float lo, float hi, int zy,
+                          uint32_t *acc)
 {
     for (long m = 0; m < mg; m++) {
         const int16_t *wr = w + m * Kp;
-        for (long p = 0; p < P; p++) {
-            uint32_t s = 0; /* wraps as the SIMD sums do (int32 overflow is onnxruntime's too) */
-            for (long q = 0; q < Kp / 2; q++) {
-                const int16_t *c = cols + (q * P8 + p) * 2;
-                s += (uint32_t)((int32_t)c[0] * wr[2 * q] + (int32_t)c[1] * wr[2 * q + 1]);
-            }
-            s += (uint32_t)bias[m];
-            store_out(y, ybase + m * P + p, ymode, (int32_t)s, scales[m], lo, hi, zy);
+        for (long p = 0; p < P; p++) acc[p] = (uint32_t)bias[m];
+        for (long k = 0; k < Kp; k++) {
+            const int32_t wk = wr[k];
+            const int16_t *c = cols + k * P16;
+            for (long p = 0; p < P; p++) acc[p] += (uint32_t)((int32_t)c[p] * wk);
         }
+        for (long p = 0; p < P; p++) store_out(y, ybase + m * P + p, ymode, (int32_t)acc[p], scales[m], lo, hi, zy);
     }
 }
 
@@ -151,71 +170,80 @@ static inline void store8_avx2(void *y, long idx, int ymode, __m256i acc, __m256
     }
 }
 
-static void gemm_avx2(const int16_t *w, long Kp, const int16_t *cols, long P8, long P, long mg, const int32_t *bias,
+#define QL_BCAST(ptr) _mm256_set1_epi32(*(const int32_t *)(ptr))
+
+/* 4 weight rows x 16 pixels: rows k and k + 1 of the columns interleaved into pairs (unpacklo: pixels
+ * 0-3 and 8-11, unpackhi: 4-7 and 12-15), each pair times a weight pair in int32 (vpmaddwd) */
+static void gemm_avx2(const int16_t *w, long Kp, const int16_t *cols, long P16, long P, long mg, const int32_t *bias,
                       const float *scales, void *y, long ybase, int ymode, float lo_f, float hi_f, int zy_i)
 {
     const __m256 lo = _mm256_set1_ps(lo_f), hi = _mm256_set1_ps(hi_f);
     const __m256i zy = _mm256_set1_epi32(zy_i);
-    const long half = Kp / 2;
     for (long m0 = 0; m0 < mg; m0 += 4) {
         const long rows = mg - m0 < 4 ? mg - m0 : 4;
-        const int16_t *wr[4];
-        for (int r = 0; r < 4; r++) wr[r] = w + (m0 + (r < rows ? r : rows - 1)) * Kp;
-        for (long p0 = 0; p0 < P8; p0 += 16) {
-            const int two = p0 + 16 <= P8;
+        const int16_t *w0 = w + m0 * Kp, *w1 = w + (m0 + (rows > 1)) * Kp, *w2 = w + (m0 + (rows > 2 ? 2 : 0)) * Kp;
+        const int16_t *w3 = w + (m0 + (rows > 3 ? 3 : 0)) * Kp;
+        for (long p0 = 0; p0 < P16; p0 += 16) {
             __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
                     a31 = a00;
-            const int16_t *c = cols + p0 * 2;
-            if (two) {
-                for (long q = 0; q < half; q++, c += P8 * 2) {
-                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)c);
-                    const __m256i c1 = _mm256_loadu_si256((const __m256i *)(c + 16));
-                    int32_t w0, w1, w2, w3;
-                    memcpy(&w0, wr[0] + 2 * q, 4);
-                    memcpy(&w1, wr[1] + 2 * q, 4);
-                    memcpy(&w2, wr[2] + 2 * q, 4);
-                    memcpy(&w3, wr[3] + 2 * q, 4);
-                    const __m256i b0 = _mm256_set1_epi32(w0), b1 = _mm256_set1_epi32(w1);
-                    const __m256i b2 = _mm256_set1_epi32(w2), b3 = _mm256_set1_epi32(w3);
-                    a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(c0, b0));
-                    a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(c1, b0));
-                    a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(c0, b1));
-                    a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(c1, b1));
-                    a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(c0, b2));
-                    a21 = _mm256_add_epi32(a21, _mm256_madd_epi16(c1, b2));
-                    a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(c0, b3));
-                    a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(c1, b3));
-                }
-            } else {
-                for (long q = 0; q < half; q++, c += P8 * 2) {
-                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)c);
-                    int32_t w0, w1, w2, w3;
-                    memcpy(&w0, wr[0] + 2 * q, 4);
-                    memcpy(&w1, wr[1] + 2 * q, 4);
-                    memcpy(&w2, wr[2] + 2 * q, 4);
-                    memcpy(&w3, wr[3] + 2 * q, 4);
-                    a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(c0, _mm256_set1_epi32(w0)));
-                    a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(c0, _mm256_set1_epi32(w1)));
-                    a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(c0, _mm256_set1_epi32(w2)));
-                    a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(c0, _mm256_set1_epi32(w3)));
-                }
+            const int16_t *c = cols + p0;
+            for (long k = 0; k < Kp; k += 2, c += 2 * P16) {
+                const __m256i r0 = _mm256_loadu_si256((const __m256i *)c);
+                const __m256i r1 = _mm256_loadu_si256((const __m256i *)(c + P16));
+                const __m256i lo16 = _mm256_unpacklo_epi16(r0, r1), hi16 = _mm256_unpackhi_epi16(r0, r1);
+                const __m256i b0 = QL_BCAST(w0 + k), b1 = QL_BCAST(w1 + k);
+                a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(lo16, b0));
+                a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(hi16, b0));
+                a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(lo16, b1));
+                a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(hi16, b1));
+                const __m256i b2 = QL_BCAST(w2 + k), b3 = QL_BCAST(w3 + k);
+                a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(lo16, b2));
+                a21 = _mm256_add_epi32(a21, _mm256_madd_epi16(hi16, b2));
+                a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(lo16, b3));
+                a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(hi16, b3));
             }
             const __m256i acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
             for (long r = 0; r < rows; r++) {
                 const long m = m0 + r;
                 const __m256i b = _mm256_set1_epi32(bias[m]);
                 const __m256 s = _mm256_set1_ps(scales[m]);
-                for (int v = 0; v < 1 + two; v++) {
-                    const long p = p0 + 8 * v;
-                    if (p >= P) break;
-                    store8_avx2(y, ybase + m * P + p, ymode, _mm256_add_epi32(acc[r][v], b), s, lo, hi, zy,
-                                P - p < 8 ? P - p : 8);
-                }
+                const __m256i first = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20);  /* pixels 0-7 */
+                const __m256i second = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31); /* pixels 8-15 */
+                if (p0 < P)
+                    store8_avx2(y, ybase + m * P + p0, ymode, _mm256_add_epi32(first, b), s, lo, hi, zy,
+                                P - p0 < 8 ? P - p0 : 8);
+                if (p0 + 8 < P)
+                    store8_avx2(y, ybase + m * P + p0 + 8, ymode, _mm256_add_epi32(second, b), s, lo, hi, zy,
+                                P - p0 - 8 < 8 ? P - p0 - 8 : 8);
             }
         }
     }
 }
 #pragma GCC pop_options
+#endif
+
+#ifdef QL_X86
+/* one image's group of gemm_avx2 split over the pool by blocks of 4 weight rows (exact in any split) */
+typedef struct {
+    const int16_t *w, *cols;
+    const int32_t *bias;
+    const float *scales;
+    void *y;
+    long Kp, P16, P, mg, ybase, nblocks;
+    float lo, hi;
+    int ymode, zy, ntasks;
+} qc_job;
+
+static void qc_task(void *ctx, int t)
+{
+    const qc_job *j = (const qc_job *)ctx;
+    const long m0 = 4 * (j->nblocks * t / j->ntasks);
+    long m1 = 4 * (j->nblocks * (t + 1) / j->ntasks);
+    if (m1 > j->mg) m1 = j->mg;
+    if (m1 > m0)
+        gemm_avx2(j->w + m0 * j->Kp, j->Kp, j->cols, j->P16, j->P, m1 - m0, j->bias + m0, j->scales + m0, j->y,
+                  j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
+}
 #endif
 
 static int get_dims(PyObject *o, int64_t *out, Py_ssize_t n, const char *who)
@@ -270,7 +298,7 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer b[5];
     if (get_buffers(args, b, 5, 4) < 0) return NULL;
     const long cg = d.g > 0 ? d.c / d.g : 0, K = cg * d.kh * d.kw, Kp = (K + 1) & ~1L, P = d.oh * d.ow;
-    const long P8 = (P + 7) & ~7L, M = d.g * d.mg;
+    const long P16 = (P + 15) & ~15L, M = d.g * d.mg;
     const Py_ssize_t ysize = d.ymode == 2 ? 4 : 1;
     if (d.g < 1 || d.c % d.g || P < 1 || b[0].len != (Py_ssize_t)(d.n * d.c * d.h * d.w) || b[1].len != 2 * M * Kp ||
         b[2].len != 4 * M || b[3].len != 4 * M || b[4].len != ysize * d.n * M * P) {
@@ -278,13 +306,11 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "qconv: buffer sizes do not match dims");
         return NULL;
     }
-    int16_t *cols = cols_scratch((size_t)(Kp * P8));
+    int16_t *cols = cols_scratch((size_t)(Kp * P16 + 2 * P16)); /* the columns, then the portable sums */
     if (!cols) {
         release_all(b, 5);
         return PyErr_NoMemory();
     }
-    int16_t lut[256];
-    for (int i = 0; i < 256; i++) lut[i] = (int16_t)((d.xsigned ? (int)(int8_t)i : i) - d.zx);
     float lo, hi;
     type_range(d.ymode, (float)d.zy, &lo, &hi);
     const uint8_t *x = (const uint8_t *)b[0].buf;
@@ -297,17 +323,23 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #endif
     for (long img = 0; img < d.n; img++) {
         for (long gi = 0; gi < d.g; gi++) {
-            im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, lut, &d, cg, cols, P8);
+            im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, &d, cg, cols, P16);
             const long m0 = gi * d.mg, ybase = (img * M + m0) * P;
 #ifdef QL_X86
             if (simd) {
-                gemm_avx2(w + m0 * Kp, Kp, cols, P8, P, d.mg, bias + m0, scales + m0, b[4].buf, ybase, d.ymode, lo, hi,
-                          d.zy);
+                qc_job j = {w + m0 * Kp, cols, bias + m0, scales + m0, b[4].buf, Kp, P16, P, d.mg, ybase,
+                            (d.mg + 3) / 4, lo, hi, d.ymode, d.zy, 1};
+                /* the pool for more than ~100k multiply-adds (below, waking a worker costs more) */
+                if (d.mg * Kp * P16 >= 100000) j.ntasks = (int)(j.nblocks < 16 ? j.nblocks : 16);
+                if (j.ntasks > 1)
+                    nb_pool_run(qc_task, &j, j.ntasks);
+                else
+                    qc_task(&j, 0);
                 continue;
             }
 #endif
-            gemm_portable(w + m0 * Kp, Kp, cols, P8, P, d.mg, bias + m0, scales + m0, b[4].buf, ybase, d.ymode, lo, hi,
-                          d.zy);
+            gemm_portable(w + m0 * Kp, Kp, cols, P16, P, d.mg, bias + m0, scales + m0, b[4].buf, ybase, d.ymode, lo, hi,
+                          d.zy, (uint32_t *)(cols + Kp * P16));
         }
     }
     Py_END_ALLOW_THREADS
