@@ -13,14 +13,27 @@ def parse_attributes(node: onnx.NodeProto) -> dict | None:
     """
     attrs = {}
     for a in node.attribute:
+        t = a.type
+        get = _PLAIN.get(t)
+        if get is not None:  # the common kinds, read directly (ref_attr_name is only set with a type too)
+            if a.ref_attr_name:
+                return None
+            attrs[a.name] = get(a)
+            continue
         if a.ref_attr_name:
             return None
         v = onnx.get_attribute_value(a)
-        if a.type == onnx.AttributeProto.TENSOR:
+        if t == onnx.AttributeProto.TENSOR:
             v = onnx.to_array(v)
-        elif a.type == onnx.AttributeProto.STRING:
+        elif t == onnx.AttributeProto.STRING:
             v = v.decode("utf-8")
-        elif a.type == onnx.AttributeProto.STRINGS:
+        elif t == onnx.AttributeProto.STRINGS:
             v = [s.decode("utf-8") for s in v]
         attrs[a.name] = v
     return attrs
+
+
+_A = onnx.AttributeProto
+#: attribute type -> its value as parse_attributes returns it, for the kinds that need no conversion
+_PLAIN = {_A.INT: lambda a: a.i, _A.FLOAT: lambda a: a.f, _A.INTS: lambda a: list(a.ints),
+          _A.FLOATS: lambda a: list(a.floats)}

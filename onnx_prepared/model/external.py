@@ -36,7 +36,7 @@ class LocationResolver:
 
     def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
-        self.real_base = os.path.realpath(base_dir)
+        self._real_base: str | None = None  # realpath on the first external location (most models have none)
         self._ok: dict[str, tuple[str, int, str]] = {}  # location -> (real path, size, fingerprint)
 
     def resolve(self, location: str, tensor: str) -> tuple[str, int, str]:
@@ -55,7 +55,9 @@ class LocationResolver:
                                     tensor=tensor, file=location)
         try:
             real = os.path.realpath(os.path.join(self.base_dir, location))
-            inside = os.path.commonpath([real, self.real_base]) == self.real_base
+            if self._real_base is None:
+                self._real_base = os.path.realpath(self.base_dir)
+            inside = os.path.commonpath([real, self._real_base]) == self._real_base
         except (OSError, ValueError) as e:
             raise ExternalDataError(f"cannot resolve external data location: {e}", tensor=tensor,
                                     file=location) from None

@@ -168,24 +168,43 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
     ``name`` overrides ``t.name`` (nested tensors are often unnamed).
     """
     name = name or t.name
-    dims = tuple(int(d) for d in t.dims)
-    if t.data_location == onnx.TensorProto.EXTERNAL:
+    dims = tuple(t.dims)  # int64s: protobuf hands back Python ints
+    if t.data_location == _EXTERNAL:
         payload = external_payload(t, resolver or LocationResolver(base_dir), name)
         return WeightDescriptor(name, t.data_type, dims, payload)
+    data_type = t.data_type
+    want = _INLINE_NBYTES.get(data_type)  # itemsize of a plain numeric type; None: ask expected_nbytes
+    if want is not None and not t.HasField("segment"):
+        n = want
+        for d in dims:
+            if d < 0:
+                n = -1
+                break
+            n *= d
+        if n >= 0 and (not t.HasField("raw_data") or len(t.raw_data) == n):
+            return WeightDescriptor(name, data_type, dims, InlinePayload(t))
     where = f" in {short(model_path, 400)!r}" if model_path else ""
     if t.HasField("segment"):
         raise ModelLoadError(f"tensor {short(name)!r}{where} uses segments, which are not supported")
     try:
-        want = expected_nbytes(t.data_type, dims)
+        want = expected_nbytes(data_type, dims)
     except ValueError as e:
         raise ModelLoadError(f"tensor {short(name)!r}{where}: {e}") from None
     if any(d < 0 for d in dims):
         raise ModelLoadError(f"tensor {short(name)!r}{where} has a negative dimension: {list(dims)}")
     if t.HasField("raw_data") and len(t.raw_data) != want:
         kind = "STRING tensors cannot use raw_data" if want is None else f"raw_data holds {len(t.raw_data)} bytes"
-        raise ModelLoadError(f"tensor {short(name)!r}{where}: {kind}; {elem_type_name(t.data_type)} x {list(dims)} "
+        raise ModelLoadError(f"tensor {short(name)!r}{where}: {kind}; {elem_type_name(data_type)} x {list(dims)} "
                              f"needs {want} bytes")
-    return WeightDescriptor(name, t.data_type, dims, InlinePayload(t))
+    return WeightDescriptor(name, data_type, dims, InlinePayload(t))
+
+
+_EXTERNAL = onnx.TensorProto.EXTERNAL
+#: byte size per element of the plain numeric element types (describe's fast path; packed sub-byte
+#: types, strings and the 8-bit float types go the general way)
+_INLINE_NBYTES = {getattr(onnx.TensorProto, n): b for n, b in (
+    ("FLOAT", 4), ("UINT8", 1), ("INT8", 1), ("UINT16", 2), ("INT16", 2), ("INT32", 4), ("INT64", 8),
+    ("BOOL", 1), ("FLOAT16", 2), ("DOUBLE", 8), ("UINT32", 4), ("UINT64", 8), ("BFLOAT16", 2))}
 
 
 # ---- tensors outside graph.initializer ----------------------------------------------------------

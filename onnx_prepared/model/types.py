@@ -49,13 +49,15 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
         if t.values.data_type in _NAMES:
             types[t.values.name] = _NAMES[t.values.data_type]
     local = {(f.domain, f.name) for f in model.functions}
+    lookup = schemas.cache().lookup
     for node in g.node:
-        dom = {"ai.onnx": ""}.get(node.domain, node.domain)
+        domain = node.domain
+        dom = "" if domain == "ai.onnx" else domain
         version = opsets.get(dom)
-        if version is None or (node.domain, node.op_type) in local:
+        if version is None or (local and (domain, node.op_type) in local):
             continue
         try:
-            schema = schemas.cache().lookup(node.op_type, version, dom)
+            schema = lookup(node.op_type, version, dom)
         except schemas.NotInOpset:
             continue  # versions.check_versions reports it
         if schema is not None:  # None: not an onnx op (kernel choice reports it)
@@ -63,17 +65,18 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
 
 
 def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, str], what: str) -> None:
-    allowed = schema.constraints
+    facts = _FACTS.get(schema)
+    if facts is None:
+        facts = _FACTS[schema] = _Facts(schema)
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (element type, first input name bound to it)
-    for name, formal in _formals(node.input, schema.inputs):
-        tp = formal.type_str
+    for name, tp in _bind(tuple(node.input), facts.inputs):
         have = types.get(name)
-        if have is None or tp not in allowed:
+        if have is None:
             continue
         first = bound.get(tp)
         if first is None:
-            ok = allowed[tp]
-            if any(s.startswith("tensor(") for s in ok) and have not in ok:
+            ok = facts.restricts.get(tp)
+            if ok is not None and have not in ok:
                 raise ModelLoadError(
                     f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset "
                     f"{schema.since_version}) input {short(name)!r} has type {have}, which type parameter "
@@ -84,33 +87,72 @@ def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, s
                 f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset {schema.since_version}): "
                 f"type parameter {tp} is bound to different types: {first[0]} (input {short(first[1])!r}) and "
                 f"{have} (input {short(name)!r})")
-    for name, formal in _formals(node.output, schema.outputs):
-        tp = formal.type_str
-        only = allowed.get(tp, ())
-        if tp in bound:
-            types[name] = bound[tp][0]
-        elif tp in _TENSOR_TYPES:
-            types[name] = tp
-        elif len(only) == 1 and next(iter(only)) in _TENSOR_TYPES:  # Shape's T1 is int64 only
-            types[name] = next(iter(only))
+    static = facts.static
+    for name, tp in _bind(tuple(node.output), facts.outputs):
+        b = bound.get(tp)
+        t = b[0] if b is not None else static.get(tp)
+        if t is not None:
+            types[name] = t
         else:
             types.pop(name, None)  # unknown (a later producer of the same name must not inherit a stale type)
 
 
-def _formals(names, formals):
-    """(actual name, formal parameter) pairs; a last variadic formal takes every remaining name. A
-    heterogeneous variadic (Loop's ``V``) binds no common type; omitted optional names are skipped."""
+class _Facts:
+    """What :func:`_check_node` reads of one schema, derived once per process (a pure function of it).
+
+    ``inputs``/``outputs``: (type parameter per fixed formal, None where unchecked; the variadic tail's
+    parameter, None for none or a heterogeneous one; whether names past the fixed formals bind to the
+    tail). ``restricts``: type parameter -> allowed tensor types, where the constraint names any.
+    ``static``: type parameter -> the element type an output bound to it has when no input binds it.
+    """
+
+    __slots__ = ("inputs", "outputs", "restricts", "static")
+
+    def __init__(self, schema: schemas.Schema) -> None:
+        allowed = schema.constraints
+        self.inputs = _signature(schema.inputs, allowed)
+        self.outputs = _signature(schema.outputs, None)
+        self.restricts = {tp: ok for tp, ok in allowed.items() if any(s.startswith("tensor(") for s in ok)}
+        static: dict[str, str] = {}
+        for f in schema.outputs:
+            tp = f.type_str
+            only = allowed.get(tp, ())
+            if tp in _TENSOR_TYPES:
+                static[tp] = tp
+            elif len(only) == 1 and next(iter(only)) in _TENSOR_TYPES:  # Shape's T1 is int64 only
+                static[tp] = next(iter(only))
+        self.static = static
+
+
+_FACTS: dict[schemas.Schema, _Facts] = {}
+
+
+def _signature(formals, allowed) -> tuple[tuple[str | None, ...], str | None, bool]:
+    """See :class:`_Facts`. With ``allowed`` (inputs), parameters outside the constraints are unchecked."""
+    def keep(tp: str) -> str | None:
+        return tp if allowed is None or tp in allowed else None
+
     if not formals:
-        return
+        return (), None, False
     last = formals[-1]
+    if not last.variadic:
+        return tuple(keep(f.type_str) for f in formals), None, False
+    # a heterogeneous variadic (Loop's ``V``) binds no common type
+    return tuple(keep(f.type_str) for f in formals[:-1]), keep(last.type_str) if last.homogeneous else None, True
+
+
+def _bind(names: tuple[str, ...], sig: tuple[tuple[str | None, ...], str | None, bool]):
+    """(actual name, type parameter) pairs; a last variadic formal takes every remaining name. Omitted
+    optional names and unchecked parameters are skipped; more names than formals end the pairs
+    (check_versions refuses those)."""
+    fixed, tail, more = sig
+    n = len(fixed)
     for i, name in enumerate(names):
-        if i < len(formals) - 1 or (i == len(formals) - 1 and not last.variadic):
-            formal = formals[i]
-        elif last.variadic:
-            if not last.homogeneous:
-                continue
-            formal = last
+        if i < n:
+            tp = fixed[i]
+        elif more and tail is not None:
+            tp = tail
         else:
-            return  # more names than formals: check_versions refuses it
-        if name:
-            yield name, formal
+            return
+        if name and tp is not None:
+            yield name, tp

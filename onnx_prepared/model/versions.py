@@ -43,19 +43,29 @@ def check_versions(model: onnx.ModelProto, what: str) -> None:
 
 
 def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], what: str) -> None:
+    lookup = schemas.cache().lookup
+    domains = _ONNX_DOMAINS
     stack = [iter(nodes)]
     while stack:  # iterative: subgraphs nest arbitrarily deep
         node = next(stack[-1], None)
         if node is None:
             stack.pop()
             continue
-        if not isinstance(node.op_type, str) or not isinstance(node.domain, str):  # invalid UTF-8 -> bytes
+        op_type, domain = node.op_type, node.domain
+        if type(op_type) is not str or type(domain) is not str:  # invalid UTF-8 -> bytes
             raise ModelLoadError(f"{what}: node {short(repr(node.name))} has an op_type or domain that is not "
                                  f"valid UTF-8")
-        dom = _ONNX_DOMAINS.get(node.domain)
-        if dom is not None and dom in opsets and (node.domain, node.op_type) not in local:
-            _check_op(node, dom, opsets[dom], what)
-        for a in node.attribute:
+        dom = domains.get(domain)
+        attributes = node.attribute
+        if dom is not None and dom in opsets and (not local or (domain, op_type) not in local):
+            version = opsets[dom]
+            try:
+                schema = lookup(op_type, version, dom)
+            except schemas.NotInOpset:
+                _not_in_opset(node, dom, version, what)
+            if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
+                _check_signature(node, schema, what, attributes)
+        for a in attributes:
             if a.HasField("g"):
                 stack.append(iter(a.g.node))
             for g in a.graphs:
@@ -66,21 +76,26 @@ def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> Non
     try:
         schema = schemas.cache().lookup(node.op_type, version, domain)
     except schemas.NotInOpset:
-        first = onnx.defs.get_schema(node.op_type, max_opset(domain), domain)
-        while True:  # the earliest version, to say when the op appeared
-            try:
-                first = onnx.defs.get_schema(node.op_type, first.since_version - 1, domain)
-            except onnx.defs.SchemaError:
-                break
-        raise ModelLoadError(
-            f"{what}: node {short(node.name or node.op_type)!r} uses {node.op_type}, which opset {version} of "
-            f"domain {domain or 'ai.onnx'!r} does not define (it first appears in opset {first.since_version})"
-        ) from None
+        _not_in_opset(node, domain, version, what)
     if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
         _check_signature(node, schema, what)
 
 
-def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str) -> None:
+def _not_in_opset(node: onnx.NodeProto, domain: str, version: int, what: str) -> None:
+    """Raise the ModelLoadError for an op that opset ``version`` of ``domain`` does not define."""
+    first = onnx.defs.get_schema(node.op_type, max_opset(domain), domain)
+    while True:  # the earliest version, to say when the op appeared
+        try:
+            first = onnx.defs.get_schema(node.op_type, first.since_version - 1, domain)
+        except onnx.defs.SchemaError:
+            break
+    raise ModelLoadError(
+        f"{what}: node {short(node.name or node.op_type)!r} uses {node.op_type}, which opset {version} of "
+        f"domain {domain or 'ai.onnx'!r} does not define (it first appears in opset {first.since_version})"
+    ) from None
+
+
+def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None) -> None:
     """Refuse a node whose input count or attribute types its schema does not allow.
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
@@ -88,34 +103,44 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str) ->
     it: a result, but not the model's. An attribute the schema does not declare is refused too, as
     onnxruntime and onnx's checker refuse it: a misspelt ``transB`` would otherwise run with the default
     and give another result. A reference to a function's attribute (``ref_attr_name``) has no type of its
-    own yet.
+    own yet. ``attributes`` is ``node.attribute`` when the caller already has it.
     """
-    name = short(node.name or node.op_type)
     n = len(node.input)  # omitted optional inputs are empty names and count, as in onnx's checker
     if n < schema.min_input or n > schema.max_input:
+        name = short(node.name or node.op_type)
         allowed = (f"at least {schema.min_input}" if schema.max_input >= 2**31 - 1
                    else f"{schema.min_input}..{schema.max_input}")
         raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has {n} "
                              f"inputs; its schema allows {allowed}")
-    for a in node.attribute:
-        if not isinstance(a.name, str):
-            raise ModelLoadError(f"{what}: node {name!r} has an attribute name that is not valid UTF-8")
-        declared = schema.attributes.get(a.name)
+    declared_attrs = schema.attributes
+    for a in (node.attribute if attributes is None else attributes):
+        a_name = a.name
+        declared = declared_attrs.get(a_name)
         if declared is None:
+            name = short(node.name or node.op_type)
+            if type(a_name) is not str:
+                raise ModelLoadError(f"{what}: node {name!r} has an attribute name that is not valid UTF-8")
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has "
-                                 f"attribute {short(a.name)!r}, which its schema does not declare")
+                                 f"attribute {short(a_name)!r}, which its schema does not declare")
         if a.ref_attr_name:
             continue
         want, want_name = declared
-        if a.type != want:
-            have = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in _ATTR_TYPES else str(a.type)
-            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} has type "
+        a_type = a.type
+        if a_type != want:
+            name = short(node.name or node.op_type)
+            have = onnx.AttributeProto.AttributeType.Name(a_type) if a_type in _ATTR_TYPES else str(a_type)
+            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a_name)!r} has type "
                                  f"{have}; its schema declares {want_name}")
-        # the set fields, read once (one ListFields instead of a HasField/len per value field)
+        # the set fields, read once (one ListFields instead of a HasField/len per value field), in field
+        # number order: name (1), the value, type (20) is the common case and needs no more checking
+        fields = a.ListFields()
+        if len(fields) == 3 and fields[1][0] is _VALUE_FD.get(want):
+            continue
         mine = _VALUE_FIELDS.get(want)
-        other = [fd.name for fd, _ in a.ListFields() if fd.name in _VALUE_NAMES and fd.name != mine]
+        other = [fd.name for fd, _ in fields if fd.name in _VALUE_NAMES and fd.name != mine]
         if other:  # an INT attribute carrying ints would be read as i = 0: a result, not the model's
-            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a.name)!r} of type "
+            name = short(node.name or node.op_type)
+            raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a_name)!r} of type "
                                  f"{want_name} sets field {other[0]!r}, which that type does not use")
 
 
@@ -127,3 +152,5 @@ _VALUE_FIELDS = {_A.FLOAT: "f", _A.INT: "i", _A.STRING: "s", _A.TENSOR: "t", _A.
                  _A.STRINGS: "strings", _A.TENSORS: "tensors", _A.GRAPHS: "graphs",
                  _A.SPARSE_TENSORS: "sparse_tensors", _A.TYPE_PROTOS: "type_protos"}
 _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
+#: attribute type -> the descriptor of its value field (identity compare on the common path)
+_VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}

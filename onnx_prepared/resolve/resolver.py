@@ -153,7 +153,10 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     """
     sidecar = prepared.source_digest_of if prepared is not None else None
     graph = _skeleton(model.graph)
-    removed = _eliminate_dead_nodes(graph)
+    # Subgraph attributes are rare; without any, no node has implicit inputs and no pass asks again
+    # (fusions only rewrite ops without subgraphs).
+    implicit_of = implicit_inputs_of if _has_subgraphs(graph) else _no_implicit
+    removed = _eliminate_dead_nodes(graph, implicit_of)
     fuse_dequantize_matmul(graph, model.weights, model.opsets)
     forward_initializer_identities(graph, model.weights)
     fuse_qdq(graph, model.weights)
@@ -162,7 +165,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     fuse_conv_activation(graph, model.weights)
     fuse_encoder(graph, model.weights)
     weights = model.weights
-    used = _used_names(graph)
+    used = _used_names(graph, implicit_of)
     dead = tuple(sorted(n for n in weights if n not in used))
     keep_inits = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
@@ -181,8 +184,13 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         if node_idx not in r["consumers"]:
             r["consumers"].append(node_idx)
 
+    raw_keys: dict[str, PreparedKey] = {}
+
     def raw_key(name: str) -> PreparedKey:
-        return PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
+        key = raw_keys.get(name)
+        if key is None:
+            key = raw_keys[name] = PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
+        return key
 
     for idx, node in enumerate(graph.node):
         ins = tuple(node.input)
@@ -192,7 +200,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         spec = None
         attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
-        implicit = implicit_inputs_of(node)
+        implicit = implicit_of(node)
         if attrs is not None and const_pos:
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
         if spec is not None:
@@ -319,29 +327,55 @@ def _has_numpy_dtype(d: WeightDescriptor) -> bool:
 
 def _digest(sources: tuple[str, ...], weights: Mapping[str, WeightDescriptor], sidecar=None) -> str | None:
     """Lineage digest from external-data checksums, else trusted sidecar digests; None when unknown."""
+    if sidecar is None:  # no companion: no trusted digest (source_checksum is None for every source)
+        return None
     ds = [weights[s] for s in sources]
     checksums = [source_checksum(d, sidecar) for d in ds]
     return lineage_digest(checksums, sources, [f"{d.elem_type}:{list(d.dims)}" for d in ds])
 
 
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    used = {o.name for o in graph.output} | {i.name for i in graph.input}
+def _no_implicit(node: onnx.NodeProto) -> tuple[str, ...]:
+    return ()
+
+
+def _has_subgraphs(graph: onnx.GraphProto) -> bool:
+    """True when a node of ``graph`` holds a subgraph attribute (then nodes may have implicit inputs)."""
     for node in graph.node:
-        used.update(n for n in node.input if n)
-        used.update(implicit_inputs_of(node))
-    return used
+        for a in node.attribute:
+            if a.type in (_GRAPH, _GRAPHS):
+                return True
+    return False
 
 
-def _eliminate_dead_nodes(graph: onnx.GraphProto) -> int:
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+
+def _used_names(graph: onnx.GraphProto, implicit_of=implicit_inputs_of) -> set[str]:
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(node.input)
+        used.update(implicit_of(node))
+    used.discard("")  # an omitted optional input
+    return used | {o.name for o in graph.output} | {i.name for i in graph.input}
+
+
+def _eliminate_dead_nodes(graph: onnx.GraphProto, implicit_of=implicit_inputs_of) -> int:
     """Drop nodes none of whose outputs reach a graph output; returns how many were dropped."""
     needed = {o.name for o in graph.output}
-    keep = [False] * len(graph.node)
-    for idx in range(len(graph.node) - 1, -1, -1):
-        node = graph.node[idx]
-        if any(o in needed for o in node.output if o):
+    nodes = list(graph.node)
+    keep = [False] * len(nodes)
+    for idx in range(len(nodes) - 1, -1, -1):
+        node = nodes[idx]
+        outs = node.output
+        if len(outs) == 1:
+            o = outs[0]
+            live = bool(o) and o in needed
+        else:
+            live = any(o in needed for o in outs if o)
+        if live:
             keep[idx] = True
-            needed.update(n for n in node.input if n)
-            needed.update(implicit_inputs_of(node))
+            needed.update(node.input)
+            needed.update(implicit_of(node))
     if all(keep):
         return 0
     # NOTE: a node list that is not topologically sorted could hide a live producer after its

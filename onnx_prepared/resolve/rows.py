@@ -97,6 +97,9 @@ def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any]
     only they read, ``outputs`` being the graph outputs) and its payload is external and large enough.
     A Reshape to wrap is returned with the table positions ``()``.
     """
+    if not any(r.spec is None and len(r.sources) == 1 and weights[r.sources[0]].is_external
+               and weights[r.sources[0]].nbytes >= MIN_TABLE_BYTES for r in requirements):
+        return {}, {}  # no candidate table (most models): no per-node walk
     row_ops = {i: _row_op(n, a, weights) for i, (n, a) in enumerate(zip(nodes, node_attrs))}
     readers: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
