@@ -233,7 +233,10 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
             params.append(n)
             value = n
         if value is not None:
-            body.append(f"  _setattr(self, {n!r}, {value})" if frozen else f"  self.{n} = {value}")
+            if frozen and slots:  # the slot's own setter (bound below): a third cheaper than object.__setattr__
+                body.append(f"  _s_{n}(self, {value})")
+            else:
+                body.append(f"  _setattr(self, {n!r}, {value})" if frozen else f"  self.{n} = {value}")
         if f is None or f.compare:
             compared.append(n)
             if f is None or f.hash is None or f.hash:
@@ -280,4 +283,7 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     body.update(attrs, __slots__=tuple(names))
     out = type(cls)(cls.__name__, cls.__bases__, body)
     out.__qualname__ = qual
+    if frozen:
+        for n in names:  # __init__ reads these globals at call time
+            ns[f"_s_{n}"] = out.__dict__[n].__set__
     return out

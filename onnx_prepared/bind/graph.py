@@ -86,14 +86,16 @@ def build_execution_plan(
     for n in outer_names:
         slot(n)
     order = _topological_order(nodes, node_ins, node_outs, implicit, set(slots))
+    metas = [(n.name, n.domain, n.op_type) for n in nodes]  # each field read once
     labels = tuple(
-        f"{node.name or '#' + str(idx)!r} ({node.domain + '::' if node.domain else ''}{node.op_type})"
-        for idx, node in enumerate(nodes)
+        f"{name or '#' + str(idx)!r} ({domain + '::' if domain else ''}{op_type})"
+        for idx, (name, domain, op_type) in enumerate(metas)
     )
     bound = []
     presets: list[tuple[int, object]] = []
     known: dict[int, object] = {NONE_SLOT: None}  # slots whose value binding knows: folded constants
     graph_outputs = set(output_names)
+    sget = slots.get
     for idx in order:
         node = nodes[idx]
         if kernels is not None:
@@ -103,9 +105,12 @@ def build_execution_plan(
         else:
             k = bind_kernel(node, env, implicit=implicit[idx])
         n_in = len(node_ins[idx])
-        ins = tuple(slot(n) for n in node_ins[idx]) + tuple(slot(n) for n in k.implicit_inputs)
-        outs = tuple(slot(n) for n in node_outs[idx])
-        value = _folded_constant(node, k, graph_outputs) if not n_in else None
+        ins = tuple([s if (s := sget(n)) is not None else slot(n) for n in node_ins[idx]])
+        if k.implicit_inputs:
+            ins += tuple(slot(n) for n in k.implicit_inputs)
+        outs = tuple([s if (s := sget(n)) is not None else slot(n) for n in node_outs[idx]])
+        value = (_folded_constant(node, k, graph_outputs)
+                 if not n_in and metas[idx][2] == "Constant" and len(node_outs[idx]) == 1 else None)
         if value is not None:
             presets.append((outs[0], value))
             known[outs[0]] = value

@@ -20,7 +20,7 @@ from onnx_prepared.bind.fallback_env import FallbackEnv, bind_fallback
 from onnx_prepared.bind.scopes import implicit_inputs_of
 from onnx_prepared.errors import ModelLoadError, UnsupportedOpError
 from onnx_prepared.kernels import registry
-from onnx_prepared.records import record, replace
+from onnx_prepared.records import record
 
 
 @record(frozen=True, slots=True)
@@ -95,4 +95,4 @@ def specialize_constants(k: BoundKernel, consts: Mapping[int, object], n_inputs:
     if specialize is None:
         return k
     special = specialize(consts, n_inputs, **attrs)
-    return k if special is None else replace(k, call=special)
+    return k if special is None else BoundKernel(special, k.name, k.is_fallback, k.implicit_inputs)

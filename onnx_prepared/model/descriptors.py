@@ -48,10 +48,18 @@ def np_dtype(elem_type: int) -> np.dtype:
 
 def bits_per_element(elem_type: int) -> int | None:
     """Stored bits per element, or None for types without a fixed size (STRING)."""
+    bits = _BITS.get(elem_type)
+    if bits is not None:
+        return bits
     if elem_type == _T.STRING:
         return None
     bits = _PACKED_BITS.get(elem_type)
-    return bits if bits is not None else np_dtype(elem_type).itemsize * 8
+    bits = bits if bits is not None else np_dtype(elem_type).itemsize * 8
+    _BITS[elem_type] = bits  # a pure function of the element type: asked per tensor, answered once
+    return bits
+
+
+_BITS: dict[int, int] = {}
 
 
 def numel(dims: tuple[int, ...]) -> int:
@@ -131,8 +139,9 @@ class WeightDescriptor:
     @property
     def nbytes(self) -> int:
         """Size of the stored bytes (packed sub-byte types take their packed size)."""
-        if isinstance(self.payload, ExternalPayload):
-            return self.payload.length
+        payload = self.payload
+        if type(payload) is ExternalPayload:
+            return payload.length
         want = expected_nbytes(self.elem_type, self.dims)
         if want is not None:
             return want

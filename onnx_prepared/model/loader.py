@@ -71,6 +71,9 @@ class LoadedModel:
     model: onnx.ModelProto
     weights: Mapping[str, WeightDescriptor] = field(default_factory=dict)
     nested_external: tuple[NestedExternal, ...] = ()
+    #: whether a node holds a subgraph attribute (If/Loop/Scan bodies), seen by the walk that describes
+    #: nested tensors; None: not known. Resolution skips implicit-input walks when it is False.
+    has_subgraphs: bool | None = None
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -123,12 +126,13 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
         if t.name in weights:
             raise ModelLoadError(f"duplicate initializer {short(t.name)!r} in {short(path, 400)!r}")
         weights[t.name] = describe(t, base_dir, resolver, model_path=path)
+    subgraphs: list[bool] = []
     nested = tuple(
         NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))
-        for where, t in _nested_tensors(model)
+        for where, t in _nested_tensors(model, subgraphs)
         if t.data_location == onnx.TensorProto.EXTERNAL
     )
-    return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested)
+    return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested, bool(subgraphs))
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -210,14 +214,15 @@ _INLINE_NBYTES = {getattr(onnx.TensorProto, n): b for n, b in (
 # ---- tensors outside graph.initializer ----------------------------------------------------------
 
 
-def _nested_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+def _nested_tensors(model: onnx.ModelProto, subgraphs: list[bool]) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """External tensors outside ``graph.initializer``; ``subgraphs`` gets an entry when a node holds a subgraph."""
     g = model.graph
     for sp in g.sparse_initializer:
         yield f"sparse initializer {sp.values.name!r} values", sp.values
         yield f"sparse initializer {sp.values.name!r} indices", sp.indices
-    yield from _node_tensors(g.node, "graph")
+    yield from _node_tensors(g.node, "graph", subgraphs)
     for fn in model.functions:
-        yield from _node_tensors(fn.node, f"function {fn.domain}::{fn.name}")
+        yield from _node_tensors(fn.node, f"function {fn.domain}::{fn.name}", subgraphs)
 
 
 _A = onnx.AttributeProto
@@ -226,30 +231,39 @@ _TENSOR_BEARING = frozenset({_A.UNDEFINED, _A.TENSOR, _A.TENSORS, _A.SPARSE_TENS
                              _A.GRAPH, _A.GRAPHS})
 
 
-def _node_tensors(nodes, scope: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+def _node_tensors(nodes, scope: str, subgraphs: list[bool]) -> Iterator[tuple[str, onnx.TensorProto]]:
     """Tensors held by node attributes and subgraphs, named by where they sit. Attributes are filtered by
     their declared type first (UNDEFINED kept: old files leave it unset): most nodes carry only ints and
     floats, and reading every field of those (and spelling out the place) cost ~70 us per node. A value
-    set under another type's field is refused by the signature check (versions._check_signature)."""
+    set under another type's field is refused by the signature check (versions._check_signature).
+    Only external tensors are yielded (all the caller keeps), so an inline Constant's place is never
+    spelt out."""
     for node in nodes:
         for a in node.attribute:
             if a.type not in _TENSOR_BEARING:
                 continue
-            here = f"{scope} > node {node.name or node.op_type!r} attribute {a.name!r}"
+            here = None
+            inner = []
             if a.HasField("t"):
-                yield here, a.t
-            yield from ((here, t) for t in a.tensors)
+                inner.append(("", a.t))
+            inner.extend(("", t) for t in a.tensors)
             sparse = ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors)
             for sp in sparse:
-                yield f"{here} values", sp.values
-                yield f"{here} indices", sp.indices
-            subgraphs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
-            for sub in subgraphs:
+                inner += ((" values", sp.values), (" indices", sp.indices))
+            subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+            if subs:
+                subgraphs.append(True)
+            for suffix, t in inner:
+                if t.data_location == _EXTERNAL:
+                    here = here or f"{scope} > node {node.name or node.op_type!r} attribute {a.name!r}"
+                    yield here + suffix, t
+            for sub in subs:
+                here = here or f"{scope} > node {node.name or node.op_type!r} attribute {a.name!r}"
                 yield from ((f"{here} initializer", t) for t in sub.initializer)
                 for sp in sub.sparse_initializer:
                     yield f"{here} sparse initializer values", sp.values
                     yield f"{here} sparse initializer indices", sp.indices
-                yield from _node_tensors(sub.node, here)
+                yield from _node_tensors(sub.node, here, subgraphs)
 
 
 def inline_nested_external(loaded: LoadedModel, reader: ExternalDataReader) -> int:

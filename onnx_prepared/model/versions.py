@@ -64,7 +64,9 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
             except schemas.NotInOpset:
                 _not_in_opset(node, dom, version, what)
             if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
-                _check_signature(node, schema, what, attributes)
+                # the check saw every attribute's set fields: the subgraphs come back from it
+                stack.extend(iter(g.node) for g in _check_signature(node, schema, what, attributes))
+                continue
         for a in attributes:
             if a.HasField("g"):
                 stack.append(iter(a.g.node))
@@ -95,7 +97,7 @@ def _not_in_opset(node: onnx.NodeProto, domain: str, version: int, what: str) ->
     ) from None
 
 
-def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None) -> None:
+def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None) -> list:
     """Refuse a node whose input count or attribute types its schema does not allow.
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
@@ -104,6 +106,8 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
     onnxruntime and onnx's checker refuse it: a misspelt ``transB`` would otherwise run with the default
     and give another result. A reference to a function's attribute (``ref_attr_name``) has no type of its
     own yet. ``attributes`` is ``node.attribute`` when the caller already has it.
+
+    Returns the subgraphs the node's attributes hold (``g`` and ``graphs``, whatever their declared type).
     """
     n = len(node.input)  # omitted optional inputs are empty names and count, as in onnx's checker
     if n < schema.min_input or n > schema.max_input:
@@ -113,6 +117,7 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
         raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has {n} "
                              f"inputs; its schema allows {allowed}")
     declared_attrs = schema.attributes
+    subgraphs: list = []
     for a in (node.attribute if attributes is None else attributes):
         a_name = a.name
         declared = declared_attrs.get(a_name)
@@ -123,6 +128,9 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has "
                                  f"attribute {short(a_name)!r}, which its schema does not declare")
         if a.ref_attr_name:
+            if a.HasField("g"):
+                subgraphs.append(a.g)
+            subgraphs.extend(a.graphs)
             continue
         want, want_name = declared
         a_type = a.type
@@ -135,13 +143,23 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
         # number order: name (1), the value, type (20) is the common case and needs no more checking
         fields = a.ListFields()
         if len(fields) == 3 and fields[1][0] is _VALUE_FD.get(want):
+            if want == _A.GRAPH:
+                subgraphs.append(fields[1][1])
+            elif want == _A.GRAPHS:
+                subgraphs.extend(fields[1][1])
             continue
+        for fd, v in fields:
+            if fd is _G_FD:
+                subgraphs.append(v)
+            elif fd is _GRAPHS_FD:
+                subgraphs.extend(v)
         mine = _VALUE_FIELDS.get(want)
         other = [fd.name for fd, _ in fields if fd.name in _VALUE_NAMES and fd.name != mine]
         if other:  # an INT attribute carrying ints would be read as i = 0: a result, not the model's
             name = short(node.name or node.op_type)
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a_name)!r} of type "
                                  f"{want_name} sets field {other[0]!r}, which that type does not use")
+    return subgraphs
 
 
 _ATTR_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())
@@ -154,3 +172,4 @@ _VALUE_FIELDS = {_A.FLOAT: "f", _A.INT: "i", _A.STRING: "s", _A.TENSOR: "t", _A.
 _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
 #: attribute type -> the descriptor of its value field (identity compare on the common path)
 _VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}
+_G_FD, _GRAPHS_FD = _VALUE_FD[_A.GRAPH], _VALUE_FD[_A.GRAPHS]

@@ -324,24 +324,36 @@ def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) ->
 
 
 def _validate(tasks: list[TaskDescriptor], by_id: dict[str, TaskDescriptor]) -> None:
+    earlier: set[str] = set()
+    ordered = True  # every dependency listed before its dependent (how the plan builds them): no cycle
     for t in tasks:
         for d in t.dependencies:
             if d not in by_id:
                 raise PlanError(f"task {t.id} depends on unknown task {d}")
             if t.scope is TaskScope.SESSION and by_id[d].scope is TaskScope.INVOCATION:
                 raise PlanError(f"session task {t.id} depends on invocation task {d}")
+            if d not in earlier:
+                ordered = False
+        earlier.add(t.id)
+    if ordered:
+        return
     state: dict[str, int] = {}
+    stack: list[str] = []  # the path being visited (names the cycle)
 
-    def visit(tid: str, stack: list[str]) -> None:
+    def visit(tid: str) -> None:
         s = state.get(tid, 0)
         if s == 2:
             return
         if s == 1:
             raise PlanError(f"dependency cycle: {' -> '.join([*stack, tid])}")
         state[tid] = 1
-        for d in by_id[tid].dependencies:
-            visit(d, [*stack, tid])
+        deps = by_id[tid].dependencies
+        if deps:
+            stack.append(tid)
+            for d in deps:
+                visit(d)
+            stack.pop()
         state[tid] = 2
 
     for t in tasks:
-        visit(t.id, [])
+        visit(t.id)

@@ -18,6 +18,7 @@ from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inp
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
+from onnx_prepared.model.descriptors import np_dtype
 from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.records import field, record
 from onnx_prepared.resolve.fusions import (
@@ -155,7 +156,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     graph = _skeleton(model.graph)
     # Subgraph attributes are rare; without any, no node has implicit inputs and no pass asks again
     # (fusions only rewrite ops without subgraphs).
-    implicit_of = implicit_inputs_of if _has_subgraphs(graph) else _no_implicit
+    subgraphs = model.has_subgraphs if model.has_subgraphs is not None else _has_subgraphs(graph)
+    implicit_of = implicit_inputs_of if subgraphs else _no_implicit
     removed = _eliminate_dead_nodes(graph, implicit_of)
     fuse_dequantize_matmul(graph, model.weights, model.opsets)
     forward_initializer_identities(graph, model.weights)
@@ -195,8 +197,12 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     for idx, node in enumerate(graph.node):
         ins = tuple(node.input)
         const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
-        shapes = {i: (weights[ins[i]].dims, _dtype_name(weights[ins[i]].dtype)) for i in const_pos
-                  if _has_numpy_dtype(weights[ins[i]])}
+        shapes = {}
+        for i in const_pos:
+            d = weights[ins[i]]
+            dtype_name = _numpy_name(d.elem_type)
+            if dtype_name is not None:
+                shapes[i] = (d.dims, dtype_name)
         spec = None
         attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
@@ -308,21 +314,23 @@ def _skeleton(src: onnx.GraphProto) -> onnx.GraphProto:
     return g
 
 
-_DTYPE_NAMES: dict = {}  # np.dtype -> its name (dtype.name is computed in Python, ~1.5 us a call)
+_NUMPY_NAMES: dict[int, str | None] = {}
 
 
-def _dtype_name(dt) -> str:
-    name = _DTYPE_NAMES.get(dt)
-    if name is None:
-        name = _DTYPE_NAMES[dt] = dt.name
-    return name
-
-
-def _has_numpy_dtype(d: WeightDescriptor) -> bool:
+def _numpy_name(elem_type: int) -> str | None:
+    """The numpy dtype name of an element type prepack rules see (bool/int/uint/float, int4/uint4), else
+    None; a pure function of the type, computed once per process (``dtype.name`` is a Python property)."""
     try:
-        return d.dtype.kind in "biuf" or d.dtype.name in ("int4", "uint4")
+        return _NUMPY_NAMES[elem_type]
+    except KeyError:
+        pass
+    try:
+        dt = np_dtype(elem_type)
+        name = dt.name if dt.kind in "biuf" or dt.name in ("int4", "uint4") else None
     except Exception:
-        return False
+        name = None
+    _NUMPY_NAMES[elem_type] = name
+    return name
 
 
 def _digest(sources: tuple[str, ...], weights: Mapping[str, WeightDescriptor], sidecar=None) -> str | None:
