@@ -49,6 +49,7 @@ def build_execution_plan(
     kernels: Sequence[BoundKernel] | None = None,
     outer_names: Sequence[str] = (),
     env: FallbackEnv | None = None,
+    node_io: tuple[Sequence[tuple[str, ...]], Sequence[tuple[str, ...]]] | None = None,
 ) -> ExecutionPlan:
     """Topologically order ``graph``, bind every node and compute last uses.
 
@@ -56,13 +57,18 @@ def build_execution_plan(
     ``bind(node)`` binds each node; else :func:`~onnx_prepared.bind.kernel.bind_kernel` does, with
     ``env`` (the fallback state shared with the enclosing graph; built here when omitted).
     ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots).
+    ``node_io``: every node's (input names, output names) when the caller already read them (the
+    plan takes them from the ResolvedModel); they must be what the graph's nodes hold.
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
     nodes = list(graph.node)
     # every node's names once: protobuf's repeated fields build new str objects on each access
-    node_ins = [tuple(n.input) for n in nodes]
-    node_outs = [tuple(n.output) for n in nodes]
+    if node_io is not None and len(node_io[0]) == len(nodes) == len(node_io[1]):
+        node_ins, node_outs = list(node_io[0]), list(node_io[1])
+    else:
+        node_ins = [tuple(n.input) for n in nodes]
+        node_outs = [tuple(n.output) for n in nodes]
     # implicit inputs: the earlier bindings carry them (a node without subgraphs has none)
     implicit = ([k.implicit_inputs for k in kernels] if kernels is not None and len(kernels) == len(nodes)
                 else [implicit_inputs_of(n) for n in nodes])

@@ -123,9 +123,10 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
     resolver = LocationResolver(base_dir)
     weights: dict[str, WeightDescriptor] = {}
     for t in model.graph.initializer:
-        if t.name in weights:
-            raise ModelLoadError(f"duplicate initializer {short(t.name)!r} in {short(path, 400)!r}")
-        weights[t.name] = describe(t, base_dir, resolver, model_path=path)
+        name = t.name
+        if name in weights:
+            raise ModelLoadError(f"duplicate initializer {short(name)!r} in {short(path, 400)!r}")
+        weights[name] = describe(t, base_dir, resolver, model_path=path, name=name)
     subgraphs: list[bool] = []
     nested = tuple(
         NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))

@@ -69,7 +69,10 @@ def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, s
     if facts is None:
         facts = _FACTS[schema] = _Facts(schema)
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (element type, first input name bound to it)
-    for name, tp in _bind(tuple(node.input), facts.inputs):
+    names = tuple(node.input)
+    for name, tp in zip(names, facts.positions(len(names), False)):
+        if tp is None or not name:
+            continue
         have = types.get(name)
         if have is None:
             continue
@@ -88,7 +91,10 @@ def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, s
                 f"type parameter {tp} is bound to different types: {first[0]} (input {short(first[1])!r}) and "
                 f"{have} (input {short(name)!r})")
     static = facts.static
-    for name, tp in _bind(tuple(node.output), facts.outputs):
+    names = tuple(node.output)
+    for name, tp in zip(names, facts.positions(len(names), True)):
+        if tp is None or not name:
+            continue
         b = bound.get(tp)
         t = b[0] if b is not None else static.get(tp)
         if t is not None:
@@ -106,7 +112,7 @@ class _Facts:
     ``static``: type parameter -> the element type an output bound to it has when no input binds it.
     """
 
-    __slots__ = ("inputs", "outputs", "restricts", "static")
+    __slots__ = ("_positions", "inputs", "outputs", "restricts", "static")
 
     def __init__(self, schema: schemas.Schema) -> None:
         allowed = schema.constraints
@@ -122,6 +128,19 @@ class _Facts:
             elif len(only) == 1 and next(iter(only)) in _TENSOR_TYPES:  # Shape's T1 is int64 only
                 static[tp] = next(iter(only))
         self.static = static
+        self._positions: dict[tuple[int, bool], tuple[str | None, ...]] = {}
+
+    def positions(self, n: int, outputs: bool) -> tuple[str | None, ...]:
+        """The type parameter checked at each of ``n`` input (or output) positions, None where unchecked
+        (a last variadic formal takes every remaining position; a heterogeneous one, Loop's ``V``, and
+        positions past the formals check nothing)."""
+        key = (n, outputs)
+        got = self._positions.get(key)
+        if got is None:
+            fixed, tail, more = self.outputs if outputs else self.inputs
+            got = tuple(fixed[i] if i < len(fixed) else (tail if more else None) for i in range(n))
+            self._positions[key] = got
+        return got
 
 
 _FACTS: dict[schemas.Schema, _Facts] = {}
@@ -139,20 +158,3 @@ def _signature(formals, allowed) -> tuple[tuple[str | None, ...], str | None, bo
         return tuple(keep(f.type_str) for f in formals), None, False
     # a heterogeneous variadic (Loop's ``V``) binds no common type
     return tuple(keep(f.type_str) for f in formals[:-1]), keep(last.type_str) if last.homogeneous else None, True
-
-
-def _bind(names: tuple[str, ...], sig: tuple[tuple[str | None, ...], str | None, bool]):
-    """(actual name, type parameter) pairs; a last variadic formal takes every remaining name. Omitted
-    optional names and unchecked parameters are skipped; more names than formals end the pairs
-    (check_versions refuses those)."""
-    fixed, tail, more = sig
-    n = len(fixed)
-    for i, name in enumerate(names):
-        if i < n:
-            tp = fixed[i]
-        elif more and tail is not None:
-            tp = tail
-        else:
-            return
-        if name and tp is not None:
-            yield name, tp

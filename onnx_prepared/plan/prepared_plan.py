@@ -275,16 +275,21 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
     """The compact action list over the resolution's bindings, with prepacked nodes rewired to read
     their prepared object (their binding is the prepack rule's kernel)."""
     names = {t.name for t in graph.initializer}
+    io = resolved.node_io if len(resolved.node_io) == resolved.node_count else None
+    node_ins = [i for i, _ in io] if io is not None else None
     for idx, np_ in resolved.node_prepacks.items():
         node = graph.node[idx]
         slot = np_.key.slot_name
         others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
         del node.input[:]
         node.input.extend([slot, *others])
+        if node_ins is not None:
+            node_ins[idx] = (slot, *others)
         if slot not in names:
             names.add(slot)
             graph.initializer.append(onnx.TensorProto(name=slot))  # a placeholder slot
-    return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels)
+    return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels,
+                                node_io=(node_ins, [o for _, o in io]) if io is not None else None)
 
 
 def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) -> list[TaskDescriptor]:

@@ -109,6 +109,9 @@ class ResolvedModel:
     dead_initializers: tuple[str, ...]
     policy: PreparedModelPolicy = PreparedModelPolicy.DISABLED  # the prepared-model policy resolution ran under
     node_count: int = 0  # nodes of the transformed graph (so `complete` needs no parse)
+    #: per node of the transformed graph: (input names, output names), read once here so the plan need
+    #: not read them from the protobuf again (empty: not recorded; the plan reads the graph)
+    node_io: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
     #: source name -> its row table (read by rows until resident; resolve/rows.py)
     row_tables: Mapping[str, RowTable] = field(default_factory=lambda: MappingProxyType({}))
@@ -159,7 +162,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     subgraphs = model.has_subgraphs if model.has_subgraphs is not None else _has_subgraphs(graph)
     implicit_of = implicit_inputs_of if subgraphs else _no_implicit
     removed = _eliminate_dead_nodes(graph, implicit_of)
-    fuse_dequantize_matmul(graph, model.weights, model.opsets)
+    opsets = model.opsets  # (a dict built per access)
+    fuse_dequantize_matmul(graph, model.weights, opsets)
     forward_initializer_identities(graph, model.weights)
     fuse_qdq(graph, model.weights)
     fuse_squeeze_excite(graph, model.weights)
@@ -173,12 +177,12 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     del graph.initializer[:]
     graph.initializer.extend(keep_inits)
 
-    opsets = model.opsets
     reqs: dict[PreparedKey, dict] = {}
     node_prepacks: dict[int, NodePrepack] = {}
     raw_inputs: dict[int, list[tuple[int, PreparedKey]]] = {}
     kernels: list[BoundKernel] = []
     node_attrs: list[dict | None] = []
+    node_io: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
@@ -196,6 +200,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
 
     for idx, node in enumerate(graph.node):
         ins = tuple(node.input)
+        node_io.append((ins, tuple(node.output)))
         const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
         shapes = {}
         for i in const_pos:
@@ -286,6 +291,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         manifest=PayloadManifest(MappingProxyType(active), MappingProxyType(dormant)),
         removed_nodes=removed,
         node_count=len(graph.node),
+        node_io=tuple(node_io),
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
         dead_initializers=dead,
