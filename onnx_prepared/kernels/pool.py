@@ -246,8 +246,16 @@ def _global_average_pool_f32(X: np.ndarray) -> tuple[np.ndarray]:
 
 
 def _global_max_pool_flat(X: np.ndarray) -> tuple[np.ndarray]:
-    """GlobalMaxPool as one ``maximum.reduce`` over each flattened plane (np.max over an axis tuple
-    costs ~8 us more on small planes; the same values, NaN propagating)."""
+    """GlobalMaxPool of float32 contiguous planes in one ``gap.c`` call, otherwise as one
+    ``maximum.reduce`` over each flattened plane (np.max over an axis tuple costs ~8 us more on small
+    planes, the reduction itself ~4 us more than the native call on [1, 16, 4, 4]; the same values, NaN
+    propagating)."""
+    ext = native._ext
+    if ext is not None and X.dtype == np.float32 and X.ndim >= 3 and X.size and X.flags.c_contiguous:
+        n, c = X.shape[:2]
+        y = np.empty((n, c) + (1,) * (X.ndim - 2), np.float32)
+        ext.global_max(X, y, n * c, X.size // (n * c))
+        return (y,)
     if X.ndim >= 3 and X.size:
         n, c = X.shape[:2]
         return (np.maximum.reduce(X.reshape(n, c, -1), axis=2).reshape((n, c) + (1,) * (X.ndim - 2)),)

@@ -88,6 +88,19 @@ def flatten(x: np.ndarray, *, axis: int = 1) -> tuple[np.ndarray]:
     return (x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])),)
 
 
+def _flatten_batch(x: np.ndarray) -> tuple[np.ndarray]:
+    """Flatten with axis 1 (a CNN's head): ``reshape(N, -1)`` without the two products (1.5 -> 0.7 us);
+    an empty batch (-1 is ambiguous there) and scalars take the kernel."""
+    if x.ndim and x.shape[0]:
+        return (x.reshape(x.shape[0], -1),)
+    return flatten(x, axis=1)
+
+
+@specializes(flatten)
+def _flatten_bound(consts: dict, n_inputs: int, *, axis: int = 1):
+    return _flatten_batch if axis == 1 else None
+
+
 def _squeeze(x: np.ndarray, axes: list[int]) -> np.ndarray:
     if not axes:
         return x.reshape([d for d in x.shape if d != 1])
