@@ -23,6 +23,7 @@ Bodies whose nodes take attributes by reference (function bodies) stay on the re
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind.fallback_env import FallbackEnv, references_attributes
+from onnx_prepared.scheduler.task import checkpoint
 
 #: default-domain ops this module binds
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
@@ -48,7 +50,7 @@ def bind_control_flow(node: onnx.NodeProto, env: FallbackEnv, implicit: tuple[st
     if node.op_type == "If":
         if set(graphs) != {"then_branch", "else_branch"}:
             return None
-        return _bind_if(*(_runner(graphs[k], env, implicit) for k in ("then_branch", "else_branch")))
+        return _bind_if(*(_branch(graphs[k], env, implicit) for k in ("then_branch", "else_branch")))
     if set(graphs) != {"body"}:
         return None
     body = graphs["body"]
@@ -58,7 +60,10 @@ def bind_control_flow(node: onnx.NodeProto, env: FallbackEnv, implicit: tuple[st
     if n_carried < 0 or len(body.input) != n_carried + 2 or len(body.output) < n_carried + 1:
         return None  # malformed: the reference's error names it
     empties = tuple(_empty_scan(o.type) for o in body.output[1 + n_carried:])
-    return _bind_loop(_runner(body, env, implicit), len(node.input), n_carried, empties)
+    slots = _Slots.of(body, env, implicit)
+    if slots is None:
+        return _bind_loop(_runner(body, env, implicit), len(node.input), n_carried, empties)
+    return _bind_slot_loop(slots, len(node.input), n_carried, empties)
 
 
 def _bind_scan(node: onnx.NodeProto, body: onnx.GraphProto, env: FallbackEnv,
@@ -127,11 +132,80 @@ def _runner(graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]
     return env.subgraph_factory(graph, env).runner(implicit)
 
 
-def _bind_if(then_run: Callable, else_run: Callable) -> Callable[..., tuple]:
-    none: tuple = ()
+class _Slots:
+    """A body's ExecutionPlan addressed by slot, for callers that fill one slot list themselves: a Loop
+    fills it once per call (constants, outer-scope values) and per iteration writes only its inputs,
+    an If branch returns its outputs as the tuple a kernel returns. Built once, at binding.
 
+    ``inputs`` holds the slot of each body input (None for an unnamed one); ``outer`` the (position in
+    the node's implicit values, slot) pairs this body reads. Read-only (shared by concurrent runs: each
+    call fills its own list)."""
+
+    __slots__ = ("constants", "inputs", "outer", "outputs", "replay")
+
+    def __init__(self, plan: Any, constants: list, inputs: tuple, outer: tuple, outputs: tuple) -> None:
+        self.replay = plan.replay
+        self.constants = constants
+        self.inputs = inputs
+        self.outer = outer
+        self.outputs = outputs
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]) -> _Slots | None:
+        """The body's slots, or None when its evaluator is not the plan-backed one (then callers use
+        its positional runner)."""
+        ev = env.subgraph_factory(graph, env)
+        plan, constants = getattr(ev, "_plan", None), getattr(ev, "_constants", None)
+        names, mine = getattr(plan, "slot_names", None), getattr(ev, "outer_names", None)
+        if names is None or constants is None or mine is None or not hasattr(plan, "replay"):
+            return None
+        slot_of = {n: i for i, n in enumerate(names)}
+        mine = set(mine)
+        return cls(plan, constants, tuple(slot_of[i.name] if i.name else None for i in graph.input),
+                   tuple((j, slot_of[n]) for j, n in enumerate(implicit) if n in mine), tuple(plan.output_slots))
+
+    def fresh(self, outer_values: Sequence) -> list:
+        """A slot list holding the constants and this body's outer-scope values."""
+        values = list(self.constants)
+        for j, s in self.outer:
+            values[s] = outer_values[j]
+        return values
+
+
+def _branch(graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]) -> Callable[[Sequence], tuple]:
+    """``run(outer_values) -> outputs tuple`` of an If branch (no inputs of its own)."""
+    slots = _Slots.of(graph, env, implicit)
+    if slots is None:
+        run = _runner(graph, env, implicit)
+        none: tuple = ()
+        return lambda outer: tuple(run(none, outer))
+    replay, constants, outer_pairs, outs = slots.replay, slots.constants, slots.outer, slots.outputs
+    pick = _picker(outs)
+
+    def branch(outer: Sequence) -> tuple:
+        checkpoint()
+        values = list(constants)
+        for j, s in outer_pairs:
+            values[s] = outer[j]
+        replay(values)
+        return pick(values)
+
+    return branch
+
+
+def _picker(slots: tuple[int, ...]) -> Callable[[list], tuple]:
+    """``pick(values) -> tuple`` of those slots (itemgetter returns a bare value for one slot)."""
+    if len(slots) == 1:
+        (s,) = slots
+        return lambda values: (values[s],)
+    if not slots:
+        return lambda values: ()
+    return operator.itemgetter(*slots)
+
+
+def _bind_if(then_run: Callable, else_run: Callable) -> Callable[..., tuple]:
     def if_(cond: Any, *outer: Any) -> tuple:
-        return tuple((then_run if _truth(cond) else else_run)(none, outer))
+        return (then_run if _truth(cond) else else_run)(outer)
 
     return if_
 
@@ -165,6 +239,50 @@ def _bind_loop(body: Callable, n_in: int, n_carried: int, empties: tuple[np.ndar
             carried = out[1:1 + n_carried]
             for k in range(n_scan):
                 scans[k].append(out[1 + n_carried + k])
+            it += 1
+        return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
+
+    return loop
+
+
+def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.ndarray, ...]) -> Callable[..., tuple]:
+    """Loop over one slot list per call: the constants and outer-scope values are written once, each
+    iteration writes the iteration number, the condition and the carried values into the body's input
+    slots, replays, and reads the outputs' slots (every body node runs every iteration, so no slot is
+    read before the iteration writes it; inputs, outputs, constants and outer values are never
+    released by the body's plan)."""
+    n_scan = len(empties)
+    it_slot, cond_slot = body.inputs[0], body.inputs[1]
+    carried_in = tuple((k, s) for k, s in enumerate(body.inputs[2:]) if s is not None)
+    cond_out = body.outputs[0]
+    carried_out = _picker(body.outputs[1:1 + n_carried])
+    scan_out = body.outputs[1 + n_carried:]
+    replay = body.replay
+
+    def loop(trip: Any, cond: Any, *args: Any) -> tuple:
+        carried, outer = args[:n_carried], args[n_in - 2:]
+        limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
+        it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
+        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        cond_value = np.array(True) if cond is None else cond
+        scans: list[list] = [[] for _ in range(n_scan)]
+        values = body.fresh(outer)
+        it = 0
+        while keep_going and (limit is None or it < limit):
+            checkpoint()  # once per body evaluation: a Loop with a huge trip count honours cancel()
+            if it_slot is not None:
+                values[it_slot] = np.array(it, dtype=it_dtype)
+            if cond_slot is not None:
+                values[cond_slot] = cond_value
+            for k, s in carried_in:
+                values[s] = carried[k]
+            replay(values)
+            cond_value = values[cond_out]
+            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
+                              else np.asarray(cond_value).reshape(-1)[0])
+            carried = carried_out(values)
+            for k in range(n_scan):
+                scans[k].append(values[scan_out[k]])
             it += 1
         return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
 

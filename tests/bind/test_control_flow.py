@@ -114,6 +114,26 @@ def test_if_inside_loop_reads_both_enclosing_scopes(opset, flag):
     assert _compare(model, feeds, opset) == [f"control:ai.onnx::Loop-{opset}"]
 
 
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_loop_swaps_and_passes_through_carried_values(opset):
+    """The body's slot list is reused across iterations (filled once per Loop call): carried values that
+    swap places, an input returned as it is, a constant as an output, and a scan output that is a
+    carried input, all as onnxruntime gives them."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["a_in", "b_in"], ["a_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("a_in", F, [3]), _vi("b_in", F, [3]),
+                 _vi("k_in", F, [])],
+        [_vi("cond_out", B, []), _vi("a_out", F, [3]), _vi("a_in", F, [3]), _vi("kc", F, []), _vi("b_in", F, [3])],
+        [helper.make_tensor("kc", F, [], [7.0])])
+    loop = helper.make_node("Loop", ["M", "c", "a0", "b0", "k0"], ["a", "b", "kl", "bs"], body=body)
+    model = _model([loop], [_vi("a0", F, [3]), _vi("b0", F, [3])],
+                   [_vi("a", F, [3]), _vi("b", F, [3]), _vi("kl", F, []), _vi("bs", F, None)], opset,
+                   [helper.make_tensor("M", I64, [], [5]), helper.make_tensor("c", B, [], [True]),
+                    helper.make_tensor("k0", F, [], [0.0])])
+    feeds = {"a0": X, "b0": np.array([0.5, 2.0, -1.0], np.float32)}
+    assert _compare(model, feeds, opset) == [f"control:ai.onnx::Loop-{opset}"]
+
+
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("flag", [True, False])
 def test_if_against_onnxruntime(opset, flag):
