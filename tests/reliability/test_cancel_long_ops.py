@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_prepared import RuntimeSession
+from onnx_prepared.bind import control_flow
 from onnx_prepared.bind import graph as bind_graph
 from onnx_prepared.errors import Cancelled
 
@@ -41,7 +42,7 @@ def _huge_loop(path):
 @pytest.mark.parametrize("opts", [{}, {"trace": True}], ids=["default-scheduler", "own-scheduler"])
 def test_cancel_reaches_a_loop_with_a_huge_trip_count(tmp_path, monkeypatch, opts):
     started = threading.Event()
-    real = bind_graph.checkpoint  # called once per body evaluation
+    real = bind_graph.checkpoint  # called once per body evaluation (by the body's runner or by Loop itself)
     calls = [0]
 
     def counted():
@@ -51,6 +52,7 @@ def test_cancel_reaches_a_loop_with_a_huge_trip_count(tmp_path, monkeypatch, opt
         real()
 
     monkeypatch.setattr(bind_graph, "checkpoint", counted)
+    monkeypatch.setattr(control_flow, "checkpoint", counted)
     with RuntimeSession(_huge_loop(tmp_path), opts) as s:
         h = s.run_async({"v0": np.zeros(1, np.float32)})
         assert started.wait(BOUND), "the loop never started"
