@@ -120,3 +120,36 @@ def test_cast_binds_its_target_once_and_matches_onnxruntime(tmp_path):
     np.testing.assert_array_equal(got[0][[0, 1, 3]], want[0][[0, 1, 3]])  # 3e9 is implementation-defined
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[2], feeds["x"])
+
+
+def test_reduce_sum_with_known_axes_is_settled_at_binding(tmp_path):
+    """ReduceSum-13 with omitted or constant axes gets its axes and keepdims settled once; float32 and
+    int32 inputs, full and partial reductions, fed axes (the plain kernel) all give onnxruntime's values."""
+    I32 = TensorProto.INT32
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["all0"], keepdims=0),
+        helper.make_node("ReduceSum", ["x"], ["all1"]),
+        _const("ax", [-1, 0]), helper.make_node("ReduceSum", ["x", "ax"], ["part"], keepdims=0),
+        helper.make_node("ReduceSum", ["x", "ax"], ["part1"]),
+        helper.make_node("ReduceSum", ["k", "ax"], ["ints"], keepdims=0),
+        helper.make_node("ReduceSum", ["x", "fed"], ["fedsum"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, ["a", "b", "c"]), helper.make_tensor_value_info("k", I32, [2, 3]),
+              helper.make_tensor_value_info("fed", I64, [1])]
+    outputs = [helper.make_tensor_value_info(o, I32 if o == "ints" else F, None)
+               for o in ("all0", "all1", "part", "part1", "ints", "fedsum")]
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    path = tmp_path / "sum.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    ours = onnx_prepared.InferenceSession(str(path))
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [a.kernel.call.__name__ if hasattr(a.kernel.call, "__name__") else a.kernel.call.func.__name__
+             for a in ours._rt.plan.execution.actions]
+    assert names.count("reduce_sum_f32") == 5 and names.count("reduce_sum_13") == 1
+    rng = np.random.default_rng(1)
+    for shape in [(2, 3, 4), (2, 3, 4), (1, 5, 2)]:
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32),
+                 "k": rng.integers(-5, 5, (2, 3)).astype(np.int32), "fed": np.array([1], np.int64)}
+        for a, b in zip(ours.run(None, feeds), ref.run(None, feeds)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
