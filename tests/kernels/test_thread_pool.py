@@ -55,12 +55,21 @@ def test_a_sleeping_worker_is_steered_off_the_callers_cpu_for_one_job(pool):
     n = len(os.sched_getaffinity(0))
     pool.pool_set_wait(0, 0, 1)
     pool.pool_probe(GATE_S, False)  # the worker now knows the caller's CPU
-    for _ in range(4):
-        assert pool.pool_probe(GATE_S, True) == (True, n - 1, n)
+    _assert_joined_with_mask(pool, n - 1, n)
     pool.pool_set_wait(0, 0, 0)
     pool.pool_probe(GATE_S, True)  # the worker fell asleep steered, under the old policy
-    for _ in range(4):
-        assert pool.pool_probe(GATE_S, True) == (True, n, n)
+    _assert_joined_with_mask(pool, n, n)
+
+
+def _assert_joined_with_mask(pool, during: int, after: int, probes: int = 4) -> None:
+    """Every probe a worker joined saw ``during`` CPUs in its mask while it ran and ``after`` once done;
+    at least one joined. A probe may run on the caller alone: after a slow wake-up (the other CPU busy
+    with other processes) the pool's back-off keeps the next job on the caller, and a merge run at load 5
+    saw ``(False, 0, 2)``; that says nothing about steering, so it is not counted either way."""
+    results = [pool.pool_probe(GATE_S, True) for _ in range(probes)]
+    joined = [r for r in results if r[0]]
+    assert joined, results
+    assert all(r == (True, during, after) for r in joined), results
 
 
 @needs_two
