@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {
                 "com.microsoft:QLinearMul", "QLinearConv", "QLinearMatMul"),
     "qlinear_packed": ("DequantizeLinear", "QLinearConv", "QuantizeLinear", "com.microsoft:QGemm",
                        "com.microsoft:QLinearAdd", "com.microsoft:QLinearGlobalAveragePool",
-                       "com.microsoft:QLinearMul"),
+                       "com.microsoft:QLinearMul", "onnx_prepared:QLookup"),
     "quantize": ("DequantizeLinear", "QuantizeLinear"),
     "quantize_dynamic": ("DynamicQuantizeLinear", "MatMulInteger", "onnx_prepared:DynamicQuantizeMatMul"),
     "reduce": ("ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"),

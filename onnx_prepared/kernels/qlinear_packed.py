@@ -27,6 +27,7 @@ from onnx_prepared.kernels import native
 from onnx_prepared.kernels import qlinear as Q
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 from onnx_prepared.kernels.quantize import dequantize_linear, quantize_linear
+from onnx_prepared.kernels.registry import kernel
 
 _MS = "com.microsoft"
 _Q8 = ("uint8", "int8")
@@ -494,3 +495,74 @@ def dequantize_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | No
         return None
     return PrepackSpec(sources, f"qparams-dequantize-{dtype}", lambda *p: _params(*p), DequantizeF32(dtype),
                        array_to_bytes, _read_params(2))
+
+
+# ---- onnx_prepared::QLookup ----
+
+#: the float ops a lookup tabulates (resolve/fusions_qdq.py: the ones onnxruntime leaves between a
+#: DequantizeLinear and a QuantizeLinear), with their attributes' defaults
+LOOKUP_OPS = {"Relu": {}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
+
+
+def _table(xdtype: np.dtype, xs, xz, ys, yz, function: str, attrs: dict) -> np.ndarray:
+    """``QuantizeLinear(function(DequantizeLinear(v)))`` for the 256 values ``v`` of ``xdtype``, by byte,
+    through the same kernels the unfused chain runs (elementwise, so the same values)."""
+    from onnx_prepared.kernels import activation
+
+    if function not in LOOKUP_OPS or xdtype not in (np.uint8, np.int8):
+        raise KernelError(f"QLookup: cannot tabulate {function!r} of {xdtype}")
+    v = np.arange(256, dtype=np.uint8).view(xdtype)
+    (f,) = dequantize_linear(v, np.asarray(xs, np.float32), np.asarray(xz, xdtype))
+    fn = activation.relu if function == "Relu" else activation.hard_sigmoid
+    (g,) = fn(f, **{k: float(attrs.get(k, d)) for k, d in LOOKUP_OPS[function].items()})
+    (q,) = quantize_linear(np.asarray(g, np.float32), np.asarray(ys, np.float32), np.asarray(yz))
+    return np.ascontiguousarray(q.view(np.uint8))
+
+
+def _lookup(table: np.ndarray, x: np.ndarray, ydtype: np.dtype) -> np.ndarray:
+    ext = native._ext
+    if ext is not None and x.dtype in (np.uint8, np.int8):
+        y = np.empty(x.shape, ydtype)
+        ext.qlookup(x if x.flags.c_contiguous else np.ascontiguousarray(x), table, y)
+        return y
+    return table[x.view(np.uint8)].view(ydtype)
+
+
+@kernel("QLookup", since=1, domain="onnx_prepared")
+def q_lookup(x, x_scale, x_zero_point, y_scale, y_zero_point, *, function: str, alpha: float = 0.2,
+             beta: float = 0.5) -> tuple[np.ndarray]:
+    """``QuantizeLinear(function(DequantizeLinear(x)))`` by a 256-entry table (per-tensor parameters)."""
+    function = function.decode() if isinstance(function, bytes) else function
+    table = _table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point, function, {"alpha": alpha, "beta": beta})
+    return (_lookup(table, x, y_zero_point.dtype),)
+
+
+class QLookupPacked:
+    __slots__ = ("ydtype",)
+
+    def __init__(self, ydtype: str):
+        self.ydtype = np.dtype(ydtype)
+
+    def __call__(self, table: np.ndarray, x: np.ndarray, *omitted) -> tuple:
+        return (_lookup(table, x, self.ydtype),)
+
+
+@prepack_rule("QLookup", domain="onnx_prepared")
+def q_lookup_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
+    names = list(node.input)
+    sources = (1, 2, 3, 4)
+    if len(names) != 5 or 0 in const_inputs or not _all_const(sources, const_inputs, const_shapes):
+        return None
+    xdtype, ydtype = const_shapes[2][1], const_shapes[4][1]
+    function = attrs.get("function")
+    if isinstance(function, bytes):
+        function = function.decode()
+    if xdtype not in _Q8 or ydtype not in _Q8 or function not in LOOKUP_OPS:
+        return None
+    extra = {k: float(attrs[k]) for k in LOOKUP_OPS[function] if k in attrs}
+
+    def pack(xs, xz, ys, yz) -> np.ndarray:
+        return _table(np.dtype(xdtype), xs, xz, ys, yz, function, extra)
+
+    layout = f"qlookup-{function}-{xdtype}-{ydtype}-" + "-".join(f"{k}{v!r}" for k, v in sorted(extra.items()))
+    return PrepackSpec(sources, layout, pack, QLookupPacked(ydtype), array_to_bytes, lambda buf: buf[:256])

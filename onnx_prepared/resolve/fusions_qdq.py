@@ -13,7 +13,10 @@ tensors and writing the QuantizeLinear's output, as onnxruntime's selectors deci
 - GlobalAveragePool -> com.microsoft QLinearGlobalAveragePool;
 - Gemm -> com.microsoft QGemm (beta 1 with an int32 bias; no QuantizeLinear: float32 output);
 - Flatten between a DequantizeLinear and a QuantizeLinear of the same scale and zero point (onnxruntime's
-  "drop" rule): the Flatten of the quantized tensor.
+  "drop" rule): the Flatten of the quantized tensor;
+- a Relu or HardSigmoid between them, which onnxruntime computes in float32, becomes one
+  ``onnx_prepared::QLookup``: the chain's output for each of the 256 input values, tabulated once with
+  the same kernels (so the same integers as the chain).
 
 onnxruntime first gives every consumer its own DequantizeLinear (EnsureUniqueDQForNodeUnit), so a shared
 DequantizeLinear does not block a group here either; it is removed once nothing reads it. Only
@@ -31,6 +34,10 @@ _DEFAULT = ("", "ai.onnx")
 _Q8 = ("uint8", "int8")
 _TARGETS = ("Conv", "Add", "Mul", "GlobalAveragePool", "Gemm", "Flatten")
 _MS = "com.microsoft"
+#: float ops between a DequantizeLinear and a QuantizeLinear that onnxruntime leaves float (Relu: its
+#: ReluQuantFusion only drops a Relu the QuantizeLinear makes redundant), tabulated as onnx_prepared::QLookup
+#: (kernels/qlinear_packed.py), with the attributes they may carry
+_LOOKUP = {"Relu": (), "HardSigmoid": ("alpha", "beta")}
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -130,6 +137,24 @@ def fuse_qdq(graph: onnx.GraphProto, weights: Mapping) -> int:
             gone.add(idx)
         else:
             fused[idx] = new
+    for idx, node in enumerate(nodes):  # DequantizeLinear -> Relu|HardSigmoid -> QuantizeLinear: one table
+        if idx in taken or idx in fused or _qdq_params(node, weights, "QuantizeLinear") is None:
+            continue
+        u = producer.get(node.input[0])
+        if u is None or u in gone or nodes[u].domain not in _DEFAULT or nodes[u].op_type not in _LOOKUP:
+            continue
+        f = nodes[u]
+        if len(f.input) != 1 or consumers.get(f.output[0]) != [idx] or f.output[0] in outputs:
+            continue
+        if {a.name for a in f.attribute} - set(_LOOKUP[f.op_type]):
+            continue
+        d = dq_of(f.input[0])
+        if d is None or _qdq_params(d, weights, "DequantizeLinear") is None:
+            continue
+        new = _node("QLookup", [*d.input, *node.input[1:]], node.output, node.name, "onnx_prepared", f.attribute)
+        new.attribute.add(name="function", type=onnx.AttributeProto.STRING, s=f.op_type.encode())
+        fused[idx] = new
+        gone.add(u)
     if not fused:
         return 0
     for i, n in fused.items():

@@ -128,3 +128,41 @@ def test_a_graph_without_quantize_linear_is_untouched():
     g = onnx_proto.GraphProto()
     g.node.add(op_type="Relu", input=["x"], output=["y"])
     assert fuse_qdq(g, {}) == 0 and len(g.node) == 1
+
+
+def _chain_model(op: str, dtype, **attrs) -> bytes:
+    z_in, z_out = (dtype(-5), dtype(-128)) if dtype == np.int8 else (dtype(120), dtype(0))
+    inits = [_init("s", np.float32(0.04)), _init("z", z_in), _init("s2", np.float32(1 / 255)), _init("z2", z_out)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node(op, ["d"], ["f"], **attrs),
+             helper.make_node("QuantizeLinear", ["f", "s2", "z2"], ["y"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                                             None)], initializer=inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("level", [*native.supported_levels(), "numpy"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(("op", "attrs"), [("Relu", {}), ("HardSigmoid", {"alpha": 1 / 6}), ("HardSigmoid", {})])
+def test_float_op_between_dequantize_and_quantize_is_one_table(level, dtype, op, attrs):
+    model = _chain_model(op, dtype, **attrs)
+    sess, ops = _ops(model)
+    assert ops == ["qparams", "qlookup"], ops
+    _against_ort(model, sess, level)
+
+
+def test_unpacked_lookup_computes_the_chain():
+    from onnx_prepared.kernels import activation
+    from onnx_prepared.kernels.qlinear_packed import q_lookup
+    from onnx_prepared.kernels.quantize import dequantize_linear, quantize_linear
+
+    x = np.arange(256, dtype=np.uint8).view(np.int8).reshape(4, 64)
+    s, z, s2, z2 = np.float32(0.03), np.int8(3), np.float32(0.005), np.int8(-100)
+    (y,) = q_lookup(x, s, z, s2, z2, function=b"HardSigmoid", alpha=0.25, beta=0.4)
+    (d,) = dequantize_linear(x, np.asarray(s), np.asarray(z))
+    (f,) = activation.hard_sigmoid(d, alpha=0.25, beta=0.4)
+    np.testing.assert_array_equal(y, quantize_linear(f, np.asarray(s2), np.asarray(z2))[0])

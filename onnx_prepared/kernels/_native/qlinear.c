@@ -607,3 +607,29 @@ PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t na
     (void)self;
     return qdq_call(args, nargs, 0);
 }
+
+/* qlookup(x 8-bit, table uint8[256], y 8-bit): y[i] = table[x[i]] (a DequantizeLinear -> float op ->
+ * QuantizeLinear chain tabulated once, kernels/qlinear_packed.py) */
+PyObject *py_qlookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "qlookup takes 3 positional arguments");
+        return NULL;
+    }
+    Py_buffer b[3];
+    if (get_buffers(args, b, 3, 2) < 0) return NULL;
+    if (b[1].len != 256 || b[0].len != b[2].len) {
+        release_all(b, 3);
+        PyErr_SetString(PyExc_ValueError, "qlookup: table must hold 256 bytes and y as many as x");
+        return NULL;
+    }
+    const uint8_t *x = b[0].buf, *t = b[1].buf;
+    uint8_t *y = b[2].buf;
+    const Py_ssize_t n = b[0].len;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) y[i] = t[x[i]];
+    Py_END_ALLOW_THREADS
+    release_all(b, 3);
+    Py_RETURN_NONE;
+}

@@ -10,6 +10,7 @@ PyObject *py_qbinary(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_qgap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_quantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_qlookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define QLINEAR_METHODS                                                                                        \
     {"qconv", (PyCFunction)(void (*)(void))py_qconv, METH_FASTCALL,                                           \
@@ -21,6 +22,8 @@ PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t na
     {"quantize_f32", (PyCFunction)(void (*)(void))py_quantize_f32, METH_FASTCALL,                             \
      "per-tensor QuantizeLinear of float32 into uint8/int8"},                                                 \
     {"dequantize_f32", (PyCFunction)(void (*)(void))py_dequantize_f32, METH_FASTCALL,                         \
-     "per-tensor DequantizeLinear of uint8/int8 into float32"},
+     "per-tensor DequantizeLinear of uint8/int8 into float32"},                                               \
+    {"qlookup", (PyCFunction)(void (*)(void))py_qlookup, METH_FASTCALL,                                       \
+     "y = table[x] over 8-bit tensors (a tabulated Q(f(DQ(x))) chain)"},
 
 #endif
