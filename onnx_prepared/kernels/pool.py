@@ -233,16 +233,23 @@ def _average_pool_bound(consts: dict, n_inputs: int, **attrs):
     return _Pool2dBound(average_pool, True, attrs)
 
 
+def _per_plane_f32(fn: str, X: np.ndarray) -> np.ndarray | None:
+    """``gap.c``'s ``fn`` (global_avg, global_max) over the [N, C] planes of a float32 C-contiguous X of
+    rank >= 3, as [N, C, 1, ...]; None where it does not apply (no extension, another dtype or layout)."""
+    ext = native._ext
+    if ext is None or X.dtype != np.float32 or X.ndim < 3 or not X.size or not X.flags.c_contiguous:
+        return None
+    n, c = X.shape[:2]
+    y = np.empty((n, c) + (1,) * (X.ndim - 2), np.float32)
+    getattr(ext, fn)(X, y, n * c, X.size // (n * c))
+    return y
+
+
 def _global_average_pool_f32(X: np.ndarray) -> tuple[np.ndarray]:
     """GlobalAveragePool's float32 contiguous call straight to ``gap.c`` (the kernel's dtype checks cost
     ~10 us, four times the reduction on a small plane)."""
-    ext = native._ext
-    if ext is not None and X.dtype == np.float32 and X.ndim >= 3 and X.size and X.flags.c_contiguous:
-        n, c = X.shape[:2]
-        y = np.empty((n, c) + (1,) * (X.ndim - 2), np.float32)
-        ext.global_avg(X, y, n * c, X.size // (n * c))
-        return (y,)
-    return global_average_pool(X)
+    y = _per_plane_f32("global_avg", X)
+    return (y,) if y is not None else global_average_pool(X)
 
 
 def _global_max_pool_flat(X: np.ndarray) -> tuple[np.ndarray]:
@@ -250,11 +257,8 @@ def _global_max_pool_flat(X: np.ndarray) -> tuple[np.ndarray]:
     ``maximum.reduce`` over each flattened plane (np.max over an axis tuple costs ~8 us more on small
     planes, the reduction itself ~4 us more than the native call on [1, 16, 4, 4]; the same values, NaN
     propagating)."""
-    ext = native._ext
-    if ext is not None and X.dtype == np.float32 and X.ndim >= 3 and X.size and X.flags.c_contiguous:
-        n, c = X.shape[:2]
-        y = np.empty((n, c) + (1,) * (X.ndim - 2), np.float32)
-        ext.global_max(X, y, n * c, X.size // (n * c))
+    y = _per_plane_f32("global_max", X)
+    if y is not None:
         return (y,)
     if X.ndim >= 3 and X.size:
         n, c = X.shape[:2]

@@ -20,43 +20,6 @@ static float plane_mean(const float *x, Py_ssize_t L)
     return s / (float)L;
 }
 
-/* global_avg(x, y, planes, L): x float32 [planes * L], y float32 [planes] */
-PyObject *py_global_avg(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "global_avg takes 4 positional arguments");
-        return NULL;
-    }
-    const Py_ssize_t planes = PyLong_AsSsize_t(args[2]), L = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (planes < 0 || L < 1) {
-        PyErr_SetString(PyExc_ValueError, "global_avg: bad planes or plane size");
-        return NULL;
-    }
-    Py_buffer bx, by;
-    if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
-    PyObject *ret = NULL;
-    if (bx.len / 4 / L < planes || by.len / 4 < planes) {
-        PyErr_SetString(PyExc_ValueError, "global_avg: a buffer is smaller than its shape");
-    } else {
-        const float *x = (const float *)bx.buf;
-        float *y = (float *)by.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t p = 0; p < planes; p++) y[p] = plane_mean(x + p * L, L);
-        Py_END_ALLOW_THREADS
-        ret = Py_None;
-        Py_INCREF(ret);
-    }
-    PyBuffer_Release(&by);
-    PyBuffer_Release(&bx);
-    return ret;
-}
-
 /* the plane's maximum; a NaN anywhere makes it NaN */
 static float plane_max(const float *x, Py_ssize_t L)
 {
@@ -82,18 +45,19 @@ static float plane_max(const float *x, Py_ssize_t L)
     return r;
 }
 
-/* global_max(x, y, planes, L): x float32 [planes * L], y float32 [planes] */
-PyObject *py_global_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* fn(x, y, planes, L): y[p] = reduce(x[p * L .. (p+1) * L]) for float32 x [planes * L], y [planes];
+ * the argument checks global_avg and global_max share */
+static PyObject *per_plane(PyObject *const *args, Py_ssize_t nargs, const char *fn,
+                           float (*reduce)(const float *, Py_ssize_t))
 {
-    (void)self;
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "global_max takes 4 positional arguments");
+        PyErr_Format(PyExc_TypeError, "%s takes 4 positional arguments", fn);
         return NULL;
     }
     const Py_ssize_t planes = PyLong_AsSsize_t(args[2]), L = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred()) return NULL;
     if (planes < 0 || L < 1) {
-        PyErr_SetString(PyExc_ValueError, "global_max: bad planes or plane size");
+        PyErr_Format(PyExc_ValueError, "%s: bad planes or plane size", fn);
         return NULL;
     }
     Py_buffer bx, by;
@@ -104,12 +68,12 @@ PyObject *py_global_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *ret = NULL;
     if (bx.len / 4 / L < planes || by.len / 4 < planes) {
-        PyErr_SetString(PyExc_ValueError, "global_max: a buffer is smaller than its shape");
+        PyErr_Format(PyExc_ValueError, "%s: a buffer is smaller than its shape", fn);
     } else {
         const float *x = (const float *)bx.buf;
         float *y = (float *)by.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t p = 0; p < planes; p++) y[p] = plane_max(x + p * L, L);
+        for (Py_ssize_t p = 0; p < planes; p++) y[p] = reduce(x + p * L, L);
         Py_END_ALLOW_THREADS
         ret = Py_None;
         Py_INCREF(ret);
@@ -117,4 +81,16 @@ PyObject *py_global_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&by);
     PyBuffer_Release(&bx);
     return ret;
+}
+
+PyObject *py_global_avg(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return per_plane(args, nargs, "global_avg", plane_mean);
+}
+
+PyObject *py_global_max(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return per_plane(args, nargs, "global_max", plane_max);
 }
