@@ -90,26 +90,29 @@ class Arena:
             if self.limit is not None and self.live + nbytes > self.limit:
                 raise ArenaLimitError(f"{self.name}: {nbytes} bytes for {tag()} would exceed the limit "
                                       f"({self.live} live of {self.limit})")
-            self.live += nbytes
-            self.retained -= min(self.retained, nbytes)
-            if self.live > self.peak_live:
-                self.peak_live = self.live
-            self.allocations += 1
+            self._add_live(nbytes)
 
     def unhold(self, nbytes: int) -> None:
         """Return the bytes of one :meth:`hold` (exactly once: there is no Allocation to make it idempotent)."""
         with self._lock:
-            self.live -= nbytes
-            self.retained += nbytes
-            if self.retention_cap is not None and self.retained > self.retention_cap:
-                self.retained = self.retention_cap
+            self._sub_live(nbytes)
+
+    def _add_live(self, nbytes: int) -> None:  # the lock held: the one place bytes become live
+        self.live += nbytes
+        self.retained -= min(self.retained, nbytes)
+        if self.live > self.peak_live:
+            self.peak_live = self.live
+        self.allocations += 1
+
+    def _sub_live(self, nbytes: int) -> None:  # the lock held: the one place live bytes are returned
+        self.live -= nbytes
+        self.retained += nbytes
+        if self.retention_cap is not None and self.retained > self.retention_cap:
+            self.retained = self.retention_cap
 
     def _charge(self, nbytes: int, tag: str) -> Allocation:
         with self._lock:
-            self.live += nbytes
-            self.retained -= min(self.retained, nbytes)
-            self.peak_live = max(self.peak_live, self.live)
-            self.allocations += 1
+            self._add_live(nbytes)
         return Allocation(self, nbytes, tag)
 
     def _release(self, a: Allocation) -> None:
@@ -119,10 +122,7 @@ class Arena:
             if a.released:
                 return
             a.released = True
-            self.live -= a.nbytes
-            self.retained += a.nbytes
-            if self.retention_cap is not None and self.retained > self.retention_cap:
-                self.retained = self.retention_cap
+            self._sub_live(a.nbytes)
 
     def trim(self) -> int:
         """Drop all retained capacity; returns the bytes trimmed."""

@@ -10,11 +10,11 @@ import tempfile
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.kernels import conv_transpose as ct
 from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.dispatch import PATHS, use_path
+from tests.helpers.models import conv_transpose_model
 
 RNG = np.random.default_rng(13)
 
@@ -25,18 +25,7 @@ def path(request, monkeypatch):
 
 
 def _model(xs, ws, attrs, bias: bool) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(RNG.standard_normal(ws).astype(np.float32), "W")]
-    ins = ["x", "W"]
-    if bias:
-        inits.append(numpy_helper.from_array(RNG.standard_normal(ws[1] * attrs.get("group", 1)).astype(np.float32),
-                                             "B"))
-        ins.append("B")
-    node = helper.make_node("ConvTranspose", ins, ["y"], **attrs)
-    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-    model.ir_version = 8
-    return model
+    return conv_transpose_model(RNG, xs, ws, attrs, bias)
 
 
 @pytest.mark.parametrize(("xs", "ws", "attrs", "bias"), [

@@ -18,6 +18,7 @@ from onnx_prepared.kernels import native
 from onnx_prepared.kernels import resize as rz
 from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.dispatch import PATHS, use_path
+from tests.helpers.models import conv_transpose_model
 
 RNG = np.random.default_rng(17)
 needs_ext = pytest.mark.skipif(not native.available(), reason="native extension not built")
@@ -58,18 +59,7 @@ def test_tiling_copies_check_their_buffers():
 
 
 def _convt_model(xs, ws, attrs, bias: bool) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(RNG.standard_normal(ws).astype(np.float32), "W")]
-    ins = ["x", "W"]
-    if bias:
-        inits.append(numpy_helper.from_array(RNG.standard_normal(ws[1] * attrs.get("group", 1)).astype(np.float32),
-                                             "B"))
-        ins.append("B")
-    node = helper.make_node("ConvTranspose", ins, ["y"], **attrs)
-    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-    model.ir_version = 8
-    return model
+    return conv_transpose_model(RNG, xs, ws, attrs, bias)
 
 
 def _runs(model, feeds: dict, n_runs: int = 3):
