@@ -31,16 +31,19 @@ import numpy as np
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.kernels import catalog
+from onnx_prepared.resolve.graph_index import GraphIndex
 
 _INT4 = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
 
 
-def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Mapping[str, int]) -> int:
+def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Mapping[str, int],
+                           index: GraphIndex | None = None) -> int:
     """Rewrite every matching DequantizeLinear + MatMul pair in ``graph`` in place; returns how many
-    MatMuls were fused."""
+    MatMuls were fused. ``index``: the resolver's shared :class:`GraphIndex` of ``graph`` (kept true)."""
     if opsets.get("", opsets.get("ai.onnx", 0)) < 21:  # block_size exists from DequantizeLinear-21
         return 0
-    if not any(n.op_type == "DequantizeLinear" for n in graph.node):  # the usual case: no consumer map
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("DequantizeLinear"):  # the usual case: no consumer map
         return 0
     consumers: dict[str, list[int]] = {}
     for idx, node in enumerate(graph.node):
@@ -66,7 +69,7 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
             fused.attribute.add(name="block_size", type=onnx.AttributeProto.INT, i=int(operands[1]))
             replace[u] = fused
         drop.add(idx)
-    return _rewrite(graph, replace, drop)
+    return _rewrite(graph, replace, drop, index)
 
 
 def _dq_matmul():
@@ -78,13 +81,16 @@ def _dq_matmul():
     return dq_matmul
 
 
-def _rewrite(graph, replace: dict[int, onnx.NodeProto], drop: set[int]) -> int:
-    """Put each fusion's nodes in place of ``replace``'s indices, remove ``drop``'s; the count of fusions."""
+def _rewrite(graph, replace: dict[int, onnx.NodeProto], drop: set[int], index: GraphIndex | None = None) -> int:
+    """Put each fusion's nodes in place of ``replace``'s indices, remove ``drop``'s (and tell ``index``);
+    the count of fusions."""
     if replace:  # in place: copying every node back into the repeated field cost ~1 ms per 150 nodes
         for i, n in replace.items():
             graph.node[i].CopyFrom(n)
         for i in sorted(drop, reverse=True):
             del graph.node[i]
+        if index is not None:
+            index.rewritten(replace, drop)
     return len(replace)
 
 
@@ -161,15 +167,6 @@ def _conv_epilogue(act: onnx.NodeProto, scalars: Mapping[str, float]) -> tuple[f
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    consumers: dict[str, list[int]] = {}
-    for idx, node in enumerate(graph.node):
-        for name in node.input:
-            if name:
-                consumers.setdefault(name, []).append(idx)
-    return consumers
-
-
 def _foldable_conv(node: onnx.NodeProto, weights: Mapping, outputs: set[str], *, fused_ok: bool) -> bool:
     """A Conv (float32 initializer weight, Conv's own attributes only, output not a graph output), or with
     ``fused_ok`` a FusedConv that has no activation yet."""
@@ -207,17 +204,19 @@ def _inference_bn(node: onnx.NodeProto, weights: Mapping, channels: int) -> floa
     return float(attrs.get("epsilon", 1e-5))
 
 
-def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping) -> int:
+def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite every Conv whose output feeds exactly one inference-mode BatchNormalization (and nothing
     else) into one FusedConv ``(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, writing the
     BatchNormalization's output; returns how many were fused. Run before :func:`fuse_conv_activation`."""
-    if not any(n.op_type == "BatchNormalization" for n in graph.node):
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("BatchNormalization"):
         return 0
-    consumers = _consumers(graph)
-    outputs = {o.name for o in graph.output}
+    consumers = index.consumers
+    outputs = index.graph_outputs
     replace: dict[int, onnx.NodeProto] = {}
     drop: set[int] = set()
-    for idx, node in enumerate(graph.node):
+    for idx in index.of("Conv"):
+        node = graph.node[idx]
         if not _foldable_conv(node, weights, outputs, fused_ok=False) or len(weights[node.input[1]].dims) < 3:
             continue
         if len(node.input) > 2 and node.input[2] and node.input[2] not in weights:
@@ -236,22 +235,24 @@ def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping) -> int:
         fused.attribute.add(name="bn_epsilon", type=onnx.AttributeProto.FLOAT, f=eps)
         replace[idx] = fused
         drop.add(users[0])
-    return _rewrite(graph, replace, drop)
+    return _rewrite(graph, replace, drop, index)
 
 
-def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
+def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) or activation-free
     FusedConv whose output feeds exactly one Relu, HardSwish, LeakyRelu or Clip of constant bounds and
     nothing else (not a graph output) into one FusedConv writing the activation's output; returns how
     many were fused."""
-    if not any(n.op_type in _CONV_EPILOGUES for n in graph.node):
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has(*_CONV_EPILOGUES):
         return 0
-    scalars = _constant_scalars(graph) if any(n.op_type == "Clip" for n in graph.node) else {}
-    consumers = _consumers(graph)
-    outputs = {o.name for o in graph.output}
+    scalars = _constant_scalars(graph, index) if index.has("Clip") else {}
+    consumers = index.consumers
+    outputs = index.graph_outputs
     replace: dict[int, onnx.NodeProto] = {}
     drop: set[int] = set()
-    for idx, node in enumerate(graph.node):
+    for idx in index.of("Conv", "onnx_prepared:FusedConv"):
+        node = graph.node[idx]
         if not _foldable_conv(node, weights, outputs, fused_ok=True):
             continue
         users = consumers.get(node.output[0], [])
@@ -276,7 +277,7 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping) -> int:
             fused.attribute.add(name="activation_alpha", type=onnx.AttributeProto.FLOAT, f=alpha)
         replace[idx] = fused
         drop.add(users[0])
-    return _rewrite(graph, replace, drop)
+    return _rewrite(graph, replace, drop, index)
 
 
 def _conv_fused():
@@ -311,15 +312,16 @@ def _pointwise_conv(node: onnx.NodeProto, weights: Mapping) -> bool:
     return True
 
 
-def fuse_squeeze_excite(graph: onnx.GraphProto, weights: Mapping) -> int:
+def fuse_squeeze_excite(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite every ``Mul(X, gate(Conv2(Relu(Conv1(GlobalAveragePool(X))))))`` (1x1 Convs, each
     intermediate read once and no graph output, gate a HardSigmoid or Sigmoid) into one SqueezeExcite
     at the Mul's place; returns how many were fused. Run before the Conv fusions."""
-    if not any(n.op_type == "GlobalAveragePool" for n in graph.node):
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("GlobalAveragePool"):
         return 0
-    consumers = _consumers(graph)
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
-    outputs = {o.name for o in graph.output}
+    consumers = index.consumers
+    producer = index.producer
+    outputs = index.graph_outputs
     replace: dict[int, onnx.NodeProto] = {}
     drop: set[int] = set()
 
@@ -332,8 +334,9 @@ def fuse_squeeze_excite(graph: onnx.GraphProto, weights: Mapping) -> int:
         n = graph.node[i]
         return i if n.op_type == op and n.domain in ("", "ai.onnx") else None
 
-    for idx, mul in enumerate(graph.node):
-        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
+    for idx in index.of("Mul"):
+        mul = graph.node[idx]
+        if len(mul.input) != 2:
             continue
         for side in (0, 1):
             x, gate_out = mul.input[1 - side], mul.input[side]
@@ -365,33 +368,40 @@ def fuse_squeeze_excite(graph: onnx.GraphProto, weights: Mapping) -> int:
             replace[idx] = se
             drop.update((p, c1, r, c2, gi))
             break
-    return _rewrite(graph, replace, drop)
+    return _rewrite(graph, replace, drop, index)
 
 
-def forward_initializer_identities(graph: onnx.GraphProto, weights: Mapping) -> int:
+def forward_initializer_identities(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Drop every Identity whose input is an initializer and whose output is no graph output, its readers
     reading the initializer instead; returns how many were dropped. Graphs with subgraphs are left alone
-    (a body may read the Identity's output by name)."""
-    forward = {n.output[0]: n.input[0] for n in graph.node
-               if n.op_type == "Identity" and n.domain in ("", "ai.onnx") and len(n.input) == 1
-               and len(n.output) == 1 and n.input[0] in weights}
+    (a body may read the Identity's output by name). Edits in place: only the readers are rewritten."""
+    index = index if index is not None else GraphIndex(graph)
+    ins_of, outs_of = index.inputs, index.outputs
+    forward = {outs_of[i][0]: ins_of[i][0] for i in index.of("Identity")
+               if len(ins_of[i]) == 1 and len(outs_of[i]) == 1 and ins_of[i][0] in weights}
+    if not forward or index.subgraphs:
+        return 0
+    for o in index.graph_outputs:
+        forward.pop(o, None)
     if not forward:
         return 0
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
-           for a in n.attribute):
-        return 0
-    for o in graph.output:
-        forward.pop(o.name, None)
-    nodes = []
-    for n in graph.node:
-        if n.op_type == "Identity" and n.output and n.output[0] in forward:
+    keep, inputs, gone = [], [], []
+    nodes = graph.node
+    for idx, ins in enumerate(ins_of):
+        if index.op_types[idx] == "Identity" and outs_of[idx] and outs_of[idx][0] in forward:
+            gone.append(idx)
             continue
-        for i, name in enumerate(n.input):
-            if name in forward:
-                n.input[i] = forward[name]
-        nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
+        if any(name in forward for name in ins):
+            n = nodes[idx]
+            for i, name in enumerate(ins):
+                if name in forward:
+                    n.input[i] = forward[name]
+            ins = tuple(forward.get(name, name) for name in ins)
+        keep.append(idx)
+        inputs.append(ins)
+    for idx in reversed(gone):
+        del nodes[idx]
+    index.rewired(inputs, keep)
     return len(forward)
 
 
@@ -402,11 +412,19 @@ def _default(node: onnx.NodeProto, op: str) -> bool:
     return node.op_type == op and node.domain in ("", "ai.onnx")
 
 
-def _constant_scalars(graph: onnx.GraphProto) -> dict[str, float]:
+def _constants(graph: onnx.GraphProto, index: GraphIndex | None):
+    """The graph's default-domain Constant nodes (all nodes without ``index``: the test below sorts them)."""
+    if index is None:
+        return graph.node
+    nodes = graph.node
+    return [nodes[i] for i in index.of("Constant")]
+
+
+def _constant_scalars(graph: onnx.GraphProto, index: GraphIndex | None = None) -> dict[str, float]:
     """Output name -> value of every Constant node holding one float32 scalar (the only constants a
     fusion compares: initializer payloads are not read at resolution)."""
     out: dict[str, float] = {}
-    for n in graph.node:
+    for n in _constants(graph, index):
         if not _default(n, "Constant") or len(n.attribute) != 1 or n.attribute[0].name != "value":
             continue
         t = n.attribute[0].t
@@ -420,31 +438,24 @@ def _constant_scalars(graph: onnx.GraphProto) -> dict[str, float]:
 
 
 class _Graph:
-    """Producer and consumer maps of one graph, from one pass over its protobuf nodes (each field access
-    of a protobuf message builds a wrapper object: the fusion steps read these Python lists instead),
-    and the rewrite being collected (``replace``/``drop``). The steps of :func:`fuse_encoder` share one:
-    a replacement writes the names of the outputs it replaces, so the maps stay true."""
+    """Producer and consumer maps of one graph, the :class:`GraphIndex`'s (each field access of a
+    protobuf message builds a wrapper object: the fusion steps read these Python lists instead), and the
+    rewrite being collected (``replace``/``drop``). The steps of :func:`fuse_encoder` share one: a
+    replacement writes the names of the outputs it replaces, so the maps stay true until the commit."""
 
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, index: GraphIndex):
         self.graph = graph
-        self.ops: list[str] = []
-        self.consumers: dict[str, list[int]] = {}
-        self.producer: dict[str, int] = {}
-        for i, n in enumerate(graph.node):
-            self.ops.append(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}")
-            for name in n.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(i)
-            for name in n.output:
-                if name:
-                    self.producer[name] = i
-        self.outputs = {o.name for o in graph.output}
+        self.index = index  # read, not changed, until commit
+        self.ops: list[str] = index.keys
+        self.consumers: dict[str, list[int]] = index.consumers
+        self.producer: dict[str, int] = index.producer
+        self.outputs = index.graph_outputs
         self.replace: dict[int, onnx.NodeProto] = {}
         self.drop: set[int] = set()
 
     def of(self, op: str) -> list[int]:
         """Indices of the default-domain ``op`` nodes."""
-        return [i for i, o in enumerate(self.ops) if o == op]
+        return self.index.of(op)
 
     def taken(self, *idx: int) -> bool:
         return any(i in self.drop or i in self.replace for i in idx)
@@ -463,7 +474,7 @@ class _Graph:
         return node.input[1] if node.input[0] == name else node.input[0]
 
     def commit(self) -> int:
-        return _rewrite(self.graph, self.replace, self.drop)
+        return _rewrite(self.graph, self.replace, self.drop, self.index)
 
 
 def _bias_for(g: _Graph, out: str, weights: Mapping, n: int) -> tuple[int, str] | None:
@@ -684,10 +695,10 @@ def _swap_gather_dequantize(g: _Graph, weights: Mapping) -> None:
         g.replace[di] = gather
 
 
-def _constant_ints(graph: onnx.GraphProto) -> dict[str, int | list[int]]:
+def _constant_ints(graph: onnx.GraphProto, index: GraphIndex | None = None) -> dict[str, int | list[int]]:
     """Output name -> value of every Constant node holding an int64 scalar (an int) or 1-D tensor (a list)."""
     out: dict[str, int | list[int]] = {}
-    for n in graph.node:
+    for n in _constants(graph, index):
         if not _default(n, "Constant") or len(n.attribute) != 1 or n.attribute[0].name != "value":
             continue
         t = n.attribute[0].t
@@ -784,7 +795,7 @@ def _fuse_reshape_from_shape(g: _Graph, ints: Mapping) -> None:
             g.drop.add(si)
 
 
-def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
+def fuse_encoder(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """The transformer-encoder fusions, each where its pattern matches exactly: the int8 dynamic-quant
     MatMul chain, MatMul + bias Add, the Erf GELU, the attention's scaled masked Softmax, Add +
     LayerNormalization, a quantized embedding's
@@ -792,23 +803,22 @@ def fuse_encoder(graph: onnx.GraphProto, weights: Mapping) -> int:
     (in that order, over one set of maps: the bias Adds are taken
     before a residual Add + LayerNormalization is looked for); returns how many nodes were written.
     Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
-    ops = {n.op_type for n in graph.node}
-    if not ops & {"MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape", "Softmax"}:
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape", "Softmax"):
         return 0
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
-           for a in n.attribute):
+    if index.subgraphs:
         return 0
-    g = _Graph(graph)
-    scalars = _constant_scalars(graph) if ops & {"Erf", "Softmax"} else {}
+    g = _Graph(graph, index)
+    scalars = _constant_scalars(graph, index) if index.has("Erf", "Softmax") else {}
     steps = (("MatMulInteger", lambda: _fuse_dynamic_quant_matmul(g, weights)),
              ("MatMul", lambda: _fuse_matmul_bias(g, weights)),
              ("Erf", lambda: _fuse_gelu(g, scalars)),
              ("Softmax", lambda: _fuse_attention_softmax(g, scalars)),
              ("LayerNormalization", lambda: _fuse_add_layer_norm(g)),
              ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)),
-             ("Reshape", lambda: _fuse_reshape_from_shape(g, _constant_ints(graph))))
+             ("Reshape", lambda: _fuse_reshape_from_shape(g, _constant_ints(graph, index))))
     for needs, step in steps:
-        if needs in ops:
+        if index.has(needs):
             step()
     for node in g.replace.values():
         if node.domain == "onnx_prepared":

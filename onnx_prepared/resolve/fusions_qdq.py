@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from onnx_prepared import onnx_proto as onnx
+from onnx_prepared.resolve.graph_index import GraphIndex
 
 _DEFAULT = ("", "ai.onnx")
 _Q8 = ("uint8", "int8")
@@ -92,10 +93,20 @@ def _bias_dq(node: onnx.NodeProto, weights: Mapping) -> str | None:
     return node.input[0] if x is not None and x.dtype == "int32" and len(x.dims) == 1 else None
 
 
-def fuse_qdq(graph: onnx.GraphProto, weights: Mapping) -> int:
-    """Rewrite ``graph``'s QDQ groups in place as onnxruntime's CPU QDQ transformer does; the count."""
-    if not any(n.op_type == "QuantizeLinear" for n in graph.node):
+def fuse_qdq(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
+    """Rewrite ``graph``'s QDQ groups in place as onnxruntime's CPU QDQ transformer does; the count.
+    ``index``: the resolver's :class:`GraphIndex` of ``graph``, read for the gating test and rescanned
+    after a rewrite."""
+    if not (index.has("QuantizeLinear") if index is not None else any(n.op_type == "QuantizeLinear"
+                                                                        for n in graph.node)):
         return 0
+    n = _fuse_qdq(graph, weights)
+    if n and index is not None:
+        index.rescan()
+    return n
+
+
+def _fuse_qdq(graph: onnx.GraphProto, weights: Mapping) -> int:
     producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
     consumers: dict[str, list[int]] = {}
     for i, n in enumerate(graph.node):

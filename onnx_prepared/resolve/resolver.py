@@ -30,6 +30,7 @@ from onnx_prepared.resolve.fusions import (
     fuse_squeeze_excite,
 )
 from onnx_prepared.resolve.fusions_qdq import fuse_qdq
+from onnx_prepared.resolve.graph_index import GraphIndex
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
@@ -161,17 +162,20 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     # (fusions only rewrite ops without subgraphs).
     subgraphs = model.has_subgraphs if model.has_subgraphs is not None else _has_subgraphs(graph)
     implicit_of = implicit_inputs_of if subgraphs else _no_implicit
-    removed = _eliminate_dead_nodes(graph, implicit_of)
+    index = GraphIndex(graph, subgraphs=subgraphs)  # the passes' one view of the nodes, kept true by them
+    removed = _eliminate_dead_nodes(graph, implicit_of, index)
     opsets = model.opsets  # (a dict built per access)
-    fuse_dequantize_matmul(graph, model.weights, opsets)
-    forward_initializer_identities(graph, model.weights)
-    fuse_qdq(graph, model.weights)
-    fuse_squeeze_excite(graph, model.weights)
-    fuse_conv_batchnorm(graph, model.weights)
-    fuse_conv_activation(graph, model.weights)
-    fuse_encoder(graph, model.weights)
     weights = model.weights
-    used = _used_names(graph, implicit_of)
+    fuse_dequantize_matmul(graph, weights, opsets, index)
+    forward_initializer_identities(graph, weights, index)
+    fuse_qdq(graph, weights, index)
+    fuse_squeeze_excite(graph, weights, index)
+    fuse_conv_batchnorm(graph, weights, index)
+    fuse_conv_activation(graph, weights, index)
+    fuse_encoder(graph, weights, index)
+    if len(index.inputs) != len(graph.node):
+        raise InternalError("a rewrite pass left the graph index stale")
+    used = _used_names(graph, implicit_of, index)
     dead = tuple(sorted(n for n in weights if n not in used))
     keep_inits = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
@@ -199,8 +203,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         return key
 
     for idx, node in enumerate(graph.node):
-        ins = tuple(node.input)
-        node_io.append((ins, tuple(node.output)))
+        ins = index.inputs[idx]
+        node_io.append((ins, index.outputs[idx]))
         const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
         shapes = {}
         for i in const_pos:
@@ -364,23 +368,28 @@ def _has_subgraphs(graph: onnx.GraphProto) -> bool:
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
-def _used_names(graph: onnx.GraphProto, implicit_of=implicit_inputs_of) -> set[str]:
+def _used_names(graph: onnx.GraphProto, implicit_of=implicit_inputs_of, index: GraphIndex | None = None) -> set[str]:
     used: set[str] = set()
-    for node in graph.node:
-        used.update(node.input)
-        used.update(implicit_of(node))
+    for ins in (index.inputs if index is not None else (n.input for n in graph.node)):
+        used.update(ins)
+    if implicit_of is not _no_implicit:
+        for node in graph.node:
+            used.update(implicit_of(node))
     used.discard("")  # an omitted optional input
     return used | {o.name for o in graph.output} | {i.name for i in graph.input}
 
 
-def _eliminate_dead_nodes(graph: onnx.GraphProto, implicit_of=implicit_inputs_of) -> int:
+def _eliminate_dead_nodes(graph: onnx.GraphProto, implicit_of=implicit_inputs_of,
+                          index: GraphIndex | None = None) -> int:
     """Drop nodes none of whose outputs reach a graph output; returns how many were dropped."""
-    needed = {o.name for o in graph.output}
-    nodes = list(graph.node)
-    keep = [False] * len(nodes)
-    for idx in range(len(nodes) - 1, -1, -1):
-        node = nodes[idx]
-        outs = node.output
+    index = index if index is not None else GraphIndex(graph)
+    needed = set(index.graph_outputs)
+    nodes = graph.node
+    ins_of, outs_of = index.inputs, index.outputs
+    implicit = implicit_of is not _no_implicit
+    keep = [False] * len(ins_of)
+    for idx in range(len(ins_of) - 1, -1, -1):
+        outs = outs_of[idx]
         if len(outs) == 1:
             o = outs[0]
             live = bool(o) and o in needed
@@ -388,31 +397,32 @@ def _eliminate_dead_nodes(graph: onnx.GraphProto, implicit_of=implicit_inputs_of
             live = any(o in needed for o in outs if o)
         if live:
             keep[idx] = True
-            needed.update(node.input)
-            needed.update(implicit_of(node))
+            needed.update(ins_of[idx])
+            if implicit:
+                needed.update(implicit_of(nodes[idx]))
     if all(keep):
         return 0
     # NOTE: a node list that is not topologically sorted could hide a live producer after its
     # consumer; such graphs are rare and keep every node.
-    order_ok = _is_topological(graph)
+    order_ok = _is_topological(graph, index)
     if not order_ok:
         return 0
-    kept = [n for n, k in zip(graph.node, keep) if k]
-    removed = len(graph.node) - len(kept)
-    del graph.node[:]
-    graph.node.extend(kept)
-    return removed
+    drop = [i for i, k in enumerate(keep) if not k]
+    for i in reversed(drop):  # in place: the kept nodes are not copied
+        del nodes[i]
+    index.rewritten({}, drop)
+    return len(drop)
 
 
-def _is_topological(graph: onnx.GraphProto) -> bool:
+def _is_topological(graph: onnx.GraphProto, index: GraphIndex) -> bool:
     """True when every node-produced input is produced by an earlier node."""
-    node_outputs = {o for n in graph.node for o in n.output if o}
+    node_outputs = {o for outs in index.outputs for o in outs if o}
     produced: set[str] = set()
-    for node in graph.node:
-        reads = [n for n in node.input if n] + list(implicit_inputs_of(node))
+    for node, ins, outs in zip(graph.node, index.inputs, index.outputs):
+        reads = [n for n in ins if n] + list(implicit_inputs_of(node))
         if any(n in node_outputs and n not in produced for n in reads):
             return False
-        produced.update(node.output)
+        produced.update(outs)
     return True
 
 

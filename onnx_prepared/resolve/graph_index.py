@@ -1,0 +1,132 @@
+"""What the resolver's rewrite passes read of every node, from one pass over the protobuf nodes.
+
+Why: each field access of a protobuf message builds a wrapper object (``tuple(node.input)`` costs
+~2 us a node), and every pass used to scan ``graph.node`` again for its gating test (is there any
+BatchNormalization?), its consumer and producer maps and its subgraph test. The passes share one
+:class:`GraphIndex`; a rewrite updates it from the nodes it wrote (:meth:`GraphIndex.rewritten`), a pass
+that edits the graph some other way calls :meth:`GraphIndex.rescan`. Its lists are in graph order and
+always describe ``graph.node`` as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from onnx_prepared import onnx_proto as onnx
+
+_DEFAULT = ("", "ai.onnx")
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+
+class GraphIndex:
+    """Per node of ``graph``: ``op_types`` (the bare op type), ``keys`` (the op type, prefixed by
+    ``domain:`` outside the default domain), ``inputs`` and ``outputs`` (tuples of names, "" kept);
+    ``graph_outputs`` the names the graph returns; ``consumers`` / ``producer`` maps built on first use.
+
+    ``subgraphs``: False when the model is known to hold no subgraph attribute (the loader's walk saw
+    none); otherwise the graph's nodes are asked once, on first use.
+    """
+
+    __slots__ = (
+        "_consumers",
+        "_present",
+        "_producer",
+        "_subgraphs",
+        "graph",
+        "graph_outputs",
+        "inputs",
+        "keys",
+        "op_types",
+        "outputs",
+    )
+
+    def __init__(self, graph: onnx.GraphProto, *, subgraphs: bool | None = None) -> None:
+        self.graph = graph
+        self.graph_outputs = {o.name for o in graph.output}
+        self._subgraphs: bool | None = False if subgraphs is False else None
+        self.rescan()
+
+    def rescan(self) -> None:
+        """Read every node again (after a pass that edited the graph without :meth:`rewritten`)."""
+        op_types, keys, inputs, outputs = [], [], [], []
+        for n in self.graph.node:
+            op, d = n.op_type, n.domain
+            op_types.append(op)
+            keys.append(op if d in _DEFAULT else f"{d}:{op}")
+            inputs.append(tuple(n.input))
+            outputs.append(tuple(n.output))
+        self.op_types, self.keys, self.inputs, self.outputs = op_types, keys, inputs, outputs
+        self._changed()
+
+    def _changed(self) -> None:
+        self._present = None
+        self._consumers = None
+        self._producer = None
+        if self._subgraphs:  # a dropped node may have held the subgraph: ask again on use
+            self._subgraphs = None
+
+    # ---- queries ----
+    def has(self, *op_types: str) -> bool:
+        """Whether a node of any domain has one of these op types."""
+        present = self._present
+        if present is None:
+            present = self._present = set(self.op_types)
+        return any(op in present for op in op_types)
+
+    def of(self, *keys: str) -> list[int]:
+        """Indices, in graph order, of the nodes whose key is one of ``keys``."""
+        return [i for i, k in enumerate(self.keys) if k in keys]
+
+    @property
+    def consumers(self) -> dict[str, list[int]]:
+        """Name -> indices of the nodes reading it, one entry per reading position ("" skipped)."""
+        c = self._consumers
+        if c is None:
+            c = self._consumers = {}
+            for i, ins in enumerate(self.inputs):
+                for name in ins:
+                    if name:
+                        c.setdefault(name, []).append(i)
+        return c
+
+    @property
+    def producer(self) -> dict[str, int]:
+        """Name -> index of the (last) node writing it ("" skipped)."""
+        p = self._producer
+        if p is None:
+            p = self._producer = {}
+            for i, outs in enumerate(self.outputs):
+                for name in outs:
+                    if name:
+                        p[name] = i
+        return p
+
+    @property
+    def subgraphs(self) -> bool:
+        """Whether a node holds a subgraph attribute (then a body may read any name: passes keep out)."""
+        s = self._subgraphs
+        if s is None:
+            s = self._subgraphs = any(a.type in (_GRAPH, _GRAPHS) for n in self.graph.node for a in n.attribute)
+        return s
+
+    # ---- updates ----
+    def rewritten(self, replace: dict[int, onnx.NodeProto], drop: Iterable[int]) -> None:
+        """The graph's node ``i`` became ``replace[i]`` and the ``drop`` indices were deleted (what
+        ``fusions._rewrite`` does): update the lists from the written nodes alone."""
+        for i, n in replace.items():
+            op, d = n.op_type, n.domain
+            self.op_types[i] = op
+            self.keys[i] = op if d in _DEFAULT else f"{d}:{op}"
+            self.inputs[i] = tuple(n.input)
+            self.outputs[i] = tuple(n.output)
+        for i in sorted(drop, reverse=True):
+            del self.op_types[i], self.keys[i], self.inputs[i], self.outputs[i]
+        self._changed()
+
+    def rewired(self, inputs: list[tuple[str, ...]], keep: list[int]) -> None:
+        """The graph kept the nodes ``keep`` (old indices, in order), reading ``inputs`` (per kept node)."""
+        self.op_types = [self.op_types[i] for i in keep]
+        self.keys = [self.keys[i] for i in keep]
+        self.outputs = [self.outputs[i] for i in keep]
+        self.inputs = inputs
+        self._changed()
