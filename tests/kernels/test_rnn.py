@@ -16,18 +16,19 @@ DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 
 def _inputs(op, direction, *, seq=5, batch=4, inp=3, hidden=6, lens=None, init=False, bias=True, peep=False,
-            layout=0, dtype=np.float32):
+            layout=0, dtype=np.float32, rng=None):
     nd, g = DIRS[direction], GATES[op]
-    x = RNG.standard_normal((batch, seq, inp) if layout else (seq, batch, inp)).astype(dtype)
+    rng = RNG if rng is None else rng  # the module's generator unless a test brings its own
+    x = rng.standard_normal((batch, seq, inp) if layout else (seq, batch, inp)).astype(dtype)
     # weights scaled like a trained net's (~1/sqrt(fan-in)): a chaotic RNN would amplify rounding differences
-    w = (RNG.standard_normal((nd, g * hidden, inp)) * min(0.5, 1.5 / np.sqrt(inp))).astype(dtype)
-    r = (RNG.standard_normal((nd, g * hidden, hidden)) * min(0.5, 1.5 / np.sqrt(hidden))).astype(dtype)
+    w = (rng.standard_normal((nd, g * hidden, inp)) * min(0.5, 1.5 / np.sqrt(inp))).astype(dtype)
+    r = (rng.standard_normal((nd, g * hidden, hidden)) * min(0.5, 1.5 / np.sqrt(hidden))).astype(dtype)
     hs = (batch, nd, hidden) if layout else (nd, batch, hidden)
-    ins = [x, w, r, RNG.standard_normal((nd, 2 * g * hidden)).astype(dtype) if bias else None,
-           None if lens is None else np.array(lens, np.int32), RNG.standard_normal(hs).astype(dtype) if init else None]
+    ins = [x, w, r, rng.standard_normal((nd, 2 * g * hidden)).astype(dtype) if bias else None,
+           None if lens is None else np.array(lens, np.int32), rng.standard_normal(hs).astype(dtype) if init else None]
     if op == "LSTM":
-        ins.append(RNG.standard_normal(hs).astype(dtype) if init else None)
-        ins.append(RNG.standard_normal((nd, 3 * hidden)).astype(dtype) if peep else None)
+        ins.append(rng.standard_normal(hs).astype(dtype) if init else None)
+        ins.append(rng.standard_normal((nd, 3 * hidden)).astype(dtype) if peep else None)
     while ins[-1] is None:
         ins.pop()
     return ins
@@ -206,8 +207,12 @@ def test_weights_are_derived_once_when_read_only_and_again_when_writeable(op):
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_native_activations_saturate_and_propagate_nan_like_the_numpy_path(level, op, monkeypatch):
     """The recurrence's own exp (vectorized, ~2e-7 relative) at the extremes: gates saturate to exactly
-    0/1 and tanh to +-1 for huge pre-activations, NaN stays NaN, as numpy's sigmoid/tanh do."""
-    ins = _inputs(op, "bidirectional", seq=4, batch=3, init=True)
+    0/1 and tanh to +-1 for huge pre-activations, NaN stays NaN, as numpy's sigmoid/tanh do.
+
+    The inputs come from the test's own generator: drawn from the module's, they depended on which tests
+    ran before on the worker. Elsewhere the two exps' differences grow through the recurrence near
+    saturation: up to 5.0e-5 (LSTM), 8.4e-6 (GRU) over 150 seeds, hence the tolerance."""
+    ins = _inputs(op, "bidirectional", seq=4, batch=3, init=True, rng=np.random.default_rng(20261202))
     ins[0][0, 0] = 1e4
     ins[0][1, 1] = -1e4
     ins[0][2, 2, 0] = np.nan
@@ -219,7 +224,7 @@ def test_native_activations_saturate_and_propagate_nan_like_the_numpy_path(level
         slow = run_ours(op, ins, opset=14, n_outputs=n, hidden_size=6, direction="bidirectional")
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 @needs_ext
