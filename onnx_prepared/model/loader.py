@@ -33,6 +33,7 @@ from onnx_prepared.model.safe_open import NotRegularFile, read_regular
 from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.model.types import check_types
 from onnx_prepared.model.versions import check_versions
+from onnx_prepared.model.wire import scan_initializers
 from onnx_prepared.records import field, record
 
 __all__ = [
@@ -106,27 +107,37 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise ModelLoadError(f"cannot read model file {short(path, 400)!r}: {e.strerror or e}") from None
     except ValueError as e:  # os refuses a path with an embedded NUL
         raise ModelLoadError(f"invalid model path {short(repr(path), 400)}: {e}") from None
-    model = _parse(data, repr(short(path, 400)))
-    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path)
+    raw_lengths: list = []
+    model = _parse(data, repr(short(path, 400)), raw_lengths)
+    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path, raw_lengths=raw_lengths or None)
 
 
 def load_model_bytes(data: bytes | bytearray | memoryview, base_dir: str | os.PathLike, *,
                      name: str = "<memory>") -> LoadedModel:
     """Like :func:`load_model` for a serialized model held in memory; external data resolves in ``base_dir``."""
-    return describe_model(_parse(bytes(data), name), os.fspath(base_dir), path=name)
+    raw_lengths: list = []
+    model = _parse(bytes(data), name, raw_lengths)
+    return describe_model(model, os.fspath(base_dir), path=name, raw_lengths=raw_lengths or None)
 
 
-def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path: str = "<memory>") -> LoadedModel:
+def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path: str = "<memory>",
+                   raw_lengths: list[int | None] | None = None) -> LoadedModel:
     """Describe (and validate) every initializer of an already parsed ``model`` whose external data lives
-    in ``base_dir``; reads no weight byte. ``path`` only names the model in errors and in the result."""
+    in ``base_dir``; reads no weight byte. ``path`` only names the model in errors and in the result.
+    ``raw_lengths``: each initializer's ``raw_data`` length (None: absent) as :mod:`~onnx_prepared.model.wire`
+    read it from the serialized bytes, so no payload is copied to be measured."""
     base_dir = os.path.abspath(os.fspath(base_dir))
     resolver = LocationResolver(base_dir)
     weights: dict[str, WeightDescriptor] = {}
-    for t in model.graph.initializer:
+    inits = model.graph.initializer
+    if raw_lengths is not None and len(raw_lengths) != len(inits):
+        raw_lengths = None
+    for i, t in enumerate(inits):
         name = t.name
         if name in weights:
             raise ModelLoadError(f"duplicate initializer {short(name)!r} in {short(path, 400)!r}")
-        weights[name] = describe(t, base_dir, resolver, model_path=path, name=name)
+        weights[name] = describe(t, base_dir, resolver, model_path=path, name=name,
+                                 raw_length=raw_lengths[i] if raw_lengths is not None else _ASK)
     subgraphs: list[bool] = []
     nested = tuple(
         NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))
@@ -136,8 +147,9 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
     return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested, bool(subgraphs))
 
 
-def _parse(data: bytes, what: str) -> onnx.ModelProto:
-    """``what`` names the source in errors (a quoted path, or ``<memory>``)."""
+def _parse(data: bytes, what: str, raw_lengths: list | None = None) -> onnx.ModelProto:
+    """``what`` names the source in errors (a quoted path, or ``<memory>``). ``raw_lengths``, when given,
+    gets each initializer's raw_data length where the wire scan (:func:`_inline_weights`) ran."""
     if not data:
         raise ModelLoadError(f"model file is empty: {what}")
     model = onnx.ModelProto()
@@ -155,7 +167,10 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     # still parses, and only this check notices (test_truncated_model_every_cut).
     if not model.opset_import and (model.ir_version == 0 or model.ir_version >= 3):
         raise ModelLoadError(f"{what} declares no opset_import (truncated file or not an ONNX model)")
-    bad = invalid_string_field(model, data=data)
+    scanned = _inline_weights(model, data)
+    if scanned is not None and raw_lengths is not None:
+        raw_lengths.extend(scanned[0])
+    bad = invalid_string_field(model, data=scanned[1] if scanned is not None else data)
     if bad is not None:  # protobuf hands invalid UTF-8 back as bytes; no later code must see them
         raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
     if not model.graph.output:  # onnxruntime's run() refuses it ("at least one output"): nothing to compute
@@ -166,11 +181,30 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return model
 
 
+def _inline_weights(model: onnx.ModelProto, data: bytes) -> tuple[list[int | None], bytes] | None:
+    """The wire scan of ``data`` (model/wire.py) where it pays: its Python loop visits every graph entry,
+    while what it saves is a copy of the inline weights, so models whose bytes are mostly nodes (an LLM
+    with external data) keep the plain path."""
+    g = model.graph
+    entries = len(g.node) + len(g.initializer) + len(g.value_info) + len(g.input) + len(g.output)
+    if len(data) < _SCAN_BYTES_PER_ENTRY * (entries + 64):
+        return None
+    return scan_initializers(data)
+
+
+#: serialized bytes per graph entry above which the wire scan is cheaper than the copies it avoids
+_SCAN_BYTES_PER_ENTRY = 16384
+_ASK = -1  # describe's raw_length default: read len(t.raw_data)
+
+
 def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | None = None, *,
-             model_path: str | None = None, name: str | None = None) -> WeightDescriptor:
+             model_path: str | None = None, name: str | None = None,
+             raw_length: int | None = _ASK) -> WeightDescriptor:
     """A validated descriptor for one tensor; raises ExternalDataError (external) or ModelLoadError (inline).
 
-    ``name`` overrides ``t.name`` (nested tensors are often unnamed).
+    ``name`` overrides ``t.name`` (nested tensors are often unnamed). ``raw_length``: the length of
+    ``t.raw_data`` (None: not set) when the caller read it from the wire; by default it is asked of
+    ``t`` (which copies the bytes).
     """
     name = name or t.name
     dims = tuple(t.dims)  # int64s: protobuf hands back Python ints
@@ -186,7 +220,9 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
                 n = -1
                 break
             n *= d
-        if n >= 0 and (not t.HasField("raw_data") or len(t.raw_data) == n):
+        if raw_length == _ASK:
+            raw_length = len(t.raw_data) if t.HasField("raw_data") else None
+        if n >= 0 and (raw_length is None or raw_length == n):
             return WeightDescriptor(name, data_type, dims, InlinePayload(t))
     where = f" in {short(model_path, 400)!r}" if model_path else ""
     if t.HasField("segment"):

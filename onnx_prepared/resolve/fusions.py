@@ -736,6 +736,17 @@ def _shape_element(g: _Graph, name: str, ints: Mapping, concat: int) -> tuple[in
     return ui, gi, si, nodes[si].input[0], ints[ga.input[1]]
 
 
+def _reshape_of_concat(g: _Graph) -> bool:
+    """Whether a two-input Reshape reads a Concat's output as its shape (the pattern's root): without one
+    the Constant nodes' values are not read."""
+    inputs = g.index.inputs
+    for ri in g.of("Reshape"):
+        ci = g.producer.get(inputs[ri][1]) if len(inputs[ri]) == 2 else None
+        if ci is not None and g.ops[ci] == "Concat":
+            return True
+    return False
+
+
 def _fuse_reshape_from_shape(g: _Graph, ints: Mapping) -> None:
     """Reshape(X, Concat(Unsqueeze(Gather(Shape(S), i)), ..., int64 constants)) (axis 0, one S, every
     intermediate read by the chain alone) -> onnx_prepared::ReshapeFromShape(X, S) (attributes index,
@@ -816,7 +827,7 @@ def fuse_encoder(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | N
              ("Softmax", lambda: _fuse_attention_softmax(g, scalars)),
              ("LayerNormalization", lambda: _fuse_add_layer_norm(g)),
              ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)),
-             ("Reshape", lambda: _fuse_reshape_from_shape(g, _constant_ints(graph, index))))
+             ("Reshape", lambda: _reshape_of_concat(g) and _fuse_reshape_from_shape(g, _constant_ints(graph, index))))
     for needs, step in steps:
         if index.has(needs):
             step()
