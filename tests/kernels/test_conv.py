@@ -188,6 +188,40 @@ def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, h
     np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("n", "c", "hw", "k", "s", "d", "pads"), [
+    (1, 72, 16, 3, 2, 1, [1, 1, 1, 1]),  # MobileNetV3's stride-2 block
+    (2, 21, 9, 3, 1, 1, [1, 0, 2, 1]),  # partial channel block at every level, asymmetric pads
+    (1, 40, 12, 5, 2, 2, [4, 4, 4, 4]),  # dilated
+    (1, 17, 4, 5, 1, 1, [2, 2, 2, 2]),  # a small plane in blocks (not mostly pads)
+    (1, 3, 90, 3, 1, 1, [1, 1, 1, 1]),  # padded block too large for the blocked task: per-plane task
+])
+def test_channel_blocked_depthwise_is_the_same_at_every_level_and_matches_numpy(n, c, hw, k, s, d, pads):
+    """One-channel groups (mult 1) run in depthwise.c's channel blocks (as many channels as the level's vector
+    has lanes): the same bits at every dispatch level and as the per-plane task, the numpy path within
+    rounding, epilogue included."""
+    from onnx_prepared.kernels import native
+    from onnx_prepared.kernels.conv_fused import fused_conv
+
+    x = _r(n, c, hw, hw)
+    w, b = _r(c, 1, k, k), _r(c)
+    kw = {"group": c, "pads": pads, "strides": [s, s], "dilations": [d, d], "activation_act": 1,
+          "activation_lo": -1.0, "activation_hi": 3.0}
+    outs = []
+    for level in native.supported_levels():
+        with native.forced_level(level):
+            outs.append(fused_conv(x, w, b, **kw)[0])
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    saved = native._ext
+    try:
+        native._ext = None
+        (ref,) = fused_conv(x, w, b, **kw)
+    finally:
+        native._ext = saved
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+    check_ort("Conv", [x, w, b], opset=11, group=c, pads=pads, strides=[s, s], dilations=[d, d])
+
+
 @pytest.mark.parametrize(("xs", "ws", "attrs"), [
     ((1, 12, 7, 7), (20, 12, 1, 1), {}),  # pointwise SGEMM
     ((1, 6, 9, 8), (10, 6, 3, 3), {"pads": [1, 0, 1, 2], "strides": [2, 1]}),  # im2col + SGEMM

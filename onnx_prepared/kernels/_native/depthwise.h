@@ -39,6 +39,20 @@ void dw_cl_portable(const dw_job *j, int t);
 void dw_cl_avx2(const dw_job *j, int t);
 void dw_cl_avx512(const dw_job *j, int t);
 
+/* the channel-blocked task (depthwise.inc): task t is image t / ceil(C / lanes), one block of as many
+ * channels as the level's vector has lanes; taken for mult 1 when its scratch (padded block, weights,
+ * output block) stays within DW_BLK_MAX_FLOATS at the widest level */
+enum { DW_BLK_MAX_FLOATS = 1 << 16 };
+void dw_blk_portable(const dw_job *j, int t);
+void dw_blk_avx2(const dw_job *j, int t);
+void dw_blk_avx512(const dw_job *j, int t);
+static inline long dw_blk_lanes(int level) { return level >= 3 ? 16 : level >= 1 ? 8 : 4; }
+static inline double dw_blk_floats(const dw_job *j, long lanes)
+{
+    const double wp = (double)((j->OW - 1) * j->sw + (j->KW - 1) * j->dw + 1);
+    return ((double)dw_padded_rows(j) * wp + (double)(j->KH * j->KW) + (double)(j->OH * j->OW)) * (double)lanes;
+}
+
 PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define DEPTHWISE_METHODS \

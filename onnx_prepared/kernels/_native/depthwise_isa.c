@@ -3,6 +3,7 @@
 
 #define DW_ENTRY dw_planes_portable
 #define DW_CL_ENTRY dw_cl_portable
+#define DW_BLK_ENTRY dw_blk_portable
 #define DW_VEC 4
 #define plane plane_portable
 #define dw_vec dw_vec_portable
@@ -11,6 +12,7 @@
 #include "depthwise.inc"
 #undef DW_ENTRY
 #undef DW_CL_ENTRY
+#undef DW_BLK_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
@@ -22,6 +24,7 @@
 #pragma GCC target("avx2,fma")
 #define DW_ENTRY dw_planes_avx2
 #define DW_CL_ENTRY dw_cl_avx2
+#define DW_BLK_ENTRY dw_blk_avx2
 #define DW_VEC 8
 #define plane plane_avx2
 #define dw_vec dw_vec_avx2
@@ -30,6 +33,7 @@
 #include "depthwise.inc"
 #undef DW_ENTRY
 #undef DW_CL_ENTRY
+#undef DW_BLK_ENTRY
 #undef DW_VEC
 #undef plane
 #undef dw_vec
@@ -41,6 +45,7 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
 #define DW_ENTRY dw_planes_avx512
 #define DW_CL_ENTRY dw_cl_avx512
+#define DW_BLK_ENTRY dw_blk_avx512
 #define DW_VEC 16
 #define plane plane_avx512
 #define dw_vec dw_vec_avx512
@@ -53,4 +58,6 @@ void dw_planes_avx2(const dw_job *j, int t) { dw_planes_portable(j, t); }
 void dw_planes_avx512(const dw_job *j, int t) { dw_planes_portable(j, t); }
 void dw_cl_avx2(const dw_job *j, int t) { dw_cl_portable(j, t); }
 void dw_cl_avx512(const dw_job *j, int t) { dw_cl_portable(j, t); }
+void dw_blk_avx2(const dw_job *j, int t) { dw_blk_portable(j, t); }
+void dw_blk_avx512(const dw_job *j, int t) { dw_blk_portable(j, t); }
 #endif
