@@ -20,7 +20,10 @@ int32 (VNNI where present) and accumulates in onnxruntime's float order. That or
 MLAS kernels onnxruntime 1.32 runs on this CPU (:func:`int8_order`: its AVX-512 kernels where the CPU has
 AVX-512 F/BW/DQ/VL, else its AVX2 or AVX-VNNI ones), whatever our dispatch level: the native kernels give
 its bits exactly at block sizes 16-256 on every dispatch level (``_native/nbits.h``; the numpy fallback
-within float rounding). ``ONNX_PREPARED_NBITS_ORDER=avx512|avx2|avx2vnni`` forces one order (tests).
+within float rounding). ``ONNX_PREPARED_NBITS_ORDER=avx512|avx2|avx2vnni`` forces one order (tests),
+``mlas`` the CPU's; ``fast`` is our own faster order, opt-in: within float rounding of onnxruntime per call,
+bit-identical at every dispatch level and thread count, but whole models drift from onnxruntime with it
+(:func:`int8_order`).
 fp16 inputs are widened to fp32 and the output narrowed back.
 
 **8-bit weights** run on the same kernel as two 4-bit halves (high and low nibbles,
@@ -61,8 +64,9 @@ _SUPPORTED_BITS = (2, 4, 8)
 # **** onnxruntime's int8 summation order ****
 
 ORDER_ENV = "ONNX_PREPARED_NBITS_ORDER"
-#: native matmul_q4 modes of the int8 orders (``_native/nbits.h`` NB_MODE_I8*)
-INT8_ORDERS = {"avx512": 1, "avx2": 2, "avx2vnni": 3}
+#: native matmul_q4 modes of the int8 orders (``_native/nbits.h`` NB_MODE_I8*): MLAS's on one kind of CPU,
+#: or ours ("fast")
+INT8_ORDERS = {"avx512": 1, "avx2": 2, "avx2vnni": 3, "fast": 4}
 
 
 @functools.cache
@@ -77,16 +81,30 @@ def _detected_order() -> str:
     return "avx2vnni" if "avx_vnni" in flags else "avx2"
 
 
+def mlas_order() -> str:
+    """The summation order of the MLAS kernels onnxruntime runs on this CPU (its bits, exactly)."""
+    return _detected_order()
+
+
 @functools.cache
 def int8_order() -> str:
-    """Whose summation order accuracy_level 4 follows: ``ONNX_PREPARED_NBITS_ORDER`` or the CPU's.
+    """The summation order accuracy_level 4 follows: ``ONNX_PREPARED_NBITS_ORDER`` if set (one of
+    :data:`INT8_ORDERS`, or ``mlas``), else the CPU's MLAS order (:func:`mlas_order`, onnxruntime's bits).
+
+    ``fast`` (``_native/nbits.h`` NB_MODE_I8_FAST, opt-in) quantizes A as onnxruntime does and sums each
+    block's int32 dot exactly, then one float chain per output over the blocks: within ~1e-6 of onnxruntime
+    per call and 1.4-1.7x faster than MLAS's AVX2 order on an AVX2-only CPU (which spends a convert and an fma
+    per 8 k values), but not onnxruntime's bits, and whole models do not stay within atol 1e-4 + rtol 1e-3 of
+    onnxruntime with it: a last-bit difference in one output flips int8 roundings of the next MatMulNBits'
+    activations and deep layers amplify them (measured on tests/kernels/test_gqa_model_exact.py's model, 3
+    layers, 128 tokens: 115110 of 131072 logits outside, max 0.013). Hence not the default.
 
     Read once per process: every level-4 call asks, and looking up an unset variable costs ~2 us (tests
     that set it call ``int8_order.cache_clear()``)."""
     forced = os.environ.get(ORDER_ENV)
-    if forced:
+    if forced and forced != "mlas":
         if forced not in INT8_ORDERS:
-            raise KernelError(f"{ORDER_ENV}={forced!r} is not an int8 order (one of {', '.join(INT8_ORDERS)})")
+            raise KernelError(f"{ORDER_ENV}={forced!r} is not an int8 order (one of mlas, {', '.join(INT8_ORDERS)})")
         return forced
     return _detected_order()
 

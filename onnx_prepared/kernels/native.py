@@ -139,7 +139,7 @@ def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool | int) 
 
     ``int8`` selects onnxruntime's accuracy_level-4 scheme (A quantized per block to int8); the packed
     weights must then not have float zero points. As an int it also names the summation order: 1 (True)
-    MLAS's AVX-512 kernels, 2 its AVX2 ones, 3 its AVX-VNNI ones (``matmul_nbits.int8_order``).
+    MLAS's AVX-512 kernels, 2 its AVX2 ones, 3 its AVX-VNNI ones, 4 ours (``matmul_nbits.int8_order``).
     """
     M = a.shape[0]
     y = np.empty((M, packed.N), np.float32)

@@ -135,7 +135,7 @@ _SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-@pytest.mark.skipif(mm.int8_order() != "avx2", reason="onnxruntime runs MLAS's AVX2 kernels only on such a CPU")
+@pytest.mark.skipif(mm.mlas_order() != "avx2", reason="onnxruntime runs MLAS's AVX2 kernels only on such a CPU")
 @_SETTINGS
 @given(**_SHAPES)
 def test_reference_is_onnxruntime_on_an_avx2_cpu(K, N, M, block_size, zp_kind, with_bias, seed):
@@ -207,7 +207,7 @@ def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
     over slices, trailing blocks after them, the one-row kernel's row beside it (M = 129)."""
     A, B, scales, zp, bias = _case(np.random.default_rng(K), K, 37, M, bs, "packed", True)
     want = mlas_avx2_reference(A, B, scales, zp, bias, N=37, block_size=bs)
-    if mm.int8_order() == "avx2":
+    if mm.mlas_order() == "avx2":
         np.testing.assert_array_equal(want, _ort(A, B, scales, zp, bias, K=K, N=37, bits=4, block_size=bs,
                                                  accuracy_level=4))
     with pytest.MonkeyPatch.context() as mp:

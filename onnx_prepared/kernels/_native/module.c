@@ -131,7 +131,7 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
     const long bs = arg_long(args[8], &ok), zk = arg_long(args[9], &ok), mode = arg_long(args[10], &ok);
     if (!ok) return NULL;
     if (M < 0 || K <= 0 || N <= 0 || bs < 16 || bs > 256 || (bs & (bs - 1)) || zk < 0 || zk > 2 || mode < 0 ||
-        mode > NB_MODE_I8_AVX2VNNI || (mode != NB_MODE_F32 && zk == NB_ZP_F32) || M > (1L << 30) || K > (1L << 30) || N > (1L << 30)) {
+        mode > NB_MODE_I8_FAST || (mode != NB_MODE_F32 && zk == NB_ZP_F32) || M > (1L << 30) || K > (1L << 30) || N > (1L << 30)) {
         PyErr_SetString(PyExc_ValueError, "matmul_q4: bad shape, block size, zero-point kind or mode");
         return NULL;
     }

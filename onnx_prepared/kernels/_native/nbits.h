@@ -49,6 +49,17 @@
  *   The one-row kernel (NB_M1ROW: M = 1, or the last row when M % 128 == 1) dots q - zero_point instead
  *   (the integer correction from the quad sums aqs), has no separate zero-point term, and at block 32 with
  *   packed zero points gives chain l the quad l of every block.
+ *
+ * int8 in our own order (NB_MODE_I8_FAST, opt-in: not onnxruntime's bits, within float rounding of them per
+ * call, but whole models drift from onnxruntime with it, matmul_nbits.int8_order), same A quantization; one
+ * float chain per output over the blocks:
+ *   D_b = sum over the block's k of (q - zero_point) * qa, exact in int32 (|D_b| < 2^20), so (float)D_b is
+ *   exact; acc = 0, acc = fma((float)D_b, sa_b * sb_b, acc) for b = 0, 1, ... (the product rounded to float
+ *   first); y = acc + bias. asum holds (float)sum(qa) of each block (exact) instead of ablk.
+ *   Every implementation gives the same bits: the int32 dots are exact whatever their order (the AVX2 one
+ *   sums vpmaddubsw pairs in int16 across 32 k values, |pair| <= 2 * 15 * 127, eight pairs <= 30480, then
+ *   one vpmaddwd per 32 k), and D_b as float is cvt(dot) - zero_point * sum(qa), exact in one fnmadd.
+ *   Every dispatch level implements it (AVX-512 VNNI through the AVX2 kernels).
  */
 #define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
 
@@ -60,8 +71,10 @@
 
 enum { NB_ZP_NONE = 0, NB_ZP_U4 = 1, NB_ZP_F32 = 2 };
 /* NB_MODE_I8*: accuracy_level 4 in the summation order of onnxruntime's MLAS on one kind of CPU: I8 its
- * AVX-512 kernels (above), I8_AVX2 its AVX2 kernels, I8_AVX2VNNI its AVX-VNNI ones (below) */
-enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1, NB_MODE_I8_AVX2 = 2, NB_MODE_I8_AVX2VNNI = 3 };
+ * AVX-512 kernels (above), I8_AVX2 its AVX2 kernels, I8_AVX2VNNI its AVX-VNNI ones (below); I8_FAST ours */
+enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1, NB_MODE_I8_AVX2 = 2, NB_MODE_I8_AVX2VNNI = 3, NB_MODE_I8_FAST = 4 };
+/* the modes in MLAS's AVX2 orders (they need the quad sums aqs, aqc of the last row) */
+#define NB_MLAS_AVX2(mode) ((mode) == NB_MODE_I8_AVX2 || (mode) == NB_MODE_I8_AVX2VNNI)
 /* the row MLAS's AVX2 path runs through its one-row kernel (a 128-row tile of one row; blocks >= 32) */
 #define NB_M1ROW(c, m) ((c)->w.bs >= 32 && (c)->M % 128 == 1 && (m) == (c)->M - 1)
 
@@ -80,9 +93,9 @@ typedef struct {
     float *y;       /* [M][N] */
     const float *bias;
     /* prepared A (scratch): NB_MODE_F32: af [M][kpad], asum [M][kb] (sum of a over the block)
-     * NB_MODE_I8: aq [M][kpad] (row-major, k in order), ascale [M][kb] (sa), asum [M][kb] = ablk
+     * NB_MODE_I8*: aq [M][kpad] (row-major, k in order), ascale [M][kb] (sa), asum [M][kb] = ablk
      * (sa * sum of the block's int8 values), times 8 for symmetric weights (exact: then
-     * ablk * (8 sb) = asum * sb, the zero-point term's product) */
+     * ablk * (8 sb) = asum * sb, the zero-point term's product); NB_MODE_I8_FAST: asum = the sum itself */
     float *af;
     int8_t *aq;
     float *ascale;

@@ -590,7 +590,7 @@ static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
 
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
-    if (c->mode >= NB_MODE_I8_AVX2) { /* MLAS's AVX2 order (forced on this CPU): the AVX2 kernels */
+    if (c->mode >= NB_MODE_I8_AVX2) { /* MLAS's AVX2 order (forced on this CPU) or ours: the AVX2 kernels */
         nb_isa_avx2.gemm(c, m0, m1, p0, p1);
         return;
     }

@@ -239,6 +239,36 @@ static void i8_row_avx2(const nb_call *c, int m, int p)
     }
 }
 
+/* NB_MODE_I8_FAST (nbits.h): per output one fma chain over the blocks of the exact int32 dots of (q - zp) and
+ * the int8 A */
+static void i8_row_fast(const nb_call *c, int m, int p)
+{
+    const nb_weights *w = &c->w;
+    const int cpb = w->bs / 8, N = w->N, ncols = N - 16 * p < 16 ? N - 16 * p : 16;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * w->kb * 16;
+    const int8_t *a = c->aq + (size_t)m * c->kpad;
+    const float *sa = c->ascale + (size_t)m * w->kb, *S = c->asum + (size_t)m * w->kb;
+    float acc[16] = {0};
+    for (int b = 0; b < w->kb; b++) {
+        int32_t d[16] = {0};
+        for (int ci = 0; ci < cpb; ci++) {
+            uint32_t words[16];
+            memcpy(words, qp + ((size_t)b * cpb + ci) * 64, 64);
+            const int8_t *ak = a + (size_t)b * w->bs + 8 * ci;
+            for (int l = 0; l < 16; l++)
+                for (int j = 0; j < 8; j++) d[l] += nb_q(words[l], j) * ak[j];
+        }
+        for (int l = 0; l < 16; l++) {
+            const int32_t D = d[l] - (int32_t)nb_zp(w, p, b, l) * (int32_t)S[b];
+            const float s = sa[b] * sp[(size_t)b * 16 + l];
+            acc[l] = fmaf((float)D, s, acc[l]);
+        }
+    }
+    float *y = c->y + (size_t)m * N + 16 * p;
+    for (int l = 0; l < ncols; l++) y[l] = c->bias ? acc[l] + c->bias[16 * p + l] : acc[l];
+}
+
 static void gemm_portable(const nb_call *c, int m0, int m1, int p0, int p1)
 {
     const nb_weights *w = &c->w;
@@ -250,6 +280,10 @@ static void gemm_portable(const nb_call *c, int m0, int m1, int p0, int p1)
         for (int m = m0; m < m1; m++) {
             if (c->mode == NB_MODE_I8) {
                 i8_row(c, m, p);
+                continue;
+            }
+            if (c->mode == NB_MODE_I8_FAST) {
+                i8_row_fast(c, m, p);
                 continue;
             }
             if (c->mode >= NB_MODE_I8_AVX2) {
@@ -286,7 +320,7 @@ size_t nb_scratch_bytes(int M, int K, int bs, int mode)
     const size_t rows = ((size_t)M + 7) & ~(size_t)7; /* whole 8-row tiles (nbits_avx512vnni.c) */
     size_t n = rows * kb * 4 * 2; /* ascale + asum (ascale unused in fp32 mode) */
     n += mode == NB_MODE_F32 ? rows * kpad * 4 : rows * kpad;
-    if (mode >= NB_MODE_I8_AVX2) n = ((n + 63) & ~(size_t)63) + kpad + kpad / 2; /* aqs, aqc */
+    if (NB_MLAS_AVX2(mode)) n = ((n + 63) & ~(size_t)63) + kpad + kpad / 2; /* aqs, aqc */
     return n + 64;
 }
 
@@ -301,7 +335,7 @@ void nb_layout_scratch(nb_call *c, void *scratch)
     c->aq = (int8_t *)rest;
     c->aqs = NULL;
     c->aqc = NULL;
-    if (c->mode >= NB_MODE_I8_AVX2) {
+    if (NB_MLAS_AVX2(c->mode)) {
         const size_t n = (rows * kb * 8 + rows * kpad + 63) & ~(size_t)63;
         c->aqs = (int32_t *)(p + n);
         c->aqc = c->aqs + kpad / 4;

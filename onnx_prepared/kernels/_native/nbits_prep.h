@@ -51,9 +51,9 @@ static void nb_prep_rows(const nb_call *c, int m0, int m1)
                 sum += q;
             }
             for (int k = n; k < bs; k++) aq[k0 + k] = 0;
-            asum[b] = sc * (float)sum * zmul;
+            asum[b] = c->mode == NB_MODE_I8_FAST ? (float)sum : sc * (float)sum * zmul;
         }
-        if (c->mode >= NB_MODE_I8_AVX2 && m == c->M - 1) {
+        if (NB_MLAS_AVX2(c->mode) && m == c->M - 1) {
             for (int i = 0; i < kpad / 4; i++) c->aqs[i] = aq[4 * i] + aq[4 * i + 1] + aq[4 * i + 2] + aq[4 * i + 3];
             for (int i = 0; i < kpad / 8; i++) c->aqc[i] = 8 * (c->aqs[2 * i] + c->aqs[2 * i + 1]);
         }
