@@ -1,7 +1,10 @@
 """MatMulNBits (4-bit, block 32, symmetric): our native kernel vs onnxruntime on the same node, side by side.
 
 For each (K, N), M and accuracy level: ours with every thread and with one, onnxruntime with
-intra_op_num_threads 1 and 2 (its best counts as "ort"). Times are medians of interleaved rounds in one
+intra_op_num_threads 1 and 2 (its best counts as "ort"); at level 4 also ours in our own int8 order
+(``fast``, opt-in through ONNX_PREPARED_NBITS_ORDER=fast: not onnxruntime's bits, so whole models drift
+from it; the default is onnxruntime's order, matmul_nbits.int8_order), every thread, column "fast/ort".
+Times are medians of interleaved rounds in one
 process, so a loaded machine slows every side alike: read the ratios. Also printed: the machine's memory
 read bandwidth (a native read loop over a buffer far larger than the caches, every thread), the weight
 bytes per second at M=1 with warm caches and with the caches flushed before each call (the bandwidth
@@ -182,9 +185,13 @@ def run(repeat: int, shapes, rows) -> dict:
                 def noop():
                     return None
 
+                def ours_fast(A=A, packed=packed):
+                    return native.matmul_q4(A, packed, None, mm.INT8_ORDERS["fast"])
+
                 fns = {
                     "ours": (threads(all_threads), ours),
                     "ours_1t": (threads(1), ours),
+                    **({"fast": (threads(all_threads), ours_fast)} if level == 4 else {}),
                     "ort_1t": (noop, lambda A=A, s=sessions[level, 1]: s.run(None, {"A": A})),
                     "ort_2t": (noop, lambda A=A, s=sessions[level, 2]: s.run(None, {"A": A})),
                 }
@@ -197,6 +204,7 @@ def run(repeat: int, shapes, rows) -> dict:
                        "ort_1t_us": t["ort_1t"], "ort_2t_us": t["ort_2t"], "ort_us": ort_best,
                        "ratio": t["ours"] / ort_best, "threads_speedup": t["ours_1t"] / t["ours"],
                        "rel_err": err, "goal": GOALS.get((level, M)), "packed_bytes": packed.nbytes,
+                       "fast_us": t.get("fast"), "fast_ratio": t["fast"] / ort_best if "fast" in t else None,
                        "prepack_source_gbps": (B.nbytes + S.nbytes) / prepack_s / 1e9}
                 if M == 1:
                     row["weight_gbps_warm"] = packed.nbytes / (t["ours"] * 1e-6) / 1e9
@@ -230,14 +238,15 @@ def print_table(res: dict) -> None:
     print(f"memory read bandwidth: {res['read_gbps']:.1f} GB/s ({res['threads']} threads), "
           f"{res['read_gbps_1t']:.1f} GB/s (1 thread)")
     print(f"{'K':>5} {'N':>6} {'lvl':>3} {'M':>4} {'ours us':>9} {'1 thr us':>9} {'ort1 us':>9} {'ort2 us':>9} "
-          f"{'ours/ort':>8} {'goal':>5} {'thr x':>6} {'rel err':>8} {'GB/s':>6}")
+          f"{'ours/ort':>8} {'goal':>5} {'thr x':>6} {'rel err':>8} {'GB/s':>6} {'fast/ort':>8}")
     for r in res["rows"]:
         goal = f"{r['goal']:.1f}" if r["goal"] is not None else "-"
         mark = "" if r["goal"] is None else (" ok" if r["ratio"] <= r["goal"] else " MISS")
         gbps = f"{r['weight_gbps_warm']:>6.1f}" if "weight_gbps_warm" in r else f"{'':>6}"
+        fast = f"{r['fast_ratio']:>8.2f}" if r.get("fast_ratio") is not None else f"{'-':>8}"
         print(f"{r['K']:>5} {r['N']:>6} {r['level']:>3} {r['M']:>4} {r['ours_us']:>9.1f} {r['ours_1t_us']:>9.1f} "
               f"{r['ort_1t_us']:>9.1f} {r['ort_2t_us']:>9.1f} {r['ratio']:>8.2f} {goal:>5} "
-              f"{r['threads_speedup']:>6.2f} {r['rel_err']:>8.1e} {gbps}{mark}")
+              f"{r['threads_speedup']:>6.2f} {r['rel_err']:>8.1e} {gbps} {fast}{mark}")
     print("M=1 with caches flushed before each call (weights from memory):")
     for c in res["cold"]:
         print(f"  K={c['K']} N={c['N']} level {c['level']}: {c['us']:.1f} us, {c['weight_gbps']:.1f} GB/s = "
