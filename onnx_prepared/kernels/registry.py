@@ -16,6 +16,7 @@ binder passes it (Split-13 splits evenly by the number of outputs, for example).
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 
 from onnx_prepared.kernels import catalog
@@ -58,17 +59,26 @@ def kernel(op_type: str, since: int = 1, *, domain: str = "", until: int | None 
     """Register ``fn`` as the fast kernel for ``op_type`` from opset ``since`` on."""
 
     def register(fn: KernelFn) -> KernelFn:
-        sig = inspect.signature(fn)
-        params = frozenset(
-            n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-        )
-        var_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        params, var_kwargs = keyword_params(fn)
         dom = normalize_domain(domain)
         spec = KernelSpec(dom, op_type, since, until, fn, params, var_kwargs, "n_outputs" in params)
         REGISTRY.setdefault((dom, op_type), {})[since] = spec
         return fn
 
     return register
+
+
+def keyword_params(fn: Callable) -> tuple[frozenset[str], bool]:
+    """(the parameters ``fn`` takes by keyword, whether it takes ``**kwargs``): from the code object of a
+    plain function (``inspect.signature`` cost ~50-70 us a kernel, paid by the first session of every
+    process), through ``inspect`` for anything else (wrapped, partial, builtin, ``__signature__``)."""
+    code = getattr(fn, "__code__", None)
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
+        names = code.co_varnames[code.co_posonlyargcount:code.co_argcount + code.co_kwonlyargcount]
+        return frozenset(names), bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    sig = inspect.signature(fn)
+    params = frozenset(n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return params, any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
 
 def lookup(domain: str, op_type: str, opset: int) -> KernelSpec | None:
