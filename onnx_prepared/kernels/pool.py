@@ -187,22 +187,43 @@ def global_lp_pool(X: np.ndarray, *, p: int = 2) -> tuple[np.ndarray]:
 # **** bound calls: geometry once per input shape ****
 
 
+_F32 = np.dtype(np.float32)
+
+
 class _Pool2dBound:
     """A Max/AveragePool node's call that settles the geometry and ``winpool.c``'s dims once per input
     shape: each later float32 NCHW call allocates the output and calls the extension (about 20 us of
     attribute parsing per call before, on small planes more than the pool itself). Anything else, or
-    no extension (the numpy fallback, checked per call), goes through the kernel as before."""
+    no extension (the numpy fallback, checked per call), goes through the kernel as before.
 
-    __slots__ = ("_attrs", "_avg", "_kernel", "_plans")
+    :meth:`bind` returns the hot call as a closure over the last shape's plan (a closure call and its
+    checks cost ~1.5 us less than a method and a dict lookup, the pool itself ~1 us on bn_cnn's planes)."""
+
+    __slots__ = ("_attrs", "_avg", "_kernel", "_last", "_plans")
 
     def __init__(self, fn, avg: bool, attrs: dict):
         self._kernel, self._avg, self._attrs, self._plans = fn, avg, attrs, {}
+        self._last: list = [None, None, None, None]  # shape, extension, output shape, dims
+
+    def bind(self):
+        """The node's call: the last shape's plan checked inline, anything else through :meth:`__call__`."""
+        last, slow, empty = self._last, self.__call__, np.empty
+
+        def pool_bound(X: np.ndarray) -> tuple:
+            if X.shape == last[0] and X.dtype is _F32 and last[1] is native._ext and X.flags.c_contiguous:
+                y = empty(last[2], _F32)
+                last[1].pool2d(X, y, last[3])
+                return (y,)
+            return slow(X)
+
+        return pool_bound
 
     def __call__(self, X: np.ndarray) -> tuple:
         plan = self._plans.get(X.shape) if X.dtype == np.float32 else None
         if plan is None and X.dtype == np.float32:
             plan = self._plans[X.shape] = self._plan(X)
         if plan and plan[0] is native._ext and X.flags.c_contiguous:
+            self._last[:] = (X.shape, *plan)
             y = np.empty(plan[1], np.float32)
             plan[0].pool2d(X, y, plan[2])
             return (y,)
@@ -225,12 +246,12 @@ class _Pool2dBound:
 
 @specializes(max_pool)
 def _max_pool_bound(consts: dict, n_inputs: int, **attrs):
-    return None if attrs.get("n_outputs", 1) >= 2 else _Pool2dBound(max_pool, False, attrs)
+    return None if attrs.get("n_outputs", 1) >= 2 else _Pool2dBound(max_pool, False, attrs).bind()
 
 
 @specializes(average_pool)
 def _average_pool_bound(consts: dict, n_inputs: int, **attrs):
-    return _Pool2dBound(average_pool, True, attrs)
+    return _Pool2dBound(average_pool, True, attrs).bind()
 
 
 def _per_plane_f32(fn: str, X: np.ndarray) -> np.ndarray | None:
@@ -266,11 +287,32 @@ def _global_max_pool_flat(X: np.ndarray) -> tuple[np.ndarray]:
     return global_max_pool(X)
 
 
+def _per_plane_bound(fn: str, general):
+    """The Global pool's node call: ``gap.c``'s ``fn`` with the last input shape's output shape and plane
+    counts checked inline (~1.5 us less per call than :func:`_per_plane_f32`'s checks on bn_cnn's [1, 16, 4,
+    4]); another shape, dtype or layout, or no extension, through ``general`` (which settles that shape)."""
+    last: list = [None, None, None, 0, 0, None]  # shape, extension, output shape, planes, L, the function
+    empty = np.empty
+
+    def per_plane_bound(X: np.ndarray) -> tuple:
+        if X.shape == last[0] and X.dtype is _F32 and last[1] is native._ext and X.flags.c_contiguous:
+            y = empty(last[2], _F32)
+            last[5](X, y, last[3], last[4])
+            return (y,)
+        ext = native._ext
+        if ext is not None and X.dtype is _F32 and X.ndim >= 3 and X.size and X.flags.c_contiguous:
+            n, c = X.shape[:2]
+            last[:] = (X.shape, ext, (n, c) + (1,) * (X.ndim - 2), n * c, X.size // (n * c), getattr(ext, fn))
+        return general(X)
+
+    return per_plane_bound
+
+
 @specializes(global_average_pool)
 def _global_average_pool_bound(consts: dict, n_inputs: int):
-    return _global_average_pool_f32
+    return _per_plane_bound("global_avg", _global_average_pool_f32)
 
 
 @specializes(global_max_pool)
 def _global_max_pool_bound(consts: dict, n_inputs: int):
-    return _global_max_pool_flat
+    return _per_plane_bound("global_max", _global_max_pool_flat)

@@ -135,3 +135,55 @@ def test_native_max_pool_propagates_nan_and_resnet_stem():
     x[0, 3, 5, 7] = np.nan
     (y,) = pool.max_pool(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
     assert np.isnan(y[0, 3]).sum() == 4 and not np.isnan(np.delete(y, 3, axis=1)).any()
+
+
+TWO_BY_TWO = [((1, 3, 8, 8), {}), ((2, 3, 9, 7), {}), ((1, 2, 9, 7), {"ceil_mode": 1}),
+              ((1, 2, 8, 6), {"pads": [0, 0, 1, 1]}), ((1, 2, 5, 300), {}), ((1, 1, 2, 2), {})]
+
+
+@pytest.mark.parametrize("level", __import__("onnx_prepared.kernels.native", fromlist=["x"]).supported_levels())
+@pytest.mark.parametrize(("xs", "extra"), TWO_BY_TWO)
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_native_2x2_stride_2_pools_at_every_level(op, xs, extra, level):
+    """winpool.inc's direct 2x2 stride-2 planes (odd sizes floor away the last row and column; ceil-mode
+    overhang and padding, which leave it, take the general planes; rows wider than its 128-column chunks)
+    against onnxruntime and the numpy path (exactly for max), NaN propagating through the max."""
+    from onnx_prepared.kernels import native, pool
+
+    x = RNG.standard_normal(xs).astype(np.float32)
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2], **extra}
+    with native.forced_level(level):
+        (fast,) = check_ort(op, [x], opset=19 if op == "AveragePool" else 12, **attrs)
+        fn = pool.max_pool if op == "MaxPool" else pool.average_pool
+        x[0, 0, 1, 0] = np.nan
+        (fast_nan,) = fn(x, **attrs)
+    saved = native._ext
+    try:
+        native._ext = None
+        (slow_nan,) = fn(x, **attrs)
+    finally:
+        native._ext = saved
+    assert np.isnan(fast_nan[0, 0, 0, 0]) and np.isnan(fast_nan).sum() == 1
+    np.testing.assert_allclose(fast, np.where(np.isnan(slow_nan), fast, slow_nan), rtol=1e-6, atol=1e-6)
+    if op == "MaxPool":
+        np.testing.assert_array_equal(fast_nan, slow_nan)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"])
+def test_bound_pools_follow_shape_dtype_layout_and_extension_changes(op, monkeypatch):
+    """The bound closures' inline check of the last shape's plan: a new shape, a strided view, float64 and
+    no extension (the numpy fallback) each give what the plain kernel gives."""
+    from onnx_prepared.kernels import native, pool
+
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]} if "Global" not in op else {}
+    name = {"MaxPool": "max_pool", "AveragePool": "average_pool", "GlobalMaxPool": "global_max_pool",
+            "GlobalAveragePool": "global_average_pool"}[op]
+    bound = getattr(pool, f"_{name}_bound")({}, 1, **attrs)
+    kernel = getattr(pool, name)
+    base = RNG.standard_normal((2, 3, 8, 12)).astype(np.float32)
+    cases = [base, base, base[:1, :, :6], base, base[..., ::2], base.astype(np.float64), base[1:], base]
+    for i, x in enumerate(cases):
+        np.testing.assert_allclose(bound(x)[0], kernel(x, **attrs)[0], rtol=1e-6, atol=1e-6, err_msg=str(i))
+    monkeypatch.setattr(native, "_ext", None)
+    for i, x in enumerate(cases[:3]):
+        np.testing.assert_allclose(bound(x)[0], kernel(x, **attrs)[0], rtol=1e-6, atol=1e-6, err_msg=str(i))

@@ -5,11 +5,15 @@
 #define plane plane_portable
 #define reduce reduce_portable
 #define horizontal horizontal_portable
+#define is_2x2 is_2x2_portable
+#define plane_2x2 plane_2x2_portable
 #include "winpool.inc"
 #undef WP_ENTRY
 #undef plane
 #undef reduce
 #undef horizontal
+#undef is_2x2
+#undef plane_2x2
 
 #if defined(__x86_64__) || defined(_M_X64)
 #pragma GCC push_options
@@ -18,11 +22,15 @@
 #define plane plane_avx2
 #define reduce reduce_avx2
 #define horizontal horizontal_avx2
+#define is_2x2 is_2x2_avx2
+#define plane_2x2 plane_2x2_avx2
 #include "winpool.inc"
 #undef WP_ENTRY
 #undef plane
 #undef reduce
 #undef horizontal
+#undef is_2x2
+#undef plane_2x2
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -31,6 +39,8 @@
 #define plane plane_avx512
 #define reduce reduce_avx512
 #define horizontal horizontal_avx512
+#define is_2x2 is_2x2_avx512
+#define plane_2x2 plane_2x2_avx512
 #include "winpool.inc"
 #pragma GCC pop_options
 #else
