@@ -21,6 +21,8 @@ from onnx_prepared.kernels import native
 from onnx_prepared.kernels.prepack import PrepackSpec, array_to_bytes, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
+_F32 = np.dtype(np.float32)
+
 
 def _geometry(in_shape, kshape, *, auto_pad, pads, strides, dilations, output_padding, output_shape):
     nd = len(in_shape)
@@ -165,14 +167,26 @@ class PackedConvTranspose:
     the weights streamed once; numpy's matmul of the unpacked matrix without the extension) instead of
     numpy's matmul of a transposed view on each run."""
 
-    __slots__ = ("attrs", "kshape", "mg", "plans", "rows")
+    __slots__ = ("_last", "attrs", "kshape", "mg", "plans", "rows")
 
     def __init__(self, *, kshape: tuple[int, ...], mg: int, **attrs):
         self.kshape, self.mg, self.attrs = kshape, mg, attrs
         self.rows = mg * sp.prod(kshape)
         self.plans: dict = {}  # input shape -> geometry (a race only computes one twice)
+        # the last tiled call's shape, extension, columns' shape, SGEMM dims, output shape, col2im dims, bias
+        # shape: checked inline, the next call of that shape is the two extension calls (~6 us less Python)
+        self._last: tuple = (None,) * 7
 
     def __call__(self, packed: np.ndarray, X: np.ndarray, B: np.ndarray | None = None) -> tuple[np.ndarray]:
+        last = self._last
+        if (X.shape == last[0] and X.dtype is _F32 and last[1] is native._ext and X.flags.c_contiguous
+                and (B is None or (B.dtype is _F32 and B.shape == last[6]))):
+            ext = last[1]
+            cols = np.empty(last[2], _F32)
+            ext.sgemm_packed(packed, X, cols, None, last[3], -np.inf, np.inf, 0)
+            y = np.empty(last[4], _F32)
+            ext.col2im_tiled(cols, B, y, last[5])
+            return (y,)
         rows = self.rows
         geom = self.plans.get(X.shape)
         ext = native._ext
@@ -193,11 +207,15 @@ class PackedConvTranspose:
         n, c, h, w = X.shape
         g = self.attrs["group"]
         kh, kw = self.kshape
-        cols = np.empty((n, g, self.rows, h * w), np.float32)
-        ext.sgemm_packed(packed, X if X.flags.c_contiguous else np.ascontiguousarray(X), cols, None,
-                         np.array([g, self.rows, c // g, h * w, n], np.int64), -np.inf, np.inf, 0)
-        y = np.empty((n, self.mg * g, *out), np.float32)
-        ext.col2im_tiled(cols, B, y, np.array([n, self.mg * g, kh, kw, h, w], np.int64))
+        cols_shape, y_shape = (n, g, self.rows, h * w), (n, self.mg * g, *out)
+        d_gemm = np.array([g, self.rows, c // g, h * w, n], np.int64)
+        d_col = np.array([n, self.mg * g, kh, kw, h, w], np.int64)
+        cols = np.empty(cols_shape, np.float32)
+        ext.sgemm_packed(packed, X if X.flags.c_contiguous else np.ascontiguousarray(X), cols, None, d_gemm,
+                         -np.inf, np.inf, 0)
+        y = np.empty(y_shape, np.float32)
+        ext.col2im_tiled(cols, B, y, d_col)
+        self._last = (X.shape, ext, cols_shape, d_gemm, tuple(int(d) for d in y_shape), d_col, (self.mg * g,))
         return y
 
 

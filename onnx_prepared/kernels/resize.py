@@ -313,21 +313,26 @@ def _resize_bound(consts: dict, n_inputs: int, **attrs):
     varying = tuple(i for i in range(1, min(n_inputs, 4)) if i not in consts)
     fixed = [consts.get(i) for i in (1, 2, 3)]
     plans: dict = {}
+    last: list = [None, None, None, None]  # shape, dtype, varying values' key, the plan
 
     def resize_bound(X: np.ndarray, *rest) -> tuple[np.ndarray]:
-        key = (X.shape, X.dtype.char, *(_value_key(rest[i - 1]) for i in varying))
-        plan = plans.get(key)
-        if plan is None:
-            args = list(fixed)
-            for i in varying:
-                args[i - 1] = rest[i - 1]
-            geo = _plan(X, *args, **attrs)
-            reps = _repeats(X.shape, geo[0], geo[1], geo[2], geo[3], geo[4]) if (
-                geo[3]["mode"] == "nearest" and X.size) else None
-            if len(plans) >= 64:
-                plans.clear()
-            plan = plans[key] = (geo, reps)
-        geo, reps = plan
+        vkey = [_value_key(rest[i - 1]) for i in varying] if varying else []
+        if X.shape == last[0] and X.dtype is last[1] and vkey == last[2]:
+            plan = last[3]
+        else:
+            key = (X.shape, X.dtype.char, *vkey)
+            plan = plans.get(key)
+            if plan is None:
+                plan = _bound_plan(X, fixed, varying, rest, attrs)
+                if len(plans) >= 64:
+                    plans.clear()
+                plans[key] = plan
+            last[:] = (X.shape, X.dtype, vkey, plan)
+        geo, reps, fast = plan
+        if fast is not None and fast[0] is native._ext and X.flags.c_contiguous:
+            y = np.empty(fast[1], X.dtype)
+            fast[0].nearest_repeat2d(X, y, fast[2])
+            return (y,)
         if reps is not None:
             return (_repeat_copy(X, reps, geo[0]),)
         return (resize_nd(X, *geo),)
@@ -335,11 +340,31 @@ def _resize_bound(consts: dict, n_inputs: int, **attrs):
     return resize_bound
 
 
+def _bound_plan(X: np.ndarray, fixed: list, varying: tuple, rest: tuple, attrs: dict) -> tuple:
+    """``(geometry, repeat factors or None, (extension, output shape, dims) or None)`` for X's shape and
+    these roi/scales/sizes: the last part when the call is one ``nearest_repeat2d`` of a C-contiguous X
+    (what :func:`_repeat_copy` checks and builds per call, ~8 us of UNet's ~12 us Resize, settled here)."""
+    args = list(fixed)
+    for i in varying:
+        args[i - 1] = rest[i - 1]
+    geo = _plan(X, *args, **attrs)
+    reps = _repeats(X.shape, geo[0], geo[1], geo[2], geo[3], geo[4]) if (
+        geo[3]["mode"] == "nearest" and X.size) else None
+    ext, fast = native._ext, None
+    if (reps is not None and ext is not None and X.ndim >= 2 and X.dtype.itemsize == 4 and X.size
+            and all(r == 1 for r in reps[:-2]) and hasattr(ext, "nearest_repeat2d")):
+        h, w = X.shape[-2:]
+        fast = (ext, tuple(int(d) for d in geo[0]), np.array([X.size // (h * w), h, w, *reps[-2:]], np.int64))
+    return geo, reps, fast
+
+
 def _value_key(v) -> tuple | None:
+    if type(v) is np.ndarray:  # the common case first: a tensor (~0.5 us; np.asarray's path ~0.75)
+        return v.dtype, v.shape, v.tobytes()
     if v is None:
         return None
     a = np.asarray(v)
-    return a.dtype.char, a.shape, a.tobytes()
+    return a.dtype, a.shape, a.tobytes()
 
 
 def _plan(X, roi, scales, sizes, *, axes=None, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,

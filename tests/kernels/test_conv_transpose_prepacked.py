@@ -59,3 +59,25 @@ def test_tiled_pair_interleave_equals_the_transpose(dtype):
     ref = cols.reshape(2, 3, 3, 2, 4, 5).transpose(0, 1, 4, 2, 5, 3).reshape(2, 3, 12, 10)
     np.testing.assert_array_equal(y, ref)
     assert y.flags.c_contiguous
+
+
+def test_packed_tiled_call_follows_shape_layout_bias_and_extension_changes(monkeypatch):
+    """PackedConvTranspose's inline check of the last tiled call (shape, dtype, layout, bias shape): new
+    shapes, a strided view, no bias and no extension each give what the plain kernel gives."""
+    from onnx_prepared.kernels import native
+
+    w = RNG.standard_normal((16, 4, 2, 2)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    kw = {"auto_pad": "NOTSET", "dilations": None, "kernel_shape": None, "output_padding": None,
+          "output_shape": None, "pads": None, "strides": [2, 2]}
+    call = ct.PackedConvTranspose(kshape=(2, 2), mg=4, group=1, **kw)
+    packed = ct.pack_transposed(w, group=1)
+    base = RNG.standard_normal((2, 16, 6, 10)).astype(np.float32)
+    cases = [(base, b), (base, b), (base[:1], b), (base, None), (base[..., ::2], b), (base, b), (base, b)]
+    for i, (x, bias) in enumerate(cases):
+        np.testing.assert_allclose(call(packed, x, bias)[0], ct.conv_transpose(x, w, bias, strides=[2, 2])[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=str(i))
+    monkeypatch.setattr(native, "_ext", None)
+    for i, (x, bias) in enumerate(cases[:3]):
+        np.testing.assert_allclose(call(packed, x, bias)[0], ct.conv_transpose(x, w, bias, strides=[2, 2])[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=f"numpy {i}")

@@ -84,3 +84,20 @@ def test_bound_resize_reads_runtime_inputs_per_call_and_reports_bad_ones():
     _, bound = _bound(3, {1: None, 2: np.array([1, 2], np.float32)}, mode="nearest")
     with pytest.raises(KernelError, match="scales"):
         bound(np.zeros((1, 1, 2, 2), np.float32), None, None)
+
+
+def test_bound_nearest_repeat_follows_layout_dtype_and_extension_changes(monkeypatch):
+    """The bound call's settled ``nearest_repeat2d`` (last shape, dtype and scales checked inline): a strided
+    view, other dtypes, changed runtime scales and no extension each give what the plain kernel gives."""
+    from onnx_prepared.kernels import native
+
+    plain, bound = _bound(3, {1: None}, mode="nearest")
+    base = RNG.standard_normal((2, 3, 4, 10)).astype(np.float32)
+    s2, s3 = np.array([1, 1, 2, 2], np.float32), np.array([1, 1, 3, 1], np.float32)
+    cases = [(base, s2), (base, s2), (base[..., ::2], s2), (base.astype(np.float64), s2), (base, s3),
+             ((base * 10).astype(np.int32), s2), (base[:1], s2), (base, s2)]
+    for i, (x, sc) in enumerate(cases):
+        np.testing.assert_array_equal(bound(x, None, sc)[0], plain(x, None, sc)[0], err_msg=str(i))
+    monkeypatch.setattr(native, "_ext", None)
+    for i, (x, sc) in enumerate(cases[:3]):
+        np.testing.assert_array_equal(bound(x, None, sc)[0], plain(x, None, sc)[0], err_msg=str(i))

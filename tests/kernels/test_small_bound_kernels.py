@@ -98,3 +98,20 @@ def test_global_max_pool_of_a_strided_or_float64_input(tmp_path):
 
     xs = RNG.standard_normal((2, 3, 6, 12)).astype(np.float32)[..., ::2]
     np.testing.assert_array_equal(_global_max_pool_flat(xs)[0], xs.max(axis=(2, 3), keepdims=True))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_bound_concat_matches_the_kernel(n, axis):
+    """Concat's bound closure (two inputs without the packing, any count) gives the kernel's values and
+    numpy's error on mismatched shapes; no axis keeps the kernel."""
+    from onnx_prepared.kernels import shape_ops
+
+    xs = [RNG.standard_normal((2, 3, 1 + i)).astype(np.float32) for i in range(n)]
+    xs = [x if axis == -1 else np.ascontiguousarray(np.moveaxis(x, -1, axis)) for x in xs]
+    bound = shape_ops._concat_bound({}, n, axis=axis)
+    np.testing.assert_array_equal(bound(*xs)[0], shape_ops.concat(*xs, axis=axis)[0])
+    assert shape_ops._concat_bound({}, n) is None
+    if n > 1:
+        with pytest.raises(ValueError):
+            bound(*xs[:-1], np.zeros((5, 5, 5, 5), np.float32))
