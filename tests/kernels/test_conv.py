@@ -161,18 +161,11 @@ def test_depthwise_channels_last_path(xs, ws, attrs):
     check_ort("Conv", [_r(*xs), _r(*ws), _r(ws[0])], opset=11, **attrs)
 
 
-@pytest.mark.parametrize(("c", "hw", "k", "s", "pads"), [(70, 2, 5, 1, 2), (130, 4, 3, 2, 1), (24, 8, 5, 2, 2),
-                                                     (9, 5, 3, 1, 0)])
-def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, hw, k, s, pads):
-    """Input planes of at most 64 elements take depthwise.c's channels-last task (blocks of 64 channels):
-    the same bits at every dispatch level, the numpy path within rounding, epilogue included."""
+def _same_at_every_level_and_near_numpy(x, w, b, kw):
+    """fused_conv gives the same bits at every dispatch level, and the numpy path's values within rounding."""
     from onnx_prepared.kernels import native
     from onnx_prepared.kernels.conv_fused import fused_conv
 
-    x = _r(2, c, hw, hw)
-    w, b = _r(c, 1, k, k), _r(c)
-    kw = {"group": c, "pads": [pads] * 4, "strides": [s, s], "activation_act": 1, "activation_lo": -1.0,
-          "activation_hi": 3.0}
     outs = []
     for level in native.supported_levels():
         with native.forced_level(level):
@@ -186,6 +179,19 @@ def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, h
     finally:
         native._ext = saved
     np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("c", "hw", "k", "s", "pads"), [(70, 2, 5, 1, 2), (130, 4, 3, 2, 1), (24, 8, 5, 2, 2),
+                                                     (9, 5, 3, 1, 0)])
+def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, hw, k, s, pads):
+    """Input planes of at most 64 elements take depthwise.c's channels-last task (blocks of 64 channels):
+    the same bits at every dispatch level, the numpy path within rounding, epilogue included."""
+
+    x = _r(2, c, hw, hw)
+    w, b = _r(c, 1, k, k), _r(c)
+    kw = {"group": c, "pads": [pads] * 4, "strides": [s, s], "activation_act": 1, "activation_lo": -1.0,
+          "activation_hi": 3.0}
+    _same_at_every_level_and_near_numpy(x, w, b, kw)
 
 
 @pytest.mark.parametrize(("n", "c", "hw", "k", "s", "d", "pads"), [
@@ -199,26 +205,12 @@ def test_channel_blocked_depthwise_is_the_same_at_every_level_and_matches_numpy(
     """One-channel groups (mult 1) run in depthwise.c's channel blocks (as many channels as the level's vector
     has lanes): the same bits at every dispatch level and as the per-plane task, the numpy path within
     rounding, epilogue included."""
-    from onnx_prepared.kernels import native
-    from onnx_prepared.kernels.conv_fused import fused_conv
 
     x = _r(n, c, hw, hw)
     w, b = _r(c, 1, k, k), _r(c)
     kw = {"group": c, "pads": pads, "strides": [s, s], "dilations": [d, d], "activation_act": 1,
           "activation_lo": -1.0, "activation_hi": 3.0}
-    outs = []
-    for level in native.supported_levels():
-        with native.forced_level(level):
-            outs.append(fused_conv(x, w, b, **kw)[0])
-    for y in outs[1:]:
-        np.testing.assert_array_equal(y, outs[0])
-    saved = native._ext
-    try:
-        native._ext = None
-        (ref,) = fused_conv(x, w, b, **kw)
-    finally:
-        native._ext = saved
-    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+    _same_at_every_level_and_near_numpy(x, w, b, kw)
     check_ort("Conv", [x, w, b], opset=11, group=c, pads=pads, strides=[s, s], dilations=[d, d])
 
 
