@@ -90,18 +90,24 @@ def rewrite_tensor(path: str, name: str, value: np.ndarray) -> None:
     add_checksums(path)
 
 
-def conv_transpose_model(rng: np.random.Generator, xs, ws, attrs: dict, bias: bool) -> onnx.ModelProto:
-    """One opset-11 ConvTranspose over input shape ``xs`` with weight shape ``ws`` (and a bias), weights
-    drawn from ``rng`` in that order."""
+def conv_node_model(op_type: str, rng: np.random.Generator, xs, ws, attrs: dict, bias: bool) -> onnx.ModelProto:
+    """One opset-11 Conv or ConvTranspose over input shape ``xs`` with weight shape ``ws`` (and a bias, sized
+    by the op's output channels), weights drawn from ``rng`` in that order."""
     inits = [numpy_helper.from_array(rng.standard_normal(ws).astype(np.float32), "W")]
     ins = ["x", "W"]
     if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(ws[1] * attrs.get("group", 1)).astype(np.float32),
-                                             "B"))
+        m = ws[0] if op_type == "Conv" else ws[1] * attrs.get("group", 1)
+        inits.append(numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B"))
         ins.append("B")
-    node = helper.make_node("ConvTranspose", ins, ["y"], **attrs)
-    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+    node = helper.make_node(op_type, ins, ["y"], **attrs)
+    name = "conv" if op_type == "Conv" else "convT"
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 8
     return model
+
+
+def conv_transpose_model(rng: np.random.Generator, xs, ws, attrs: dict, bias: bool) -> onnx.ModelProto:
+    """:func:`conv_node_model` for one ConvTranspose."""
+    return conv_node_model("ConvTranspose", rng, xs, ws, attrs, bias)

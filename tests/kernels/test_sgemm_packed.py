@@ -12,11 +12,11 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.kernels import native
 from onnx_prepared.runtime import RuntimeSession
 from tests.helpers.dispatch import PATHS, use_path
+from tests.helpers.models import conv_node_model
 
 RNG = np.random.default_rng(13)
 
@@ -96,17 +96,7 @@ def test_sgemm_packed_rejects_short_buffers():
 
 
 def _conv_model(xs, ws, attrs, bias):
-    inits = [numpy_helper.from_array(RNG.standard_normal(ws).astype(np.float32), "W")]
-    ins = ["x", "W"]
-    if bias:
-        inits.append(numpy_helper.from_array(RNG.standard_normal(ws[0]).astype(np.float32), "B"))
-        ins.append("B")
-    node = helper.make_node("Conv", ins, ["y"], **attrs)
-    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-    model.ir_version = 8
-    return model
+    return conv_node_model("Conv", RNG, xs, ws, attrs, bias)
 
 
 def _check_model(model, xs, n_runs: int = 2):
