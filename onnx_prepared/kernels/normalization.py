@@ -234,7 +234,14 @@ def skip_layer_normalization(
     input: np.ndarray, skip: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None = None,
     bias: np.ndarray | None = None, *, epsilon: float = 1e-12,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm of ``input + skip (+ bias)``; outputs (output, mean, inv_std_var, sum)."""
+    """LayerNorm of ``input + skip (+ bias)``; outputs (output, mean, inv_std_var, sum).
+
+    The sum in onnxruntime's float32 order (``input + skip``, then ``+ bias``), then the LayerNorm in the
+    extension where it fits (:func:`_native_layer`, onnxruntime's one-pass form), else in numpy."""
     h = _skip_sum("SkipLayerNormalization", input, skip, bias)
-    y, mean, inv = _layer(h, gamma, beta, (h.ndim - 1,), epsilon)
+    got = _native_layer(h, gamma, beta, h.ndim - 1, epsilon, True)
+    if got is not None:
+        y, mean, inv, _ = got
+    else:
+        y, mean, inv = _layer(h, gamma, beta, (h.ndim - 1,), epsilon)
     return y.astype(input.dtype, copy=False), mean, inv, h.astype(input.dtype, copy=False)
