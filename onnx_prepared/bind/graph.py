@@ -50,6 +50,7 @@ def build_execution_plan(
     outer_names: Sequence[str] = (),
     env: FallbackEnv | None = None,
     node_io: tuple[Sequence[tuple[str, ...]], Sequence[tuple[str, ...]]] | None = None,
+    node_meta: Sequence[tuple[str, str, str]] | None = None,
 ) -> ExecutionPlan:
     """Topologically order ``graph``, bind every node and compute last uses.
 
@@ -58,19 +59,23 @@ def build_execution_plan(
     ``env`` (the fallback state shared with the enclosing graph; built here when omitted).
     ``outer_names`` are values a subgraph may read from enclosing scopes (they get input slots).
     ``node_io``: every node's (input names, output names) when the caller already read them (the
-    plan takes them from the ResolvedModel); they must be what the graph's nodes hold.
+    plan takes them from the ResolvedModel); they must be what the graph's nodes hold. ``node_meta``:
+    likewise every node's (name, domain, op_type); with both, no node proto is read except a Constant's.
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
-    nodes = list(graph.node)
+    # indexed only for a Constant's value and in errors when the caller read the nodes' fields already
+    nodes = graph.node
+    n_nodes = len(nodes)
     # every node's names once: protobuf's repeated fields build new str objects on each access
-    if node_io is not None and len(node_io[0]) == len(nodes) == len(node_io[1]):
+    if node_io is not None and len(node_io[0]) == n_nodes == len(node_io[1]):
         node_ins, node_outs = list(node_io[0]), list(node_io[1])
     else:
+        nodes = list(nodes)
         node_ins = [tuple(n.input) for n in nodes]
         node_outs = [tuple(n.output) for n in nodes]
     # implicit inputs: the earlier bindings carry them (a node without subgraphs has none)
-    implicit = ([k.implicit_inputs for k in kernels] if kernels is not None and len(kernels) == len(nodes)
+    implicit = ([k.implicit_inputs for k in kernels] if kernels is not None and len(kernels) == n_nodes
                 else [implicit_inputs_of(n) for n in nodes])
     if kernels is None and bind is None:
         env = env or graph_env(opsets, functions)
@@ -92,7 +97,8 @@ def build_execution_plan(
     for n in outer_names:
         slot(n)
     order = _topological_order(nodes, node_ins, node_outs, implicit, set(slots))
-    metas = [(n.name, n.domain, n.op_type) for n in nodes]  # each field read once
+    metas = (node_meta if node_meta is not None and len(node_meta) == n_nodes
+             else [(n.name, n.domain, n.op_type) for n in nodes])  # each field read once
     labels = tuple(
         f"{name or '#' + str(idx)!r} ({domain + '::' if domain else ''}{op_type})"
         for idx, (name, domain, op_type) in enumerate(metas)
@@ -103,19 +109,18 @@ def build_execution_plan(
     graph_outputs = set(output_names)
     sget = slots.get
     for idx in order:
-        node = nodes[idx]
         if kernels is not None:
             k = kernels[idx]
         elif bind is not None:
-            k = bind(node)
+            k = bind(nodes[idx])
         else:
-            k = bind_kernel(node, env, implicit=implicit[idx])
+            k = bind_kernel(nodes[idx], env, implicit=implicit[idx])
         n_in = len(node_ins[idx])
         ins = tuple([s if (s := sget(n)) is not None else slot(n) for n in node_ins[idx]])
         if k.implicit_inputs:
             ins += tuple(slot(n) for n in k.implicit_inputs)
         outs = tuple([s if (s := sget(n)) is not None else slot(n) for n in node_outs[idx]])
-        value = (_folded_constant(node, k, graph_outputs)
+        value = (_folded_constant(nodes[idx], k, graph_outputs)
                  if not n_in and metas[idx][2] == "Constant" and len(node_outs[idx]) == 1 else None)
         if value is not None:
             presets.append((outs[0], value))
@@ -173,8 +178,9 @@ def _folded_constant(node: onnx.NodeProto, k: BoundKernel, graph_outputs: set[st
     return value
 
 
-def _topological_order(nodes: list[onnx.NodeProto], node_ins: list[tuple[str, ...]], node_outs: list[tuple[str, ...]],
-                       implicit: list[tuple[str, ...]], available: set[str]) -> list[int]:
+def _topological_order(nodes: Sequence[onnx.NodeProto], node_ins: list[tuple[str, ...]],
+                       node_outs: list[tuple[str, ...]], implicit: list[tuple[str, ...]],
+                       available: set[str]) -> list[int]:
     """Node indices in an order where every input is produced first (Kahn; stable on file order)."""
     produced_by: dict[str, int] = {}
     for idx, outs in enumerate(node_outs):

@@ -75,6 +75,10 @@ class LoadedModel:
     #: whether a node holds a subgraph attribute (If/Loop/Scan bodies), seen by the walk that describes
     #: nested tensors; None: not known. Resolution skips implicit-input walks when it is False.
     has_subgraphs: bool | None = None
+    #: per node of ``model.graph`` as parsed, what the load's validation walk read of it
+    #: (:data:`~onnx_prepared.model.versions.NodeFacts`); empty: not recorded (a ModelProto described in
+    #: memory). Resolution reads these instead of the protobuf nodes; edit ``model`` and they are stale.
+    node_facts: tuple = ()
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -108,24 +112,28 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     except ValueError as e:  # os refuses a path with an embedded NUL
         raise ModelLoadError(f"invalid model path {short(repr(path), 400)}: {e}") from None
     raw_lengths: list = []
-    model = _parse(data, repr(short(path, 400)), raw_lengths)
-    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path, raw_lengths=raw_lengths or None)
+    facts: list = []
+    model = _parse(data, repr(short(path, 400)), raw_lengths, facts)
+    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path, raw_lengths=raw_lengths or None,
+                          node_facts=facts)
 
 
 def load_model_bytes(data: bytes | bytearray | memoryview, base_dir: str | os.PathLike, *,
                      name: str = "<memory>") -> LoadedModel:
     """Like :func:`load_model` for a serialized model held in memory; external data resolves in ``base_dir``."""
     raw_lengths: list = []
-    model = _parse(bytes(data), name, raw_lengths)
-    return describe_model(model, os.fspath(base_dir), path=name, raw_lengths=raw_lengths or None)
+    facts: list = []
+    model = _parse(bytes(data), name, raw_lengths, facts)
+    return describe_model(model, os.fspath(base_dir), path=name, raw_lengths=raw_lengths or None, node_facts=facts)
 
 
 def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path: str = "<memory>",
-                   raw_lengths: list[int | None] | None = None) -> LoadedModel:
+                   raw_lengths: list[int | None] | None = None, node_facts: list | None = None) -> LoadedModel:
     """Describe (and validate) every initializer of an already parsed ``model`` whose external data lives
     in ``base_dir``; reads no weight byte. ``path`` only names the model in errors and in the result.
     ``raw_lengths``: each initializer's ``raw_data`` length (None: absent) as :mod:`~onnx_prepared.model.wire`
-    read it from the serialized bytes, so no payload is copied to be measured."""
+    read it from the serialized bytes, so no payload is copied to be measured. ``node_facts``: what
+    validation read of the graph's nodes (``_parse``), kept for resolution."""
     base_dir = os.path.abspath(os.fspath(base_dir))
     resolver = LocationResolver(base_dir)
     weights: dict[str, WeightDescriptor] = {}
@@ -139,17 +147,19 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
         weights[name] = describe(t, base_dir, resolver, model_path=path, name=name,
                                  raw_length=raw_lengths[i] if raw_lengths is not None else _ASK)
     subgraphs: list[bool] = []
+    facts = tuple(node_facts) if node_facts and len(node_facts) == len(model.graph.node) else ()
     nested = tuple(
         NestedExternal(where, t, describe(t, base_dir, resolver, model_path=path, name=t.name or where))
-        for where, t in _nested_tensors(model, subgraphs)
+        for where, t in _nested_tensors(model, subgraphs, facts)
         if t.data_location == onnx.TensorProto.EXTERNAL
     )
-    return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested, bool(subgraphs))
+    return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested, bool(subgraphs), facts)
 
 
-def _parse(data: bytes, what: str, raw_lengths: list | None = None) -> onnx.ModelProto:
+def _parse(data: bytes, what: str, raw_lengths: list | None = None, facts: list | None = None) -> onnx.ModelProto:
     """``what`` names the source in errors (a quoted path, or ``<memory>``). ``raw_lengths``, when given,
-    gets each initializer's raw_data length where the wire scan (:func:`_inline_weights`) ran."""
+    gets each initializer's raw_data length where the wire scan (:func:`_inline_weights`) ran; ``facts``
+    the validation walk's :data:`~onnx_prepared.model.versions.NodeFacts` of the graph's nodes."""
     if not data:
         raise ModelLoadError(f"model file is empty: {what}")
     model = onnx.ModelProto()
@@ -175,8 +185,9 @@ def _parse(data: bytes, what: str, raw_lengths: list | None = None) -> onnx.Mode
         raise ModelLoadError(f"{what}: string field {bad} is not valid UTF-8")
     if not model.graph.output:  # onnxruntime's run() refuses it ("at least one output"): nothing to compute
         raise ModelLoadError(f"{what}: the graph declares no output")
-    check_versions(model, what)
-    check_types(model, what)
+    facts = facts if facts is not None else []
+    check_versions(model, what, facts)
+    check_types(model, what, facts)
     schemas.cache().flush()  # the schema facts this model looked up, for the next process
     return model
 
@@ -251,13 +262,18 @@ _INLINE_NBYTES = {getattr(onnx.TensorProto, n): b for n, b in (
 # ---- tensors outside graph.initializer ----------------------------------------------------------
 
 
-def _nested_tensors(model: onnx.ModelProto, subgraphs: list[bool]) -> Iterator[tuple[str, onnx.TensorProto]]:
-    """External tensors outside ``graph.initializer``; ``subgraphs`` gets an entry when a node holds a subgraph."""
+def _nested_tensors(model: onnx.ModelProto, subgraphs: list[bool], facts: tuple = ()
+                    ) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """External tensors outside ``graph.initializer``; ``subgraphs`` gets an entry when a node holds a subgraph.
+    ``facts``: the graph's NodeFacts; a node whose attributes they parsed holds no tensor or graph."""
     g = model.graph
     for sp in g.sparse_initializer:
         yield f"sparse initializer {sp.values.name!r} values", sp.values
         yield f"sparse initializer {sp.values.name!r} indices", sp.indices
-    yield from _node_tensors(g.node, "graph", subgraphs)
+    nodes = g.node
+    if facts:
+        nodes = [nodes[i] for i, f in enumerate(facts) if f[5] is None]
+    yield from _node_tensors(nodes, "graph", subgraphs)
     for fn in model.functions:
         yield from _node_tensors(fn.node, f"function {fn.domain}::{fn.name}", subgraphs)
 
@@ -266,6 +282,9 @@ _A = onnx.AttributeProto
 #: attribute types that can carry a tensor (or a subgraph with tensors); every other type is skipped unread
 _TENSOR_BEARING = frozenset({_A.UNDEFINED, _A.TENSOR, _A.TENSORS, _A.SPARSE_TENSOR, _A.SPARSE_TENSORS,
                              _A.GRAPH, _A.GRAPHS})
+_FD = _A.DESCRIPTOR.fields_by_name
+_T_FD, _TENSORS_FD, _G_FD, _GRAPHS_FD = _FD["t"], _FD["tensors"], _FD["g"], _FD["graphs"]
+_SPARSE_FD, _SPARSES_FD = _FD["sparse_tensor"], _FD["sparse_tensors"]
 
 
 def _node_tensors(nodes, scope: str, subgraphs: list[bool]) -> Iterator[tuple[str, onnx.TensorProto]]:
@@ -281,13 +300,19 @@ def _node_tensors(nodes, scope: str, subgraphs: list[bool]) -> Iterator[tuple[st
                 continue
             here = None
             inner = []
-            if a.HasField("t"):
-                inner.append(("", a.t))
-            inner.extend(("", t) for t in a.tensors)
-            sparse = ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors)
-            for sp in sparse:
-                inner += ((" values", sp.values), (" indices", sp.indices))
-            subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+            subs = []
+            for fd, v in a.ListFields():  # the set fields in one call (a Constant's: name, t, type)
+                if fd is _T_FD:
+                    inner.append(("", v))
+                elif fd is _TENSORS_FD:
+                    inner.extend(("", t) for t in v)
+                elif fd is _SPARSE_FD or fd is _SPARSES_FD:
+                    for sp in ((v,) if fd is _SPARSE_FD else v):
+                        inner += ((" values", sp.values), (" indices", sp.indices))
+                elif fd is _G_FD:
+                    subs.append(v)
+                elif fd is _GRAPHS_FD:
+                    subs.extend(v)
             if subs:
                 subgraphs.append(True)
             for suffix, t in inner:

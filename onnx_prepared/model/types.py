@@ -23,10 +23,12 @@ _NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items(
 _TENSOR_TYPES = frozenset(_NAMES.values())
 
 
-def check_types(model: onnx.ModelProto, what: str) -> None:
+def check_types(model: onnx.ModelProto, what: str, facts: list | None = None) -> None:
     """Raise ModelLoadError naming the node if an input's element type breaks its schema's constraints.
 
-    Call after ``versions.check_versions`` (opsets and op versions are known to the installed onnx).
+    Call after ``versions.check_versions`` (opsets and op versions are known to the installed onnx);
+    ``facts``: the :data:`~onnx_prepared.model.versions.NodeFacts` it read of the graph's nodes, so
+    they are not read from the protobuf again.
     """
     opsets = {{"ai.onnx": ""}.get(o.domain, o.domain): o.version for o in model.opset_import
               if o.domain in ("", "ai.onnx", "ai.onnx.ml")}
@@ -48,6 +50,11 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
     for t in g.sparse_initializer:
         if t.values.data_type in _NAMES:
             types[t.values.name] = _NAMES[t.values.data_type]
+    if facts is not None and len(facts) == len(g.node):
+        for op_type, _, name, ins, outs, _, schema in facts:
+            if schema is not None:  # the op's schema at the model's opset (check_versions looked it up)
+                _check_io(op_type, name, ins, outs, schema, types, what)
+        return
     local = {(f.domain, f.name) for f in model.functions}
     lookup = schemas.cache().lookup
     for node in g.node:
@@ -65,11 +72,16 @@ def check_types(model: onnx.ModelProto, what: str) -> None:
 
 
 def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, str], what: str) -> None:
+    _check_io(node.op_type, node.name, tuple(node.input), tuple(node.output), schema, types, what)
+
+
+def _check_io(op_type: str, node_name: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
+              schema: schemas.Schema, types: dict[str, str], what: str) -> None:
     facts = _FACTS.get(schema)
     if facts is None:
         facts = _FACTS[schema] = _Facts(schema)
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (element type, first input name bound to it)
-    names = tuple(node.input)
+    names = inputs
     for name, tp in zip(names, facts.positions(len(names), False)):
         if tp is None or not name:
             continue
@@ -81,17 +93,17 @@ def _check_node(node: onnx.NodeProto, schema: schemas.Schema, types: dict[str, s
             ok = facts.restricts.get(tp)
             if ok is not None and have not in ok:
                 raise ModelLoadError(
-                    f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset "
+                    f"{what}: node {short(node_name or op_type)!r} ({op_type}, opset "
                     f"{schema.since_version}) input {short(name)!r} has type {have}, which type parameter "
                     f"{tp} does not allow ({', '.join(sorted(s for s in ok if s.startswith('tensor(')))})")
             bound[tp] = (have, name)
         elif first[0] != have:
             raise ModelLoadError(
-                f"{what}: node {short(node.name or node.op_type)!r} ({node.op_type}, opset {schema.since_version}): "
+                f"{what}: node {short(node_name or op_type)!r} ({op_type}, opset {schema.since_version}): "
                 f"type parameter {tp} is bound to different types: {first[0]} (input {short(first[1])!r}) and "
                 f"{have} (input {short(name)!r})")
     static = facts.static
-    names = tuple(node.output)
+    names = outputs
     for name, tp in zip(names, facts.positions(len(names), True)):
         if tp is None or not name:
             continue

@@ -17,8 +17,18 @@ def max_opset(domain: str) -> int:
     return schemas.cache().max_opset(domain)
 
 
-def check_versions(model: onnx.ModelProto, what: str) -> None:
-    """Raise ModelLoadError naming the version if ``model`` needs a newer onnx than the installed one."""
+#: What the load's one walk read of a top-level node: ``(op_type, domain, name, inputs, outputs, attrs,
+#: schema)``. ``attrs`` is the node's attributes as ``bind.attributes.parse_attributes`` returns them when
+#: every one is a plain INT/FLOAT/INTS/FLOATS/STRING/STRINGS value its schema declares (so the node holds no
+#: tensor or subgraph), else None (ask the node). ``schema`` is None outside the onnx domains.
+NodeFacts = tuple
+
+
+def check_versions(model: onnx.ModelProto, what: str, facts: list | None = None) -> None:
+    """Raise ModelLoadError naming the version if ``model`` needs a newer onnx than the installed one.
+
+    ``facts``, when given, gets one :data:`NodeFacts` per node of ``model.graph`` (in order), read by the
+    same walk, so later passes (type check, resolution) need not read the protobuf nodes again."""
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"{what} has IR version {model.ir_version}; the installed onnx {onnx.__version__} "
                              f"knows IR versions up to {onnx.IR_VERSION}")
@@ -32,7 +42,7 @@ def check_versions(model: onnx.ModelProto, what: str) -> None:
                                  f"installed onnx {onnx.__version__} knows opsets 1..{max_opset(dom)}")
         opsets[dom] = o.version
     local = {(f.domain, f.name) for f in model.functions}
-    _check_nodes(model.graph.node, opsets, local, what)
+    _check_nodes(model.graph.node, opsets, local, what, facts)
     for f in model.functions:
         fops = dict(opsets)
         for o in f.opset_import:
@@ -42,7 +52,8 @@ def check_versions(model: onnx.ModelProto, what: str) -> None:
         _check_nodes(f.node, fops, local, what)
 
 
-def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], what: str) -> None:
+def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], what: str,
+                 facts: list | None = None) -> None:
     lookup = schemas.cache().lookup
     domains = _ONNX_DOMAINS
     stack = [iter(nodes)]
@@ -57,6 +68,8 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                                  f"valid UTF-8")
         dom = domains.get(domain)
         attributes = node.attribute
+        parsed = {} if facts is not None and len(stack) == 1 else None  # a node of the graph itself
+        schema = None
         if dom is not None and dom in opsets and (not local or (domain, op_type) not in local):
             version = opsets[dom]
             try:
@@ -65,8 +78,14 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                 _not_in_opset(node, dom, version, what)
             if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
                 # the check saw every attribute's set fields: the subgraphs come back from it
-                stack.extend(iter(g.node) for g in _check_signature(node, schema, what, attributes))
+                subgraphs = _check_signature(node, schema, what, attributes, parsed)
+                if parsed is not None:
+                    facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output),
+                                  None if _UNPARSED in parsed else parsed, schema))
+                stack.extend(iter(g.node) for g in subgraphs)
                 continue
+        if parsed is not None:
+            facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output), None, schema))
         for a in attributes:
             if a.HasField("g"):
                 stack.append(iter(a.g.node))
@@ -97,7 +116,8 @@ def _not_in_opset(node: onnx.NodeProto, domain: str, version: int, what: str) ->
     ) from None
 
 
-def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None) -> list:
+def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None,
+                     parsed: dict | None = None) -> list:
     """Refuse a node whose input count or attribute types its schema does not allow.
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
@@ -105,7 +125,9 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
     it: a result, but not the model's. An attribute the schema does not declare is refused too, as
     onnxruntime and onnx's checker refuse it: a misspelt ``transB`` would otherwise run with the default
     and give another result. A reference to a function's attribute (``ref_attr_name``) has no type of its
-    own yet. ``attributes`` is ``node.attribute`` when the caller already has it.
+    own yet. ``attributes`` is ``node.attribute`` when the caller already has it. ``parsed``, when given,
+    gets each plain attribute's value as ``parse_attributes`` returns it (and the key ``_UNPARSED`` when
+    an attribute is not one of those: a tensor, a graph, a reference, or a value left at its default).
 
     Returns the subgraphs the node's attributes hold (``g`` and ``graphs``, whatever their declared type).
     """
@@ -128,6 +150,8 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}, opset {schema.since_version}) has "
                                  f"attribute {short(a_name)!r}, which its schema does not declare")
         if a.ref_attr_name:
+            if parsed is not None:
+                parsed[_UNPARSED] = None
             if a.HasField("g"):
                 subgraphs.append(a.g)
             subgraphs.extend(a.graphs)
@@ -143,11 +167,22 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
         # number order: name (1), the value, type (20) is the common case and needs no more checking
         fields = a.ListFields()
         if len(fields) == 3 and fields[1][0] is _VALUE_FD.get(want):
+            if parsed is not None:
+                convert = _PLAIN.get(want)
+                try:
+                    if convert is None:  # a tensor or a graph: the node is asked
+                        parsed[_UNPARSED] = None
+                    else:
+                        parsed[a_name] = convert(fields[1][1])
+                except UnicodeDecodeError:  # left to parse_attributes, as before
+                    parsed[_UNPARSED] = None
             if want == _A.GRAPH:
                 subgraphs.append(fields[1][1])
             elif want == _A.GRAPHS:
                 subgraphs.extend(fields[1][1])
             continue
+        if parsed is not None:
+            parsed[_UNPARSED] = None
         for fd, v in fields:
             if fd is _G_FD:
                 subgraphs.append(v)
@@ -173,3 +208,23 @@ _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
 #: attribute type -> the descriptor of its value field (identity compare on the common path)
 _VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}
 _G_FD, _GRAPHS_FD = _VALUE_FD[_A.GRAPH], _VALUE_FD[_A.GRAPHS]
+
+#: parsed's marker key (no attribute name is None): an attribute the walk did not convert
+_UNPARSED = None
+
+
+def _ident(v):
+    return v
+
+
+def _decode(v: bytes) -> str:
+    return v.decode("utf-8")
+
+
+def _decode_all(v) -> list[str]:
+    return [s.decode("utf-8") for s in v]
+
+
+#: attribute type -> its set value as ``parse_attributes`` returns it (tensors and graphs: not converted)
+_PLAIN = {_A.INT: _ident, _A.FLOAT: _ident, _A.INTS: list, _A.FLOATS: list, _A.STRING: _decode,
+          _A.STRINGS: _decode_all}

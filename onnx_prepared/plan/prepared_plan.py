@@ -254,7 +254,8 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             ))
     tasks.extend(restores)
     io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
-    tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits))
+    meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
+    tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, meta))
     by_id = {t.id: t for t in tasks}
     if len(by_id) != len(tasks):
         raise InternalError("duplicate task id in plan")
@@ -278,22 +279,26 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
     io = resolved.node_io if len(resolved.node_io) == resolved.node_count else None
     node_ins = [i for i, _ in io] if io is not None else None
     for idx, np_ in resolved.node_prepacks.items():
-        node = graph.node[idx]
         slot = np_.key.slot_name
-        others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
-        del node.input[:]
-        node.input.extend([slot, *others])
-        if node_ins is not None:
-            node_ins[idx] = (slot, *others)
+        if node_ins is not None:  # the plan reads these names, not the node's (left as written)
+            node_ins[idx] = (slot, *(n for i, n in enumerate(node_ins[idx]) if i not in np_.spec.source_inputs))
+        else:
+            node = graph.node[idx]
+            others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
+            del node.input[:]
+            node.input.extend([slot, *others])
         if slot not in names:
             names.add(slot)
             graph.initializer.append(onnx.TensorProto(name=slot))  # a placeholder slot
+    meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels,
-                                node_io=(node_ins, [o for _, o in io]) if io is not None else None)
+                                node_io=(node_ins, [o for _, o in io]) if io is not None else None,
+                                node_meta=meta)
 
 
-def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) -> list[TaskDescriptor]:
-    """Split the action list where a new external prepared object is first needed."""
+def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, graph_meta=None) -> list[TaskDescriptor]:
+    """Split the action list where a new external prepared object is first needed (``graph_meta``: the
+    nodes' (name, domain, op_type) when the resolution recorded them)."""
     steps: list[tuple[int, int]] = []
     seen: set[int] = set()
     start = 0
@@ -309,8 +314,16 @@ def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits) ->
     prev = None
     used_ids: set[str] = set()
     for a, b in steps:
-        node = graph.node[execution.actions[a].node_index] if b > a else None
-        base = f"I.{node.name or node.op_type}" if node is not None else "I.empty"
+        if b > a:
+            i = execution.actions[a].node_index
+            if graph_meta is not None:
+                name, _, op = graph_meta[i]
+            else:
+                node = graph.node[i]
+                name, op = node.name, node.op_type
+            base = f"I.{name or op}"
+        else:
+            base = "I.empty"
         tid = base
         n = 1
         while tid in used_ids:

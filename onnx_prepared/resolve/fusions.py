@@ -72,13 +72,19 @@ def fuse_dequantize_matmul(graph: onnx.GraphProto, weights: Mapping, opsets: Map
     return _rewrite(graph, replace, drop, index)
 
 
+_MODULES: dict[str, object] = {}  # the fused kernels' modules, once imported (asked per fusion)
+
+
 def _dq_matmul():
     """The fused kernel's module, imported only when a model has a DequantizeLinear to fuse (the kernel
     catalog's rule: kernel modules load when a model uses them)."""
-    catalog.ensure_loaded("onnx_prepared", "DequantizeMatMul")
-    from onnx_prepared.kernels import dq_matmul
+    m = _MODULES.get("dq_matmul")
+    if m is None:
+        catalog.ensure_loaded("onnx_prepared", "DequantizeMatMul")
+        from onnx_prepared.kernels import dq_matmul as m
 
-    return dq_matmul
+        _MODULES["dq_matmul"] = m
+    return m
 
 
 def _rewrite(graph, replace: dict[int, onnx.NodeProto], drop: set[int], index: GraphIndex | None = None) -> int:
@@ -282,10 +288,13 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphI
 
 def _conv_fused():
     """kernels/conv_fused.py, imported only when a model has a Conv to fuse (as _dq_matmul)."""
-    catalog.ensure_loaded("onnx_prepared", "FusedConv")
-    from onnx_prepared.kernels import conv_fused
+    m = _MODULES.get("conv_fused")
+    if m is None:
+        catalog.ensure_loaded("onnx_prepared", "FusedConv")
+        from onnx_prepared.kernels import conv_fused as m
 
-    return conv_fused
+        _MODULES["conv_fused"] = m
+    return m
 
 
 def _pointwise_conv(node: onnx.NodeProto, weights: Mapping) -> bool:

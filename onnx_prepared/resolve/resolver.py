@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from onnx_prepared import onnx_proto as onnx
-from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inputs_of, parse_attributes
+from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inputs_of
 from onnx_prepared.errors import InternalError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
@@ -113,6 +113,8 @@ class ResolvedModel:
     #: per node of the transformed graph: (input names, output names), read once here so the plan need
     #: not read them from the protobuf again (empty: not recorded; the plan reads the graph)
     node_io: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    #: per node of the transformed graph: (name, domain, op_type), read once here (empty: not recorded)
+    node_meta: tuple[tuple[str, str, str], ...] = ()
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
     #: source name -> its row table (read by rows until resident; resolve/rows.py)
     row_tables: Mapping[str, RowTable] = field(default_factory=lambda: MappingProxyType({}))
@@ -162,7 +164,9 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     # (fusions only rewrite ops without subgraphs).
     subgraphs = model.has_subgraphs if model.has_subgraphs is not None else _has_subgraphs(graph)
     implicit_of = implicit_inputs_of if subgraphs else _no_implicit
-    index = GraphIndex(graph, subgraphs=subgraphs)  # the passes' one view of the nodes, kept true by them
+    # the passes' one view of the nodes, kept true by them; from the load's facts (the skeleton copied
+    # every node as it is)
+    index = GraphIndex(graph, subgraphs=subgraphs, facts=model.node_facts)
     removed = _eliminate_dead_nodes(graph, implicit_of, index)
     opsets = model.opsets  # (a dict built per access)
     weights = model.weights
@@ -187,6 +191,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     kernels: list[BoundKernel] = []
     node_attrs: list[dict | None] = []
     node_io: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    node_meta: list[tuple[str, str, str]] = []
     env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
@@ -205,6 +210,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     for idx, node in enumerate(graph.node):
         ins = index.inputs[idx]
         node_io.append((ins, index.outputs[idx]))
+        node_meta.append((index.names[idx], index.domains[idx], index.op_types[idx]))
         const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
         shapes = {}
         for i in const_pos:
@@ -213,13 +219,13 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             if dtype_name is not None:
                 shapes[i] = (d.dims, dtype_name)
         spec = None
-        attrs = parse_attributes(node)  # None: attribute references, only the fallback resolves them
+        attrs = index.attributes(idx)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
         implicit = implicit_of(node)
         if attrs is not None and const_pos:
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
         if spec is not None:
-            sources = tuple(node.input[i] for i in spec.source_inputs)
+            sources = tuple(ins[i] for i in spec.source_inputs)
             key = PreparedKey(sources, spec.layout, "cpu", _digest(sources, weights, sidecar))
             require(key, sources, spec, idx)
             node_prepacks[idx] = NodePrepack(key, spec)
@@ -230,7 +236,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         packed_pos = set(spec.source_inputs) if spec is not None else set()
         raws = []
         for i in sorted(const_pos - packed_pos):
-            key = raw_key(node.input[i])
+            key = raw_key(ins[i])
             require(key, key.lineage, None, idx)
             raws.append((i, key))
         for name in implicit:
@@ -271,10 +277,10 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
                                                   r.active.entry)
             continue
         for s in r.sources:
-            why = f"source of {r.key}" if not r.key.is_raw else "constant input"
-            first = graph.node[r.consumers[0]] if r.consumers[0] < len(graph.node) else None
-            who = f" of node {first.name or first.op_type!r}" if first is not None else " (graph output)"
             if s not in active:
+                why = f"source of {r.key}" if not r.key.is_raw else "constant input"
+                first = node_meta[r.consumers[0]] if r.consumers[0] < len(node_meta) else None
+                who = f" of node {first[0] or first[2]!r}" if first is not None else " (graph output)"
                 rows = row_tables.get(s)
                 active[s] = ManifestEntry(s, weights[s], why + who, rows=rows.describe() if rows else "")
     for r in requirements:
@@ -296,6 +302,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         removed_nodes=removed,
         node_count=len(graph.node),
         node_io=tuple(node_io),
+        node_meta=tuple(node_meta),
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
         dead_initializers=dead,
