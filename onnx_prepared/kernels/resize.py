@@ -1,7 +1,7 @@
 """Resize (opsets 10-19+) and Upsample: separable interpolation, one axis at a time.
 
-For each resized axis the output coordinates are mapped to input coordinates once (in float32, as
-onnxruntime computes them; a nearest tie may still round differently in rare cases), giving a small
+For each resized axis the output coordinates are mapped to input coordinates once (in onnxruntime's
+float32 arithmetic, upsamplebase.h), giving a small
 [out, taps] table of indices and weights (1 tap nearest, 2 linear, 4 cubic); the axis is then a weighted
 sum of ``np.take`` gathers (nearest upsampling by whole factors that repeats every element: one
 broadcast copy). Neighbours outside the input repeat the edge (or get weight 0 with
@@ -21,6 +21,7 @@ import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import native
+from onnx_prepared.kernels._resize_linear import Linear2D, linear_taps
 from onnx_prepared.kernels.registry import kernel, specializes
 
 _F = np.float32
@@ -29,38 +30,43 @@ _C = np.float32  # coordinates, computed in float as onnxruntime does
 
 def _coords(mode: str, n_out: int, n_in: int, scale: float, roi: tuple[float, float] | None,
             length: float) -> np.ndarray:
+    """The original coordinate of each output index along one axis, in onnxruntime's arithmetic
+    (upsamplebase.h: float32, half_pixel_symmetric's sum and a one-element tf_crop_and_resize in double)."""
     i = np.arange(n_out, dtype=_C)
     s = _C(scale)
     if mode == "half_pixel":
         return (i + _C(0.5)) / s - _C(0.5)
     if mode == "half_pixel_symmetric":
         adj = _C(n_out) / (s * _C(n_in))
-        center = _C(n_in) / _C(2)
-        return center * (_C(1) - adj) + (i + _C(0.5)) / s - _C(0.5)
+        offset = _C(n_in) / _C(2) * (_C(1) - adj)
+        return (np.float64(offset) + (i.astype(np.float64) + 0.5) / np.float64(s) - 0.5).astype(_C)
     if mode == "pytorch_half_pixel":
         return (i + _C(0.5)) / s - _C(0.5) if n_out > 1 else np.zeros(n_out, _C)
     if mode == "align_corners":
         # NOTE: with scales, the resized length is in*scale unrounded, as onnx's reference and its node
         # tests have it; onnxruntime divides by the rounded output size, so the two differ when in*scale
         # is fractional (test_resize_align_corners_with_fractional_scales_follows_the_reference).
-        return i * (_C(n_in - 1) / _C(length - 1)) if n_out > 1 else np.zeros(n_out, _C)
+        return i * _C(n_in - 1) / _C(length - 1) if n_out > 1 else np.zeros(n_out, _C)
     if mode == "asymmetric":
         return i / s
     if mode == "tf_half_pixel_for_nn":
         return (i + _C(0.5)) / s
     if mode == "tf_crop_and_resize":
-        start, end = roi
+        start, end = _C(roi[0]), _C(roi[1])
         if n_out > 1:
-            return _C(start * (n_in - 1)) + i * _C((end - start) * (n_in - 1) / (n_out - 1))
-        return np.full(n_out, _C(0.5 * (start + end) * (n_in - 1)), _C)
+            return start * _C(n_in - 1) + i * (end - start) * _C(n_in - 1) / _C(n_out - 1)
+        return np.full(n_out, _C(0.5 * np.float64(start + end) * (n_in - 1)), _C)
     raise KernelError(f"Resize: unknown coordinate_transformation_mode {mode!r}")
 
 
 def _nearest(x: np.ndarray, mode: str, down: bool) -> np.ndarray:
     if mode == "round_prefer_floor":
         return np.ceil(x - _C(0.5))
-    if mode == "round_prefer_ceil":
-        return np.floor(x + _C(0.5))
+    if mode == "round_prefer_ceil":  # std::round, halves away from zero; floor(x + 0.5) rounds 0.49999997 up
+        a = np.abs(x)
+        r = np.floor(a)
+        r += (a - r) >= _C(0.5)
+        return np.copysign(r, x)
     if mode == "floor":
         return np.floor(x)
     if mode == "ceil":
@@ -84,12 +90,8 @@ def _table(mode, x, n_in, *, nearest_mode, down, cubic_coeff_a, exclude_outside)
         idx = np.clip(_nearest(x, nearest_mode, down), 0, n_in - 1).astype(np.int64)
         return idx[:, None], None
     if mode == "linear":
-        x = np.clip(x, 0, n_in - 1)
-        i0 = np.floor(x)
-        t = x - i0
-        i0 = i0.astype(np.int64)
-        idx = np.stack([i0, np.minimum(i0 + 1, n_in - 1)], axis=1)
-        return idx, np.stack([1 - t, t], axis=1)
+        i1, i2, d1, d2 = linear_taps(x, n_in)
+        return np.stack([i1, i2], axis=1), np.stack([d2, d1], axis=1)
     if mode == "cubic":
         i0 = np.floor(x)
         w = _cubic_weights(x - i0, cubic_coeff_a)
@@ -203,8 +205,39 @@ def _repeat_copy(X: np.ndarray, reps: list[int], out_shape) -> np.ndarray:
     return out.reshape(out_shape)
 
 
+def _linear2d(shape, dtype, out_shape, scales, rois, p, lengths) -> Linear2D | None:
+    """The bilinear plan (:mod:`_resize_linear`) when this is a linear resizing of a float32 input's last
+    two axes only (onnxruntime's ``UpsampleBilinear`` case), else None."""
+    nd = len(shape)
+    if (p["mode"] != "linear" or dtype != _F or nd < 2 or 0 in shape or 0 in out_shape
+            or not all(_kept(a, shape, out_shape, scales, rois, p) for a in range(nd - 2))):
+        return None
+    xs = []
+    for a in (nd - 2, nd - 1):
+        if out_shape[a] == shape[a] and scales[a] == 1 and rois[a] is None:
+            xs.append(np.arange(shape[a], dtype=_C))  # a kept axis: its own indices (onnxruntime's scale 1)
+        else:
+            xs.append(_coords(p["ctm"], int(out_shape[a]), int(shape[a]), float(scales[a]), rois[a],
+                              float(lengths[a])))
+    extrap = float(p["extrapolation_value"]) if p["ctm"] == "tf_crop_and_resize" else None
+    return Linear2D(tuple(shape), tuple(int(d) for d in out_shape), xs[0], xs[1], extrap)
+
+
+def _kept(axis: int, shape, out_shape, scales, rois, p) -> bool:
+    """Whether resizing leaves this axis as it is: same length and scale 1, and a tf_crop_and_resize
+    roi (if any) that maps every index onto itself (an exporter's 0..1 for N and C)."""
+    n = shape[axis]
+    if out_shape[axis] != n or scales[axis] != 1:
+        return False
+    roi = rois[axis]
+    return roi is None or np.array_equal(_coords(p["ctm"], n, n, 1.0, roi, float(n)), np.arange(n, dtype=_C))
+
+
 def resize_nd(X, out_shape, scales, rois, p, lengths) -> np.ndarray:
     dtype = X.dtype
+    lin = _linear2d(X.shape, dtype, out_shape, scales, rois, p, lengths)
+    if lin is not None:
+        return lin(X)
     if p["mode"] == "nearest" and X.size:
         y = _nearest_repeat(X, out_shape, scales, rois, p, lengths)
         if y is not None:
@@ -328,11 +361,13 @@ def _resize_bound(consts: dict, n_inputs: int, **attrs):
                     plans.clear()
                 plans[key] = plan
             last[:] = (X.shape, X.dtype, vkey, plan)
-        geo, reps, fast = plan
+        geo, reps, fast, lin = plan
         if fast is not None and fast[0] is native._ext and X.flags.c_contiguous:
             y = np.empty(fast[1], X.dtype)
             fast[0].nearest_repeat2d(X, y, fast[2])
             return (y,)
+        if lin is not None:
+            return (lin(X),)
         if reps is not None:
             return (_repeat_copy(X, reps, geo[0]),)
         return (resize_nd(X, *geo),)
@@ -341,9 +376,11 @@ def _resize_bound(consts: dict, n_inputs: int, **attrs):
 
 
 def _bound_plan(X: np.ndarray, fixed: list, varying: tuple, rest: tuple, attrs: dict) -> tuple:
-    """``(geometry, repeat factors or None, (extension, output shape, dims) or None)`` for X's shape and
-    these roi/scales/sizes: the last part when the call is one ``nearest_repeat2d`` of a C-contiguous X
-    (what :func:`_repeat_copy` checks and builds per call, ~8 us of UNet's ~12 us Resize, settled here)."""
+    """``(geometry, repeat factors or None, (extension, output shape, dims) or None, Linear2D or None)``
+    for X's shape and these roi/scales/sizes: the third part when the call is one ``nearest_repeat2d`` of
+    a C-contiguous X (what :func:`_repeat_copy` checks and builds per call, ~8 us of UNet's ~12 us
+    Resize, settled here), the last one for a bilinear resizing (:func:`_linear2d`, its tables built
+    here once)."""
     args = list(fixed)
     for i in varying:
         args[i - 1] = rest[i - 1]
@@ -355,7 +392,7 @@ def _bound_plan(X: np.ndarray, fixed: list, varying: tuple, rest: tuple, attrs: 
             and all(r == 1 for r in reps[:-2]) and hasattr(ext, "nearest_repeat2d")):
         h, w = X.shape[-2:]
         fast = (ext, tuple(int(d) for d in geo[0]), np.array([X.size // (h * w), h, w, *reps[-2:]], np.int64))
-    return geo, reps, fast
+    return geo, reps, fast, _linear2d(X.shape, X.dtype, *geo)
 
 
 def _value_key(v) -> tuple | None:

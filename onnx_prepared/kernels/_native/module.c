@@ -26,6 +26,7 @@
 #include "qgemm.h"
 #include "qlinear.h"
 #include "encoder_act.h"
+#include "resize.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -434,6 +435,7 @@ static PyMethodDef methods[] = {
     SE_BLOCK_METHODS
     QGEMM_METHODS
     ENCODER_ACT_METHODS
+    RESIZE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
