@@ -292,7 +292,11 @@ static void start_workers(void)
  * for the workers after its own last task. A tail of more than TAIL_NS, 10 % of the caller's own work
  * and two of the caller's tasks (a worker's last task may end one task after the caller's: that is
  * granularity, not a straggler) is a miss; then jobs run on the caller alone for BACKOFF_NS << streak
- * (0.5, 1, 2, ... 64 ms; at least 8 times that job's duration), and the next pooled job probes again. A job without such a tail ends the
+ * (0.5, 1, 2, ... 64 ms; at least 8 times the caller's own part of that job, not counting the tail), and the
+ * next pooled job probes again. (Counting the tail made one preempted worker cost a long solo stretch: a
+ * worker descheduled for a whole 4 ms tick in a 190 us M=1 job, measured in an autogroup of nice -19, ran
+ * the next ~33 ms, some 170 jobs, on one thread: level-0 M=1 1024x1024 on 2 threads 186 us, as on one;
+ * with the caller's part, 102-124 us.) A job without such a tail ends the
  * back-off, and a miss more than 128 ms after the previous one starts the streak again at 0.5 ms
  * (another process's load comes and goes). A worker that wakes too late to take a task costs the caller
  * nothing but the wake-up, so it is no miss: judging by the job's length instead made every probe after
@@ -326,7 +330,7 @@ static void judge(long long t0, long long t1, long long t2, int mine, int ntasks
     if (P.streak < MAX_STREAK) P.streak++;
     P.last_bad = t2;
     long long d = BACKOFF_NS << (P.streak - 1);
-    if (d < 8 * (t2 - t0)) d = 8 * (t2 - t0); /* long jobs: at most one probe in 9 of them */
+    if (d < 8 * work) d = 8 * work; /* long jobs: at most one probe in 9 of them (their length without the tail) */
     P.solo_until = t2 + d;
 }
 
