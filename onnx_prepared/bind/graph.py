@@ -120,7 +120,7 @@ def build_execution_plan(
         if k.implicit_inputs:
             ins += tuple(slot(n) for n in k.implicit_inputs)
         outs = tuple([s if (s := sget(n)) is not None else slot(n) for n in node_outs[idx]])
-        value = (_folded_constant(nodes[idx], k, graph_outputs)
+        value = (_folded_constant(metas[idx][1], node_outs[idx][0], k, graph_outputs)
                  if not n_in and metas[idx][2] == "Constant" and len(node_outs[idx]) == 1 else None)
         if value is not None:
             presets.append((outs[0], value))
@@ -160,12 +160,12 @@ def build_execution_plan(
                          tuple(presets))
 
 
-def _folded_constant(node: onnx.NodeProto, k: BoundKernel, graph_outputs: set[str]) -> np.ndarray | None:
-    """A Constant node's value, computed once here (read-only: every run shares it), or None to keep the
-    node as an action: another op, a graph output (the caller owns what it gets back), or a kernel that
-    fails (the run raises the node's KernelError, as before)."""
-    if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.input or len(node.output) != 1
-            or not node.output[0] or node.output[0] in graph_outputs or k.implicit_inputs):
+def _folded_constant(domain: str, output: str, k: BoundKernel, graph_outputs: set[str]) -> np.ndarray | None:
+    """The value of a Constant node without inputs and with the one ``output`` (the caller checked), computed
+    once here (read-only: every run shares it), or None to keep the node as an action: another domain's
+    op, a graph output (the caller owns what it gets back), or a kernel that fails (the run raises the
+    node's KernelError, as before)."""
+    if domain not in ("", "ai.onnx") or not output or output in graph_outputs or k.implicit_inputs:
         return None
     try:
         (value,) = k.call()

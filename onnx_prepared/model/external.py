@@ -93,26 +93,32 @@ def _parse_uint(value: str, key: str, tensor: str, location: str) -> int:
 _KEYS = ("location", "offset", "length", "checksum")
 
 
-def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str | None = None) -> ExternalPayload:
+def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str | None = None, *,
+                     data_type: int | None = None, dims: tuple[int, ...] | None = None) -> ExternalPayload:
     """The validated payload of external tensor ``t``; raises ExternalDataError naming tensor and file.
 
-    ``name`` replaces ``t.name`` in messages (nested tensors are often unnamed).
+    ``name`` replaces ``t.name`` in messages (nested tensors are often unnamed); ``data_type`` and
+    ``dims`` are ``t``'s when the caller read them already (each protobuf field read builds objects).
     """
     name = name or t.name
     info: dict[str, str] = {}
     for e in t.external_data:
-        if not isinstance(e.key, str) or not isinstance(e.value, str):  # protobuf hands back invalid UTF-8 as bytes
-            raise ExternalDataError(f"external data entry {short(repr(e.key), 60)} is not valid UTF-8", tensor=name)
-        if e.key not in _KEYS:
-            raise ExternalDataError(f"unknown external data key {short(e.key, 60)!r} (known: {', '.join(_KEYS)})",
+        key, value = e.key, e.value
+        if key.__class__ is not str or value.__class__ is not str:  # protobuf hands back invalid UTF-8 as bytes
+            raise ExternalDataError(f"external data entry {short(repr(key), 60)} is not valid UTF-8", tensor=name)
+        if key not in _KEYS:
+            raise ExternalDataError(f"unknown external data key {short(key, 60)!r} (known: {', '.join(_KEYS)})",
                                     tensor=name)
-        info[e.key] = e.value
+        info[key] = value
     location = info.get("location", "")
     if not location:
         raise ExternalDataError("external data entry has no location", tensor=name)
-    dims = tuple(t.dims)
+    if dims is None:
+        dims = tuple(t.dims)
+    if data_type is None:
+        data_type = t.data_type
     try:
-        want = expected_nbytes(t.data_type, dims)
+        want = expected_nbytes(data_type, dims)
     except ValueError as e:
         raise ExternalDataError(f"external tensor has an invalid element type: {e}", tensor=name,
                                 file=location) from None
@@ -131,7 +137,7 @@ def external_payload(t: onnx.TensorProto, resolver: LocationResolver, name: str 
                                 tensor=name, file=location)
     if length != want:
         raise ExternalDataError(
-            f"length {length} does not match {elem_type_name(t.data_type)} x {list(dims)} = {want} bytes",
+            f"length {length} does not match {elem_type_name(data_type)} x {list(dims)} = {want} bytes",
             tensor=name,
             file=location,
         )

@@ -219,10 +219,10 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
     """
     name = name or t.name
     dims = tuple(t.dims)  # int64s: protobuf hands back Python ints
-    if t.data_location == _EXTERNAL:
-        payload = external_payload(t, resolver or LocationResolver(base_dir), name)
-        return WeightDescriptor(name, t.data_type, dims, payload)
     data_type = t.data_type
+    if t.data_location == _EXTERNAL:
+        payload = external_payload(t, resolver or LocationResolver(base_dir), name, data_type=data_type, dims=dims)
+        return WeightDescriptor(name, data_type, dims, payload)
     want = _INLINE_NBYTES.get(data_type)  # itemsize of a plain numeric type; None: ask expected_nbytes
     if want is not None and not t.HasField("segment"):
         n = want

@@ -84,13 +84,33 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                                   None if _UNPARSED in parsed else parsed, schema))
                 stack.extend(iter(g.node) for g in subgraphs)
                 continue
+        for a in attributes:  # no schema: only the subgraphs (and, for the graph's nodes, the values) are read
+            fields = a.ListFields()
+            for fd, v in fields:
+                if fd is _G_FD:
+                    stack.append(iter(v.node))
+                elif fd is _GRAPHS_FD:
+                    stack.extend(iter(g.node) for g in v)
+            if parsed is not None:
+                _parse_plain(a.name, fields, parsed)
         if parsed is not None:
-            facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output), None, schema))
-        for a in attributes:
-            if a.HasField("g"):
-                stack.append(iter(a.g.node))
-            for g in a.graphs:
-                stack.append(iter(g.node))
+            facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output),
+                          None if _UNPARSED in parsed else parsed, schema))
+
+
+def _parse_plain(name: str, fields: list, parsed: dict) -> None:
+    """``parsed[name]`` = the attribute's value as ``parse_attributes`` returns it, from its set
+    ``fields`` (name, one plain value of its declared type, type); else the ``_UNPARSED`` mark."""
+    if len(fields) == 3 and fields[2][0] is _TYPE_FD:
+        want = fields[2][1]
+        convert = _PLAIN.get(want)
+        if convert is not None and fields[1][0] is _VALUE_FD.get(want):
+            try:
+                parsed[name] = convert(fields[1][1])
+                return
+            except UnicodeDecodeError:  # left to parse_attributes, as before
+                pass
+    parsed[_UNPARSED] = None
 
 
 def _check_op(node: onnx.NodeProto, domain: str, version: int, what: str) -> None:
@@ -208,6 +228,7 @@ _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
 #: attribute type -> the descriptor of its value field (identity compare on the common path)
 _VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}
 _G_FD, _GRAPHS_FD = _VALUE_FD[_A.GRAPH], _VALUE_FD[_A.GRAPHS]
+_TYPE_FD = onnx.AttributeProto.DESCRIPTOR.fields_by_name["type"]
 
 #: parsed's marker key (no attribute name is None): an attribute the walk did not convert
 _UNPARSED = None

@@ -71,3 +71,17 @@ def test_type_errors_name_the_node_on_the_facts_path(tmp_path):
     with pytest.raises(ModelLoadError, match=r"node 'adder' \(Add, opset 14\): type parameter T is bound to "
                                              r"different types: tensor\(float\)"):
         load_model_bytes(data, str(tmp_path))
+
+
+def test_facts_of_a_node_outside_the_onnx_domains(tmp_path):
+    nodes = [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", approximate="tanh", scale=0.5, axes=[1, 2]),
+             helper.make_node("Custom", ["g"], ["y"], domain="my.domain", t=numpy_helper.from_array(np.ones(2)))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+                                            helper.make_opsetid("my.domain", 1)])
+    loaded = load_model_bytes(m.SerializeToString(), str(tmp_path))
+    gelu, custom = loaded.node_facts
+    assert gelu[:5] == ("Gelu", "com.microsoft", "", ("x",), ("g",)) and gelu[6] is None
+    assert gelu[5] == {"approximate": "tanh", "scale": 0.5, "axes": [1, 2]} == parse_attributes(loaded.graph.node[0])
+    assert custom[5] is None  # a tensor attribute: the node is asked
