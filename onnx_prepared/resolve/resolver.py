@@ -33,7 +33,7 @@ from onnx_prepared.resolve.fusions_qdq import fuse_qdq
 from onnx_prepared.resolve.graph_index import GraphIndex
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
-from onnx_prepared.resolve.rows import RowTable, find_row_tables, row_capable, row_reshape
+from onnx_prepared.resolve.rows import NodeView, RowTable, find_row_tables, row_capable, row_reshape
 
 
 @record(frozen=True, slots=True)
@@ -260,10 +260,11 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         requirements.append(PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
                                                 sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
     requirements = tuple(requirements)
-    row_tables, row_nodes = find_row_tables(graph.node, node_attrs, weights, requirements,
-                                            frozenset(o.name for o in graph.output))
+    # the nodes as the rows pass reads them (op_type, domain, name, input, output), from the index's lists
+    views = [NodeView(*m) for m in zip(index.op_types, index.domains, index.names, index.inputs, index.outputs)]
+    row_tables, row_nodes = find_row_tables(views, node_attrs, weights, requirements, frozenset(index.graph_outputs))
     for idx, positions in row_nodes.items():
-        k, node = kernels[idx], graph.node[idx]
+        k, node = kernels[idx], views[idx]
         if idx in node_prepacks:  # Gather, GatherBlockQuantized and Reshape have no prepack rule
             raise InternalError(f"row table consumer {node.name!r} is prepacked")
         call = (row_reshape(k.call, allowzero=int((node_attrs[idx] or {}).get("allowzero", 0))) if not positions

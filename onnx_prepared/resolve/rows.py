@@ -31,7 +31,7 @@ and so does every later run.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -87,12 +87,23 @@ def _row_op(node: Any, attrs: Mapping[str, Any] | None, weights: Mapping[str, We
     return present, idx
 
 
+class NodeView(NamedTuple):
+    """What the row-table pass reads of a node (the resolver's lists, not the protobuf's fields)."""
+
+    op_type: str
+    domain: str
+    name: str
+    input: tuple[str, ...]
+    output: tuple[str, ...]
+
+
 def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any] | None],
                     weights: Mapping[str, WeightDescriptor], requirements: Sequence[Any],
                     outputs: frozenset[str] = frozenset()) -> tuple[dict[str, RowTable], dict[int, tuple[int, ...]]]:
     """({source: RowTable}, {node index: table positions}) for the row tables of a resolved graph.
 
-    ``requirements`` are the PreparedRequirements (raw ones have ``spec`` None); a source qualifies when
+    ``nodes`` are NodeProtos or :class:`NodeView` s. ``requirements`` are the PreparedRequirements (raw ones
+    have ``spec`` None); a source qualifies when
     its raw requirement's consumers all gather rows of it (directly, or through a Reshape whose output
     only they read, ``outputs`` being the graph outputs) and its payload is external and large enough.
     A Reshape to wrap is returned with the table positions ``()``.
