@@ -203,12 +203,13 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs
     for i in order:
         r = reqs[i]
+        ks = str(r.key)  # (a join per use otherwise)
         if r.cached:
-            tid = f"S.{r.key}.read_packed"
+            tid = f"S.{ks}.read_packed"
             producer[r.key] = tid
             tasks.append(TaskDescriptor(
                 tid, TaskScope.SESSION, TaskKind.READ_PACKED, "io", (), publishes=r.key,
-                estimated_output_bytes=r.active.entry.length, sources=(r.active.name,), result=f"publish {r.key}",
+                estimated_output_bytes=r.active.entry.length, sources=(r.active.name,), result=f"publish {ks}",
             ))
             continue
         for s in r.sources:
@@ -229,28 +230,29 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             producer[r.key] = tid
             tasks.append(TaskDescriptor(
                 tid, TaskScope.SESSION, TaskKind.PUBLISH_RAW, "inline", (read_task[s],), publishes=r.key,
-                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {r.key}",
+                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {ks}",
             ))
             continue
-        tid = f"S.{r.key}.prepack"
+        tid = f"S.{ks}.prepack"
         producer[r.key] = tid
+        packed = r.estimated_bytes
         tasks.append(TaskDescriptor(
             tid, TaskScope.SESSION, TaskKind.PREPACK, "cpu", tuple(read_task[s] for s in r.sources),
-            publishes=r.key, estimated_input_bytes=r.source_bytes, estimated_output_bytes=r.estimated_bytes,
-            peak_temporary_bytes=r.estimated_bytes, sources=r.sources, result=f"publish {r.key}",
+            publishes=r.key, estimated_input_bytes=r.source_bytes, estimated_output_bytes=packed,
+            peak_temporary_bytes=packed, sources=r.sources, result=f"publish {ks}",
         ))
         if persist and r.spec is not None and r.spec.to_bytes is not None:
-            persister[r.key] = f"S.{r.key}.persist"
+            persister[r.key] = f"S.{ks}.persist"
             tasks.append(TaskDescriptor(
                 persister[r.key], TaskScope.SESSION, TaskKind.PERSIST, "io", (tid,),
-                estimated_input_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
+                estimated_input_bytes=packed, sources=(r.key.slot_name,),
                 result="companion-model payload; not required by inference",
             ))
-            restorer[r.key] = f"S.{r.key}.read_packed"
+            restorer[r.key] = f"S.{ks}.read_packed"
             restores.append(TaskDescriptor(
                 restorer[r.key], TaskScope.SESSION, TaskKind.READ_PACKED, "io", (), publishes=r.key,
-                estimated_output_bytes=r.estimated_bytes, sources=(r.key.slot_name,),
-                result=f"restore {r.key} (after eviction, from the entry persisted by {persister[r.key]})",
+                estimated_output_bytes=packed, sources=(r.key.slot_name,),
+                result=f"restore {ks} (after eviction, from the entry persisted by {persister[r.key]})",
             ))
     tasks.extend(restores)
     io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
@@ -313,6 +315,7 @@ def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, gr
     tasks = []
     prev = None
     used_ids: set[str] = set()
+    producer_of = [producer[r.key] for r in reqs]  # per requirement bit (a key's hash is a tuple's)
     for a, b in steps:
         if b > a:
             i = execution.actions[a].node_index
@@ -332,7 +335,7 @@ def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, gr
         used_ids.add(tid)
         bits = sorted({x for pos in range(a, b) for x in action_reqs[pos]})
         keys = tuple(reqs[x].key for x in bits)
-        deps = ((prev,) if prev else ()) + tuple(dict.fromkeys(producer[k] for k in keys))
+        deps = ((prev,) if prev else ()) + tuple(dict.fromkeys(producer_of[x] for x in bits))
         tasks.append(TaskDescriptor(
             tid, TaskScope.INVOCATION, TaskKind.EXECUTE, "cpu", deps, keys, actions=(a, b),
             result=f"actions {a}..{b - 1} ({b - a} nodes)",
