@@ -194,6 +194,30 @@ def test_small_plane_depthwise_is_the_same_at_every_level_and_matches_numpy(c, h
     _same_at_every_level_and_near_numpy(x, w, b, kw)
 
 
+@pytest.mark.parametrize(("c", "hw", "k", "d", "pads"), [(200, 4, 5, 2, 4), (67, 4, 3, 1, 1), (576, 2, 5, 1, 2)])
+def test_small_plane_depthwise_on_the_pool_is_the_same_for_every_thread_count(c, hw, k, d, pads):
+    """The channels-last task on the pool (LRASPP's 4x4 planes under a 5x5 kernel of dilation 2: only 9 of the
+    25 taps read inside the input; a partial last block; MobileNetV3's 2x2 planes): the same bits on 1, 2
+    and 3 threads and at every level, and onnxruntime's values."""
+    from onnx_prepared.kernels import native
+    from onnx_prepared.kernels.conv_fused import fused_conv
+
+    x = _r(2, c, hw, hw)
+    w, b = _r(c, 1, k, k), _r(c)
+    kw = {"group": c, "pads": [pads] * 4, "dilations": [d, d], "activation_act": 1}
+    _same_at_every_level_and_near_numpy(x, w, b, kw)
+    before, outs = native.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            native.set_num_threads(t)
+            outs.append(fused_conv(x, w, b, **kw)[0])
+    finally:
+        native.set_num_threads(before)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    check_ort("Conv", [x, w, b], opset=11, group=c, pads=[pads] * 4, dilations=[d, d])
+
+
 @pytest.mark.parametrize(("n", "c", "hw", "k", "s", "d", "pads"), [
     (1, 72, 16, 3, 2, 1, [1, 1, 1, 1]),  # MobileNetV3's stride-2 block
     (2, 21, 9, 3, 1, 1, [1, 0, 2, 1]),  # partial channel block at every level, asymmetric pads

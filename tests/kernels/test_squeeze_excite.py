@@ -121,3 +121,32 @@ def test_se_weights_round_trip_through_the_companion(tmp_path):
         (y2,) = s.run({"x": x})
         assert not any(k.startswith("prepack:") for k in s.state.counters)
     np.testing.assert_array_equal(y2, y)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the extension")
+@pytest.mark.parametrize(("n", "c", "cr", "hw"), [(2, 70, 40, (50, 42)), (1, 200, 72, (4, 4)), (3, 33, 7, (2, 2))])
+def test_native_block_is_the_same_for_every_thread_count_and_level(n, c, cr, hw):
+    """Blocks large enough for the pool (se_block.c's phases cut into items: means of a few channels each
+    on 2100-position planes, hidden and excite items with vector tails, several images) give the same bits
+    on 1, 2 and 3 threads and at every level, and match float64 numpy."""
+    x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
+    w1, w2 = RNG.standard_normal((cr, c, 1, 1)).astype(np.float32), RNG.standard_normal((c, cr, 1, 1)).astype(
+        np.float32) * 0.3
+    b1, b2 = RNG.standard_normal(cr).astype(np.float32), RNG.standard_normal(c).astype(np.float32)
+    packed = se._pack(w1, w2)
+    before = native.get_num_threads()
+    outs = []
+    try:
+        for level in native.supported_levels():
+            with native.forced_level(level):
+                for t in (1, 2, 3):
+                    native.set_num_threads(t)
+                    outs.append(se._packed_kernel(c, cr, 0, 1 / 6, 0.5, packed, x, b1, b2)[0])
+    finally:
+        native.set_num_threads(before)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    s = x.astype(np.float64).mean(axis=(2, 3))
+    g = np.maximum(s @ w1.reshape(cr, c).T.astype(np.float64) + b1, 0) @ w2.reshape(c, cr).T + b2
+    ref = x * np.clip(g / 6 + 0.5, 0, 1)[:, :, None, None]
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)

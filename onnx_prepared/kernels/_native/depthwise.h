@@ -15,6 +15,12 @@ typedef struct {
     float lo, hi; /* the epilogue's clip (-inf, +inf: none) */
     int act;      /* then 0: nothing, 1: HardSwish, 2: LeakyRelu */
     float alpha;  /* LeakyRelu's slope */
+    /* the channels-last task's taps (depthwise.c builds them per call): output position q reads the pairs
+     * e in [cl_start[q], cl_start[q + 1]), input position cl_pos[e] times used tap cl_tap[e], in (ki, kj)
+     * order; cl_used[u] is the kernel tap of used tap u (taps that no output reads inside the input are
+     * left out: a 4x4 plane under a 5x5 kernel dilated by 2 reads 9 of 25) */
+    const int *cl_start, *cl_pos, *cl_tap, *cl_used;
+    long cl_nused;
 } dw_job;
 
 /* rows of the padded input plane the output reads, and the width of one of its sw phase rows (with
@@ -33,7 +39,8 @@ void dw_planes_avx2(const dw_job *j, int t);
 void dw_planes_avx512(const dw_job *j, int t);
 
 /* the small-plane task (channels last): task t is image t / ceil(C / DW_CL_BLOCK), one block of channels;
- * taken for one-channel groups with mult 1 and input planes of at most DW_CL_MAX_PLANE elements */
+ * taken for one-channel groups with mult 1 and input planes of at most DW_CL_MAX_PLANE elements, with
+ * the job's cl_* tap lists */
 enum { DW_CL_BLOCK = 64, DW_CL_MAX_PLANE = 64 };
 void dw_cl_portable(const dw_job *j, int t);
 void dw_cl_avx2(const dw_job *j, int t);

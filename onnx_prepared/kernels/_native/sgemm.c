@@ -22,11 +22,19 @@ static void sg_pool_task(void *ctx, int t) { g_task((const sg_job *)ctx, t); }
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
 
+/* NOTE (threads): the AVX2 micro kernel runs at ~16 GMAC/s on one core of the 2-vCPU Zen 1 EPYC (its
+ * 256-bit FMA is two 128-bit halves: that is the peak), so a late MobileNet layer's 1x1 Conv on 4x4
+ * positions (960 x 160 x 16, 2.5M multiply-adds) is ~150 us of arithmetic, not of weight traffic. A
+ * call is pooled from SG_POOL_MACS on (~16 us on one thread; a worker still polling joins within
+ * 3-5 us) in tasks of about SG_TASK_MACS (~4 us), several per thread so that the pool's dynamic balance
+ * absorbs a worker preempted by another process. */
+enum { SG_POOL_MACS = 1 << 18, SG_TASK_MACS = 1 << 16 };
+
 /* Blocks from the shape only, then the tasks (without the GIL); -1 with an exception set.
  * Columns: a block of x of at most ~96 KiB (K * columns floats, re-read from L2 by every panel pair),
  * a multiple of 12 (every level's micro tile divides it), or for the column-vectorised AVX-512 task
  * ~128 KiB in multiples of its 32-column tile (the AVX2 one: multiples of 16). Panels: split further until a task has about
- * 2^20 multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
+ * SG_TASK_MACS multiply-adds (at most 64 tasks per (b, g)), in pairs (the AVX-512 tile is 2 panels). */
 static int sg_run(sg_job *j, long B)
 {
     const int level = ext_isa_level(), by_cols = level >= 3 && j->N >= SG_NCOLS_MIN && j->K <= SG_NCOLS_MAXK;
@@ -39,7 +47,7 @@ static int sg_run(sg_job *j, long B)
     j->nchunk = nch;
     j->nnc = ceil_div(j->N, nch);
     const double work = (double)j->M * (double)j->K * (double)j->N;
-    long want = (long)(work / (double)(1 << 20));
+    long want = (long)(work / (double)SG_TASK_MACS);
     if (want > 64) want = 64;
     long nmc = ceil_div(want > 1 ? want : 1, j->nnc);
     const long pairs = ceil_div(j->P, 2);
@@ -53,8 +61,7 @@ static int sg_run(sg_job *j, long B)
     }
     g_task = by_cols ? sg_ntask_avx512 : by_cols2 ? sg_ntask_avx2 : level >= 3 ? sg_task_avx512 : level >= 1 ? sg_task_avx2 : sg_task_portable;
     Py_BEGIN_ALLOW_THREADS
-    /* below ~2^21 multiply-adds per call (tens of microseconds) waking the pool costs more than it saves */
-    if (ntasks > 1 && nb_pool_get_threads() > 1 && work * (double)B * (double)j->G >= (double)(1 << 21))
+    if (ntasks > 1 && nb_pool_get_threads() > 1 && work * (double)B * (double)j->G >= (double)SG_POOL_MACS)
         nb_pool_run(sg_pool_task, j, (int)ntasks);
     else
         for (long t = 0; t < ntasks; t++) sg_pool_task(j, (int)t);
