@@ -62,6 +62,8 @@ class FallbackEnv:
         self._function_protos = dict(functions)
         self._functions: dict[tuple[str, str], Any] | None = None
         self._run_params: dict[str, Any] | None = None
+        #: bind.scopes' memo of the subgraphs' outer-scope names, shared by this graph's nested bodies
+        self.outer_names_memo: dict[int, tuple[onnx.GraphProto, frozenset[str]]] = {}
 
     @property
     def subgraph_factory(self) -> SubgraphFactory | None:

@@ -76,7 +76,7 @@ def build_execution_plan(
         node_outs = [tuple(n.output) for n in nodes]
     # implicit inputs: the earlier bindings carry them (a node without subgraphs has none)
     implicit = ([k.implicit_inputs for k in kernels] if kernels is not None and len(kernels) == n_nodes
-                else [implicit_inputs_of(n) for n in nodes])
+                else [implicit_inputs_of(n, env.outer_names_memo if env is not None else None) for n in nodes])
     if kernels is None and bind is None:
         env = env or graph_env(opsets, functions)
     slots: dict[str, int] = {"": NONE_SLOT}
@@ -241,7 +241,7 @@ class SubgraphEvaluator:
 
     def __init__(self, graph: onnx.GraphProto, env: FallbackEnv):
         self.graph = graph
-        self.outer_names = outer = tuple(sorted(subgraph_outer_names(graph)))
+        self.outer_names = outer = tuple(sorted(subgraph_outer_names(graph, env.outer_names_memo)))
         self._plan = plan = build_execution_plan(graph, env.opsets, env.function_protos, outer_names=outer, env=env)
         self.input_names = [i.name for i in graph.input]
         self.output_names = [o.name for o in graph.output]

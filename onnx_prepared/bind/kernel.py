@@ -55,7 +55,7 @@ def bind_kernel(
     opsets = env.model_opsets
     opset = node_opset(node, opsets)
     if implicit is None:
-        implicit = implicit_inputs_of(node)
+        implicit = implicit_inputs_of(node, env.outer_names_memo)
     functions = env.function_protos
     spec = None if (node.domain, node.op_type) in functions else registry.lookup(domain, node.op_type, opset)
     if spec is not None and not implicit:

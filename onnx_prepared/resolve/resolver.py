@@ -163,12 +163,14 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     # Subgraph attributes are rare; without any, no node has implicit inputs and no pass asks again
     # (fusions only rewrite ops without subgraphs).
     subgraphs = model.has_subgraphs if model.has_subgraphs is not None else _has_subgraphs(graph)
-    implicit_of = implicit_inputs_of if subgraphs else _no_implicit
+    opsets = model.opsets  # (a dict built per access)
+    env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
+    memo = env.outer_names_memo  # each body's outer names computed once for all the passes below
+    implicit_of = (lambda node: implicit_inputs_of(node, memo)) if subgraphs else _no_implicit
     # the passes' one view of the nodes, kept true by them; from the load's facts (the skeleton copied
     # every node as it is)
     index = GraphIndex(graph, subgraphs=subgraphs, facts=model.node_facts)
     removed = _eliminate_dead_nodes(graph, implicit_of, index)
-    opsets = model.opsets  # (a dict built per access)
     weights = model.weights
     fuse_dequantize_matmul(graph, weights, opsets, index)
     forward_initializer_identities(graph, weights, index)
@@ -192,7 +194,6 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     node_attrs: list[dict | None] = []
     node_io: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     node_meta: list[tuple[str, str, str]] = []
-    env = graph_env(opsets, model.functions)  # one fallback state shared by the graph's nodes
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
         r = reqs.setdefault(key, {"sources": sources, "spec": spec, "consumers": []})

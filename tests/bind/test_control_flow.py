@@ -233,3 +233,42 @@ def test_scan_against_onnxruntime(opset, in_axis, in_dir, out_axis, out_dir):
     feeds = {"s0": rng.standard_normal(2).astype(np.float32), "xs": rng.standard_normal(shape).astype(np.float32),
              "w": np.array([0.5, -1.5], np.float32)}
     assert _compare(model, feeds, opset) == [f"control:ai.onnx::Scan-{opset}"]
+
+
+def test_outer_names_memo_answers_like_the_walk_and_computes_each_body_once(monkeypatch):
+    """bind.scopes' memo (one per graph's FallbackEnv): the same outer names as the plain walk, a fresh
+    set per answer (callers change it), and each body of a Loop holding an If walked once per session."""
+    from onnx_prepared.bind import scopes
+
+    then_b = helper.make_graph([helper.make_node("Add", ["v", "outer_a"], ["t"])], "then", [], [_vi("t")])
+    else_b = helper.make_graph([helper.make_node("Mul", ["v", "outer_b"], ["e"])], "else", [], [_vi("e")])
+    body = helper.make_graph(
+        [helper.make_node("Add", ["c_in", "x"], ["v"]),
+         helper.make_node("If", ["cond_in"], ["r"], then_branch=then_b, else_branch=else_b),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_vi("i", I64, []), _vi("cond_in", B, []), _vi("c_in")], [_vi("cond_out", B, []), _vi("r")])
+    loop = helper.make_node("Loop", ["n", "", "c0"], ["c_final"], body=body)
+    memo: dict = {}
+    plain = scopes.subgraph_outer_names(body)
+    first = scopes.subgraph_outer_names(body, memo)
+    assert first == plain == {"x", "outer_a", "outer_b"}
+    first.add("changed")  # the memo keeps its own frozen copy
+    assert scopes.subgraph_outer_names(body, memo) == plain
+    assert scopes.implicit_inputs_of(loop, memo) == scopes.implicit_inputs_of(loop) == ("outer_a", "outer_b", "x")
+
+    walked = []
+    walk = scopes.subgraph_outer_names
+
+    def counting(graph, memo=None):
+        if memo is None or id(graph) not in memo:
+            walked.append(graph.name)
+        return walk(graph, memo)
+
+    monkeypatch.setattr(scopes, "subgraph_outer_names", counting)
+    monkeypatch.setattr(bind_graph, "subgraph_outer_names", counting)
+    model = _model([loop], [_vi("n", I64, []), _vi("c0", F, [2]), _vi("x", F, [2]), _vi("outer_a", F, [2]),
+                            _vi("outer_b", F, [2])], [_vi("c_final", F, [2])], 16)
+    feeds = {"n": np.array(3, np.int64), "c0": np.array([1, 2], np.float32), "x": np.array([0.5, 1], np.float32),
+             "outer_a": np.array([3, 4], np.float32), "outer_b": np.array([5, 6], np.float32)}
+    _compare(model, feeds, 16)
+    assert sorted(walked) == ["body", "else", "then"]
