@@ -62,9 +62,11 @@ def test_other_block_sizes_are_onnxruntimes_bits(K, N, M, block_size, zp_kind, w
         assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
 
 
-@pytest.mark.parametrize(("M", "K", "N"), [(1, 1024, 1024), (16, 1024, 1536), (128, 2816, 64), (37, 1024, 67)])
+@pytest.mark.parametrize(("M", "K", "N"), [(1, 1024, 1024), (16, 1024, 1536), (128, 2816, 64), (37, 1024, 67),
+                                           (200, 320, 100)])
 def test_llm_shapes_bit_exact_and_split_independent(M, K, N):
-    """The shapes of a hidden-1024 Llama (split over the pool), then on one thread: the same bits."""
+    """The shapes of a hidden-1024 Llama (split over the pool), and more rows than one task's 128 with
+    trailing blocks, then on one thread: the same bits."""
     rng = np.random.default_rng(M + K + N)
     B, scales, zp = _weights(rng, K, N, 4, 32, "none", False)
     A = rng.standard_normal((M, K)).astype(np.float32)

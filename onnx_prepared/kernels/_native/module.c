@@ -181,8 +181,9 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
         j.rc = M * K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
         j.nrc = (int)((M + j.rc - 1) / j.rc);
         nb_pool_run(prep_task, &j, j.nrc);
-        /* phase 2: row chunks x panel chunks */
-        j.rc = M <= 32 ? (int)M : 32;
+        /* phase 2: row chunks (32 rows, or the ISA's i8_rows in NB_MODE_I8) x panel chunks */
+        const int rmax = mode == NB_MODE_I8 && j.isa->i8_rows ? j.isa->i8_rows : 32;
+        j.rc = M <= rmax ? (int)M : rmax;
         j.nrc = (int)((M + j.rc - 1) / j.rc);
         int target = par ? 4 * T : 1;
         int npc = target / j.nrc;

@@ -109,6 +109,7 @@ typedef struct {
     void (*prep)(const nb_call *c, int m0, int m1);
     void (*gemm)(const nb_call *c, int m0, int m1, int p0, int p1);
     int f32_tiles_from; /* from this M on, fp32 A is copied into row tiles (0: never; else A may be read in place) */
+    int i8_rows;        /* rows of a gemm task in NB_MODE_I8 (0: 32, as every mode) */
 } nb_isa;
 
 extern const nb_isa nb_isa_portable;
