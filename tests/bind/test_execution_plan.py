@@ -8,9 +8,17 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_prepared.bind import NONE_SLOT, BoundKernel, build_execution_plan, live_bytes
+from onnx_prepared.bind import execution_plan as ep
 from onnx_prepared.errors import KernelError, ModelLoadError
 
 OPSETS = {"": 17}
+
+
+@pytest.fixture(autouse=True, params=["step-loop", "compiled"])
+def replay_kind(request, monkeypatch):
+    """Every test on both full-replay paths: the step loop, and the compiled straight-line replay."""
+    monkeypatch.setattr(ep, "COMPILE_AFTER", 10**9 if request.param == "step-loop" else 1)
+    return request.param
 
 
 def _vi(name, shape=None):
@@ -280,3 +288,37 @@ def test_a_constant_that_cannot_be_computed_stays_an_action_and_fails_the_run():
     values[plan.input_slots[0]] = np.ones(2, np.float32)
     with pytest.raises(KernelError, match="Constant"):
         plan.replay(values)
+
+
+# ---- the compiled replay ----
+
+
+def test_a_plan_compiles_its_replay_after_its_first_full_replays(monkeypatch):
+    monkeypatch.setattr(ep, "COMPILE_AFTER", 2)
+    plan = build_execution_plan(_graph(_chain(3)), OPSETS, bind=_bind_double)
+    outs = []
+    for i in range(4):
+        outs.append(_run(plan, {"x": np.full(2, float(i), np.float32)})[plan.output_slots[0]])
+        assert (plan.compiled[1] is not None) == (i >= 1)
+    for i, y in enumerate(outs):
+        np.testing.assert_array_equal(y, [8.0 * i] * 2)
+
+
+def test_failure_in_a_late_action_of_a_compiled_replay_names_that_node():
+    def failing(a):
+        raise ZeroDivisionError("late")
+
+    plan = build_execution_plan(
+        _graph(_chain(5)), OPSETS,
+        bind=lambda n: BoundKernel(failing if n.name == "n3" else _double, f"test::{n.name}", False))
+    with pytest.raises(KernelError, match=r"'n3' \(Neg\) \[test::n3\] failed on inputs \(float32\[2\]\)"):
+        _run(plan, {"x": np.ones(2, np.float32)})
+
+
+def test_a_kernel_returning_fewer_values_than_outputs_stores_those_it_returned():
+    nodes = [helper.make_node("Op", ["x"], ["a", "b"], name="k"), helper.make_node("Neg", ["a"], ["y"], name="n")]
+    plan = build_execution_plan(
+        _graph(nodes), OPSETS,
+        bind=lambda n: BoundKernel((lambda x: (x + 1.0,)) if n.op_type == "Op" else _double, "test", False))
+    values = _run(plan, {"x": np.ones(2, np.float32)})
+    np.testing.assert_array_equal(values[plan.output_slots[0]], [4.0, 4.0])
