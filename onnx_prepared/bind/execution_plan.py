@@ -60,15 +60,15 @@ class ExecutionPlan:
     steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
     # the same steps without their releases, for step(): the caller sizes the outputs first
     held_steps: tuple[tuple, ...] = field(init=False, repr=False, compare=False)
-    # [full replays so far, the compiled replay or None] (see replay(); a benign race: two threads may
-    # both compile, either function is the same code)
+    # [full replays so far, the compiled replay or None, the steps it was compiled from] (see replay(); a
+    # benign race: two threads may both compile the same code)
     compiled: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         steps = tuple(_step(a) for a in self.actions)
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "held_steps", tuple((*st[:5], (), st[6]) for st in steps))
-        object.__setattr__(self, "compiled", [0, None])
+        object.__setattr__(self, "compiled", [0, None, None])
 
     @property
     def n_slots(self) -> int:
@@ -101,11 +101,13 @@ class ExecutionPlan:
         if start == 0 and stop is None and on_release is None and on_step is None:
             compiled = self.compiled
             fn = compiled[1]
-            if fn is None:
+            if compiled[2] is not self.steps:  # not compiled yet, or the steps were replaced (a profiler's)
                 compiled[0] += 1
                 if compiled[0] < COMPILE_AFTER:
                     return _run(self.steps, values, self)
-                fn = compiled[1] = _compile(self)
+                steps = self.steps
+                fn = compiled[1] = _compile(steps)
+                compiled[2] = steps
             try:
                 fn(values)
             except Exception as e:
@@ -165,13 +167,13 @@ def _run(steps: tuple, values: list, plan: ExecutionPlan) -> None:
             values[slot] = None
 
 
-def _compile(plan: ExecutionPlan) -> Callable[[list], None]:
-    """The whole action list as one straight-line function over the slot list: what :func:`_run` does
+def _compile(steps: tuple) -> Callable[[list], None]:
+    """The whole step list as one straight-line function over the slot list: what :func:`_run` does
     per step (call, store, release), without unpacking a step, branching on its arity or looping over
     its releases (~0.1 us an action). Line ``i + 2`` of its code is action ``i`` (see
     :func:`_failed_action`); the code is cached by its text, so sessions of one model compile it once."""
     lines = ["def replay(v):"]
-    for i, a in enumerate(plan.actions):
+    for i, a in enumerate(st[6] for st in steps):
         call = f"k{i}({', '.join(f'v[{j}]' for j in a.inputs)})"
         if len(a.outputs) == 1:
             store = f"v[{a.outputs[0]}] = {call}[0]"
@@ -179,7 +181,7 @@ def _compile(plan: ExecutionPlan) -> Callable[[list], None]:
             store = f"store(v, {a.outputs!r}, {call})"
         lines.append("    " + "; ".join([store, *(f"v[{r}] = None" for r in a.release)]))
     fn = _replay_code("\n".join(lines) + "\n    return None\n")
-    names = {f"k{i}": a.kernel.call for i, a in enumerate(plan.actions)}
+    names = {f"k{i}": st[0] for i, st in enumerate(steps)}
     return type(_compile)(fn.__code__, {"store": _store, **names}, "replay")
 
 

@@ -322,3 +322,24 @@ def test_a_kernel_returning_fewer_values_than_outputs_stores_those_it_returned()
         bind=lambda n: BoundKernel((lambda x: (x + 1.0,)) if n.op_type == "Op" else _double, "test", False))
     values = _run(plan, {"x": np.ones(2, np.float32)})
     np.testing.assert_array_equal(values[plan.output_slots[0]], [4.0, 4.0])
+
+
+def test_replaced_steps_are_what_a_full_replay_runs(monkeypatch):
+    # a profiler (benchmarks/llm.py timed_kernels) wraps the plan's steps from outside: a compiled replay
+    # must run the wrapped calls, and the plain ones again once the steps are restored
+    monkeypatch.setattr(ep, "COMPILE_AFTER", 1)
+    plan = build_execution_plan(_graph(_chain(3)), OPSETS, bind=_bind_double)
+    x = {"x": np.ones(2, np.float32)}
+    _run(plan, x)
+    calls = []
+
+    def counted(call):
+        return lambda *a: calls.append(1) or call(*a)
+
+    orig = plan.steps
+    object.__setattr__(plan, "steps", tuple((counted(st[0]), *st[1:]) for st in orig))
+    np.testing.assert_array_equal(_run(plan, x)[plan.output_slots[0]], [8.0, 8.0])
+    assert len(calls) == 3
+    object.__setattr__(plan, "steps", orig)
+    _run(plan, x)
+    assert len(calls) == 3
