@@ -220,6 +220,8 @@ def test_small_plane_depthwise_on_the_pool_is_the_same_for_every_thread_count(c,
 
 @pytest.mark.parametrize(("n", "c", "hw", "k", "s", "d", "pads"), [
     (1, 72, 16, 3, 2, 1, [1, 1, 1, 1]),  # MobileNetV3's stride-2 block
+    (1, 16, 32, 3, 2, 1, [1, 1, 1, 1]),  # MobileNetV3's first block: one whole 16-lane block
+    (1, 24, 6, 3, 1, 1, [1, 1, 1, 1]),  # narrow plane read whole, a block of 8 transposed channels
     (2, 21, 9, 3, 1, 1, [1, 0, 2, 1]),  # partial channel block at every level, asymmetric pads
     (1, 40, 12, 5, 2, 2, [4, 4, 4, 4]),  # dilated
     (1, 17, 4, 5, 1, 1, [2, 2, 2, 2]),  # a small plane in blocks (not mostly pads)

@@ -49,7 +49,7 @@ void dw_cl_avx512(const dw_job *j, int t);
 /* the channel-blocked task (depthwise.inc): task t is image t / ceil(C / lanes), one block of as many
  * channels as the level's vector has lanes; taken for mult 1 when its scratch (padded block, weights,
  * output block) stays within DW_BLK_MAX_FLOATS at the widest level */
-enum { DW_BLK_MAX_FLOATS = 1 << 16 };
+enum { DW_BLK_MAX_FLOATS = 1 << 16, DW_BLK_WIDE_FLOATS = 24576 };
 void dw_blk_portable(const dw_job *j, int t);
 void dw_blk_avx2(const dw_job *j, int t);
 void dw_blk_avx512(const dw_job *j, int t);

@@ -78,6 +78,10 @@ static inline void dw_t8(const float *src, long ss, float *dst, long ds)
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
+/* the AVX2 8x8 transposes, 8 of a block's 16 channels at a time (without them the channel-blocked and
+ * channels-last copies are scalar: 16 channels at 32x32, 3x3 on Zen 5: 22 us against 11 at AVX2) */
+#define DW_T8P dw_t8p
+#define DW_T8 dw_t8
 #define DW_ENTRY dw_planes_avx512
 #define DW_CL_ENTRY dw_cl_avx512
 #define DW_BLK_ENTRY dw_blk_avx512
