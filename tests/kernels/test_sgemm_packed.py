@@ -88,6 +88,28 @@ def test_avx512_column_task_equals_the_row_task(n, lo, hi, act):
     np.testing.assert_array_equal(y, np.concatenate(parts, axis=-1))
 
 
+@pytest.mark.skipif("avx2" not in native.supported_levels(), reason="no AVX2")
+@pytest.mark.parametrize("n", [1, 4, 16, 13])
+@pytest.mark.parametrize(("lo", "hi", "act", "alpha"), [(-np.inf, np.inf, 0, 0.0), (0.0, 6.0, 0, 0.0),
+                                                         (-1.0, np.inf, 1, 0.0), (-np.inf, np.inf, 2, 0.1)])
+def test_row_task_epilogue_is_the_same_at_every_fma_level(n, lo, hi, act, alpha):
+    """The AVX-512 row task applies the epilogue to its accumulators, the AVX2 one to the stored tile: the
+    same bits (a partial last panel pair, biased, in even-width column tiles), and numpy's values."""
+    a = RNG.standard_normal((1, 40, 160)).astype(np.float32)
+    x = RNG.standard_normal((1, 1, 160, n)).astype(np.float32)
+    bias = RNG.standard_normal(40).astype(np.float32)
+    packed = native.pack_panels(a)
+    outs = []
+    for level in [lv for lv in native.supported_levels() if lv != "portable"]:
+        with native.forced_level(level):
+            outs.append(native.sgemm_packed(packed, 40, x, bias, lo, hi, act, alpha))
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    ref = np.clip((a[0].astype(np.float64) @ x[0, 0]) + bias[:, None], lo, hi)
+    ref = ref * np.clip(ref / 6 + 0.5, 0, 1) if act == 1 else np.where(ref < 0, alpha * ref, ref) if act == 2 else ref
+    np.testing.assert_allclose(outs[0].reshape(40, n), ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(not native.available(), reason="native extension not built")
 def test_sgemm_packed_rejects_short_buffers():
     with pytest.raises(ValueError, match="smaller than its shape"):
