@@ -9,6 +9,7 @@ bias. Both fold into the layout key: transB 0 and 1 of the same B are two prepar
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def gemm_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
             (1,), f"gemm-b-p16-float32-k{k}-n{n}-transB{trans_b}-alpha{alpha!r}",
             functools.partial(pack_gemm_panels, trans_b=trans_b, alpha=alpha),
             PanelGemm(n, k, trans_a=int(attrs.get("transA", 0)), beta=float(attrs.get("beta", 1.0))),
-            array_to_bytes, unpack_array(pshape, dtype), packed_bytes=int(np.prod(pshape)) * 4,
+            array_to_bytes, unpack_array(pshape, dtype), packed_bytes=math.prod(pshape) * 4,
         )
     layout = f"gemm-b-kn-{dtype}-k{k}-n{n}-transB{trans_b}-alpha{alpha!r}"
     return PrepackSpec(

@@ -99,8 +99,9 @@ def test_lineage_digest_from_checksums(tmp_path):
     assert all(q.key.lineage_digest is None for q in r.requirements)
 
 
-def test_resolved_graph_keeps_initializer_metadata_only(tmp_path):
-    """The transformed graph is serialized without payloads (creation time); names, types, dims remain."""
+def test_resolved_graph_keeps_initializer_names_only(tmp_path):
+    """The transformed graph is serialized without payloads (creation time): initializer names alone, in
+    graph order; their types and dims come through the manifest's descriptors."""
     inline = tmp_path / "inline.onnx"
     onnx.save(onnx.load(gemm_mlp(tmp_path)), inline)  # payloads embedded in the model proto
     model = load_model(inline)
@@ -109,8 +110,10 @@ def test_resolved_graph_keeps_initializer_metadata_only(tmp_path):
     r = resolve_model(model)
     g = r.graph()
     assert {t.name for t in g.initializer} == set(src)
+    assert [t.name for t in g.initializer] == list(src)
     for t in g.initializer:
-        assert not t.raw_data and not t.float_data and not t.external_data
-        assert (t.data_type, list(t.dims)) == (src[t.name].data_type, list(src[t.name].dims))
+        assert not t.raw_data and not t.float_data and not t.external_data and not t.dims
+        d = r.manifest.active[t.name].descriptor
+        assert (d.elem_type, list(d.dims)) == (src[t.name].data_type, list(src[t.name].dims))
     assert [n.SerializeToString() for n in g.node] == [n.SerializeToString() for n in model.graph.node]
     assert len(r.graph_bytes) < sum(len(t.SerializeToString()) for t in src.values())
