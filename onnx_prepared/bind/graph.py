@@ -51,6 +51,7 @@ def build_execution_plan(
     env: FallbackEnv | None = None,
     node_io: tuple[Sequence[tuple[str, ...]], Sequence[tuple[str, ...]]] | None = None,
     node_meta: Sequence[tuple[str, str, str]] | None = None,
+    init_names: set[str] | None = None,
 ) -> ExecutionPlan:
     """Topologically order ``graph``, bind every node and compute last uses.
 
@@ -61,6 +62,8 @@ def build_execution_plan(
     ``node_io``: every node's (input names, output names) when the caller already read them (the
     plan takes them from the ResolvedModel); they must be what the graph's nodes hold. ``node_meta``:
     likewise every node's (name, domain, op_type); with both, no node proto is read except a Constant's.
+    ``init_names``: the names of the graph's initializers and sparse initializers when the caller has
+    them (reading each TensorProto's name was ~1 us an initializer).
     Raises ModelLoadError when a node reads, or the graph outputs, a name nothing produces.
     """
     functions = dict(functions or {})
@@ -87,7 +90,8 @@ def build_execution_plan(
             s = slots[name] = len(slots)
         return s
 
-    init_names = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    if init_names is None:
+        init_names = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
     graph_inputs = [i.name for i in graph.input]
     output_names = [o.name for o in graph.output]
     input_slots = tuple(slot(n) for n in graph_inputs if n not in init_names)

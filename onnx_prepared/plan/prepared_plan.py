@@ -277,7 +277,10 @@ def _slot_name(key: PreparedKey) -> str:
 def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> ExecutionPlan:
     """The compact action list over the resolution's bindings, with prepacked nodes rewired to read
     their prepared object (their binding is the prepack rule's kernel)."""
-    names = {t.name for t in graph.initializer}
+    recorded = resolved.initializer_names
+    names = set(recorded) if recorded is not None else {t.name for t in graph.initializer}
+    if recorded is not None and graph.sparse_initializer:
+        names.update(t.values.name for t in graph.sparse_initializer)
     io = resolved.node_io if len(resolved.node_io) == resolved.node_count else None
     node_ins = [i for i, _ in io] if io is not None else None
     for idx, np_ in resolved.node_prepacks.items():
@@ -295,7 +298,7 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
     meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels,
                                 node_io=(node_ins, [o for _, o in io]) if io is not None else None,
-                                node_meta=meta)
+                                node_meta=meta, init_names=names)
 
 
 def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, graph_meta=None) -> list[TaskDescriptor]:

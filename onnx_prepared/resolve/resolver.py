@@ -94,8 +94,8 @@ class ResolvedModel:
     """The frozen result of resolution: mutation raises ``FrozenInstanceError``.
 
     The transformed graph is kept serialized; :meth:`graph` returns a fresh copy, so no caller can
-    change what the plan is built from. Its top-level initializers carry name, type and dims only (their
-    payloads are manifest entries).
+    change what the plan is built from. Its top-level initializers carry their names only (their types,
+    dims and payloads are manifest entries).
     """
 
     source: LoadedModel
@@ -115,6 +115,9 @@ class ResolvedModel:
     node_io: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
     #: per node of the transformed graph: (name, domain, op_type), read once here (empty: not recorded)
     node_meta: tuple[tuple[str, str, str], ...] = ()
+    #: the transformed graph's top-level initializer names, in its order (None: not recorded; the plan
+    #: reads the graph)
+    initializer_names: tuple[str, ...] | None = None
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
     #: source name -> its row table (read by rows until resident; resolve/rows.py)
     row_tables: Mapping[str, RowTable] = field(default_factory=lambda: MappingProxyType({}))
@@ -183,10 +186,10 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         raise InternalError("a rewrite pass left the graph index stale")
     used = _used_names(graph, implicit_of, index)
     dead = tuple(sorted(n for n in weights if n not in used))
+    live_inits = tuple(n for n in weights if n in used)
     add_init = graph.initializer.add  # the live initializers, by name alone (see _skeleton)
-    for name in weights:
-        if name in used:
-            add_init(name=name)
+    for name in live_inits:
+        add_init(name=name)
 
     reqs: dict[PreparedKey, dict] = {}
     node_prepacks: dict[int, NodePrepack] = {}
@@ -306,6 +309,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         node_count=len(graph.node),
         node_io=tuple(node_io),
         node_meta=tuple(node_meta),
+        initializer_names=live_inits,
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
         dead_initializers=dead,
