@@ -76,8 +76,8 @@ def bind(budget: int, gauge: PreparationGauge | None = None, *, blas: int | None
     """
     if blas is None:
         blas = DEFAULT_BLAS_THREADS
-    n = _available(budget, gauge)
-    if (budget, gauge, blas, n) == (*_local.__dict__.get("bound", _UNBOUND), _blas._current, _native_threads):
+    n = budget if gauge is None else max(1, budget - gauge.cpu_preparation_running())  # _available, inline
+    if n == _native_threads and blas == _blas._current and _local.__dict__.get("bound") == (budget, gauge):
         return
     _local.budget = budget
     _local.gauge = gauge
@@ -86,7 +86,6 @@ def bind(budget: int, gauge: PreparationGauge | None = None, *, blas: int | None
     _sync_native(n)
 
 
-_UNBOUND = (None, None)  # (budget, gauge) of a thread that never bound
 _native_threads: int | None = None  # the count last given to the native pool (None: not yet)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ class FeedBinder:
         # slots holding prepared requirements: a feed there overrides an initializer-backed input
         bit_of_slot = {s: b for b, s in enumerate(requirement_slots) if s >= 0}
         # name -> (slot, required, requirement bit or None, TypeProto, fast-path dtype or None, rank or -1,
-        # fixed dims)
+        # getter of the fixed dims from a shape or None, those dims as it returns them)
         required = set(self.required)
         self._inputs: dict[str, tuple] = {}
         for i in graph.input:
@@ -52,9 +53,9 @@ class FeedBinder:
             spec = inputs.get(name)
             if spec is None:
                 raise InvalidFeedError(f"unknown input {name!r}; expected inputs: {self.required}")
-            slot, req, bit, tp, want, rank, fixed = spec
+            slot, req, bit, tp, want, rank, dims_of, dims = spec
             if (want is not None and type(v) is np.ndarray and v.dtype == want
-                    and (rank < 0 or (v.ndim == rank and all(v.shape[i] == d for i, d in fixed)))):
+                    and (rank < 0 or (v.ndim == rank and (dims_of is None or dims_of(v.shape) == dims)))):
                 values[slot] = v
             else:
                 values[slot] = check_value(name, tp, v)
@@ -68,17 +69,25 @@ class FeedBinder:
         return values, frozenset(overridden)
 
 
-def _fast_check(tp: onnx.TypeProto) -> tuple[np.dtype | None, int, tuple[tuple[int, int], ...]]:
-    """(dtype, rank or -1 without a shape, (axis, fixed dim) pairs) a tensor feed passes as is; dtype None
-    for anything that always takes :func:`check_value` (sequences, optionals, maps, untyped tensors)."""
+def _fast_check(tp: onnx.TypeProto) -> tuple[np.dtype | None, int, Any, Any]:
+    """(dtype, rank or -1 without a shape, fixed dims getter, fixed dims) a tensor feed passes as is: the
+    getter (an itemgetter over the fixed axes, None when no axis is fixed) returns the dims to compare in
+    one C call, no generator over the axes (~0.3 us a feed). dtype None for anything that always takes
+    :func:`check_value` (sequences, optionals, maps, untyped tensors)."""
     if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
-        return None, -1, ()
+        return None, -1, None, ()
     want = _np_dtype(tp.tensor_type.elem_type)
     if not tp.tensor_type.HasField("shape"):
-        return want, -1, ()
+        return want, -1, None, ()
     dims = tp.tensor_type.shape.dim
-    fixed = tuple((i, d.dim_value) for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value >= 0)
-    return want, len(dims), fixed
+    fixed = [(i, d.dim_value) for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value >= 0]
+    if not fixed:
+        return want, len(dims), None, ()
+    shape = [0] * len(dims)
+    for i, d in fixed:
+        shape[i] = d
+    get = operator.itemgetter(*(i for i, _ in fixed))
+    return want, len(dims), get, get(shape)
 
 
 def type_string(tp: onnx.TypeProto) -> str:

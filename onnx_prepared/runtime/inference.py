@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from onnx_prepared.bind import ExecutionPlan
 from onnx_prepared.errors import Cancelled
 from onnx_prepared.kernels import threads
@@ -68,6 +70,10 @@ class Inference:
         # outputs held in the IOArena), unheld when the output dies (arrays are unhashable: the key is
         # the ref's id)
         self._out_refs: dict[int, tuple[weakref.ref, int]] = {}
+        self._dropped = self._outputs_dropped  # the weak references' callback, bound once
+        self._io = state.arenas.io
+        self._execution_arena = state.arenas.execution
+        self._output_slots = plan.execution.output_slots
         self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
         bit = {r.key: b for b, r in enumerate(plan.requirements)}
         n = len(plan.execution.actions)
@@ -162,8 +168,8 @@ class Inference:
                 if values[s] is None:
                     values[s] = v
             self.counters["hot_runs"] += 1
-            self._bind_threads()
-            arena = self.state.arenas.execution
+            threads.bind(self.intra_op_threads, self.scheduler, blas=self.blas_threads)  # _bind_threads()
+            arena = self._execution_arena
             arena.hold(peak, lambda: f"activations of run {run_id}")
             try:
                 t0 = time.perf_counter()
@@ -409,22 +415,21 @@ class Inference:
 
     def _take_outputs(self, values: list, run_id: int) -> list:
         """The outputs in ``values``; their bytes move to the IOArena until the caller drops them."""
-        outs = [values[s] for s in self.plan.execution.output_slots]
+        outs = [values[s] for s in self._output_slots]
         nbytes = 0
         owner = None
         for o in outs:
-            n = getattr(o, "nbytes", None)
+            n = o.nbytes if type(o) is np.ndarray else getattr(o, "nbytes", None)
             if n is not None:
                 nbytes += int(n)
                 if owner is None:
                     owner = o
         if nbytes:
-            io = self.state.arenas.io
-            io.hold(nbytes, lambda: f"outputs of run {run_id}")
+            self._io.hold(nbytes, lambda: f"outputs of run {run_id}")
             try:
-                ref = weakref.ref(owner, self._outputs_dropped)
+                ref = weakref.ref(owner, self._dropped)
             except TypeError:
-                io.unhold(nbytes)
+                self._io.unhold(nbytes)
             else:  # a plain weak reference kept until it fires (weakref.finalize costs 5x more)
                 self._out_refs[id(ref)] = (ref, nbytes)
         return outs
@@ -432,7 +437,7 @@ class Inference:
     def _outputs_dropped(self, ref: weakref.ref) -> None:
         entry = self._out_refs.pop(id(ref), None)
         if entry is not None:
-            self.state.arenas.io.unhold(entry[1])
+            self._io.unhold(entry[1])
 
 
 def _raiser(e: BaseException) -> Callable[[], None]:

@@ -145,3 +145,17 @@ def test_compiled_feed_checks_pass_exact_arrays_as_is_and_refuse_the_rest():
                        ({"x": np.zeros((2, 3, 4, 1), np.float32)}, "rank 4")]:
         with pytest.raises(InvalidFeedError, match=match):
             binder.bind(bad)
+
+
+def test_compiled_feed_check_compares_every_fixed_dim_of_a_partly_dynamic_shape():
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", F, [3, "n", 5, -1])],
+        [helper.make_tensor_value_info("y", F, None)])
+    binder = onnx_prepared.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                                            ).runtime._feeds
+    x = np.zeros((3, 7, 5, 2), np.float32)
+    values, _ = binder.bind({"x": x})
+    assert any(v is x for v in values)
+    for shape, dim in [((3, 7, 4, 2), "dimension 2"), ((2, 7, 5, 2), "dimension 0")]:
+        with pytest.raises(InvalidFeedError, match=dim):
+            binder.bind({"x": np.zeros(shape, np.float32)})
