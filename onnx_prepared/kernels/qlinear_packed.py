@@ -192,10 +192,11 @@ class QGemm:
     """The packed QGemm call: ``A [M, K]`` as the image ``[1, K, 1, M]`` of a 1x1 ``qconv`` (float32 out
     when the node has no y_scale), or the exact float64 product of kernels/qlinear.py."""
 
-    __slots__ = ("adtype", "ydtype")
+    __slots__ = ("_dims", "adtype", "ydtype")
 
     def __init__(self, adtype: str, ydtype: str):
         self.adtype, self.ydtype = np.dtype(adtype), np.dtype(ydtype)
+        self._dims: dict = {}  # (M, K, N, zx, zy) -> the qconv dims, built once (~1 us a call; qconv only reads them)
 
     def __call__(self, packed: PackedQLinear, a: np.ndarray, *omitted) -> tuple:
         if a.ndim != 2 or a.shape[1] != packed.wc.shape[1]:
@@ -206,8 +207,11 @@ class QGemm:
         if ext is None or a.dtype != self.adtype or not a.size:
             return (self._numpy(packed, a),)
         x = a.reshape(1, k, 1, 1) if m == 1 else np.ascontiguousarray(a.T).reshape(1, k, 1, m)
-        dims = np.array([1, k, 1, m, 1, n, 1, 1, 1, m, 0, 0, 1, 1, 1, 1, packed.zx, packed.zy,
-                         int(a.dtype == np.int8), _YMODE[self.ydtype.name]], np.int64)
+        key = (m, k, n, packed.zx, packed.zy)
+        dims = self._dims.get(key)
+        if dims is None:
+            dims = self._dims[key] = np.array([1, k, 1, m, 1, n, 1, 1, 1, m, 0, 0, 1, 1, 1, 1, packed.zx, packed.zy,
+                                               int(a.dtype == np.int8), _YMODE[self.ydtype.name]], np.int64)
         y = np.empty((n, m), self.ydtype)
         ext.qconv(x if x.flags.c_contiguous else np.ascontiguousarray(x), packed.w16, packed.bias, packed.scales, y,
                   dims)
@@ -304,11 +308,14 @@ class QBinary:
     one operand constant over spans of the other go native (the full operand first, as onnxruntime passes
     it), other broadcasts through the numpy kernel."""
 
-    __slots__ = ("_derived", "dtype", "op")
+    __slots__ = ("_derived", "_shapes", "dtype", "op")
 
     def __init__(self, op: int, dtype: str):
         self.op, self.dtype = op, np.dtype(dtype)
         self._derived = None
+        # (a's shape, b's shape) -> (swap, qbinary dims) or None for the numpy kernel: the broadcast
+        # worked out once per shape pair (~1 us a call); qbinary only reads the dims
+        self._shapes: dict = {}
 
     def _derive(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         d = self._derived
@@ -329,28 +336,37 @@ class QBinary:
     def __call__(self, packed: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple:
         ext = native._ext
         if ext is not None and a.dtype == self.dtype and b.dtype == self.dtype and a.size and b.size:
-            swap = False
-            if a.shape == b.shape:
-                bmode, span = 0, 1
-            else:
-                span, bmode = _span(a.shape, b.shape), 1
-                if not span:
-                    span, swap = _span(b.shape, a.shape), True
-            if span:
+            key = (a.shape, b.shape)
+            plan = self._shapes.get(key, False)
+            if plan is False:
+                plan = self._shapes[key] = self._plan(a, b)
+            if plan is not None:
+                swap, dims = plan
                 p1, p2 = self._derive(packed)
                 if swap:
                     a, b = b, a
                 y = np.empty(a.shape, self.dtype)
-                fused = int(self.op == 0 and Q._fused())
                 ext.qbinary(a if a.flags.c_contiguous else np.ascontiguousarray(a),
-                            b if b.flags.c_contiguous else np.ascontiguousarray(b), y,
-                            np.array([a.size, span, bmode, int(self.dtype == np.int8), self.op, fused], np.int64),
-                            p2 if swap else p1)
+                            b if b.flags.c_contiguous else np.ascontiguousarray(b), y, dims, p2 if swap else p1)
                 return (y,)
         sa, za, sb, zb, sc, zc = (np.array(v, t) for v, t in zip(
             packed, (np.float32, self.dtype, np.float32, self.dtype, np.float32, self.dtype)))
         fn = Q.qlinear_add if self.op == 0 else Q.qlinear_mul
         return fn(a, sa, za, b, sb, zb, sc, zc)
+
+
+    def _plan(self, a: np.ndarray, b: np.ndarray) -> tuple[bool, np.ndarray] | None:
+        swap = False
+        if a.shape == b.shape:
+            bmode, span = 0, 1
+        else:
+            span, bmode = _span(a.shape, b.shape), 1
+            if not span:
+                span, swap = _span(b.shape, a.shape), True
+        if not span:
+            return None
+        fused = int(self.op == 0 and Q._fused())
+        return swap, np.array([max(a.size, b.size), span, bmode, int(self.dtype == np.int8), self.op, fused], np.int64)
 
 
 def _binary_rule(op: int):

@@ -59,46 +59,51 @@ static int16_t *cols_scratch(size_t n)
     return tl_cols;
 }
 
-/* columns of one image's group: cols[k * P16 + p] = x - zx (0 outside the image, past P and at k = K when
- * K is odd); a unit-stride row is a widening copy the compiler vectorizes */
-static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *cols, long P16)
+/* the padded input extent im2col_i16 reads: rows [0, HP), columns [0, WP) of the image with its leading
+ * pads in front */
+static void padded_extent(const qc_dims *d, long *HP, long *WP)
 {
-    const long kk = d->kh * d->kw, K = cg * kk;
+    *HP = (d->oh - 1) * d->sh + (d->kh - 1) * d->dh + 1;
+    *WP = (d->ow - 1) * d->sw + (d->kw - 1) * d->dw + 1;
+}
+
+/* columns of one image's group: cols[k * P16 + p] = x - zx (0 outside the image, past P and at k = K when
+ * K is odd). The group's planes are first centered once into xp [cg, HP, WP] with zeros in the pads, so
+ * each column row is a plain copy (unit stride, 16 columns at a time: the scratch has 16 more) or a
+ * strided gather, with no bounds per row: on small
+ * planes the per-row bounds cost more than the product (32 channels of 12x12, 3x3: ~3500 rows of 12) */
+static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *cols, long P16, int16_t *xp)
+{
+    long HP, WP;
+    padded_extent(d, &HP, &WP);
+    const long kk = d->kh * d->kw, K = cg * kk, P = d->oh * d->ow;
     const int zx = d->zx;
+    memset(xp, 0, (size_t)(cg * HP * WP) * 2);
+    const long nx = d->w < WP - d->pl ? d->w : WP - d->pl; /* input columns inside the extent */
+    for (long ci = 0; ci < cg && nx > 0; ci++) {
+        for (long iy = 0; iy < d->h && iy + d->pt < HP; iy++) {
+            int16_t *dst = xp + (ci * HP + iy + d->pt) * WP + d->pl;
+            if (d->xsigned) {
+                const int8_t *row = (const int8_t *)xg + (ci * d->h + iy) * d->w;
+                for (long ix = 0; ix < nx; ix++) dst[ix] = (int16_t)(row[ix] - zx);
+            } else {
+                const uint8_t *row = xg + (ci * d->h + iy) * d->w;
+                for (long ix = 0; ix < nx; ix++) dst[ix] = (int16_t)(row[ix] - zx);
+            }
+        }
+    }
     for (long k = 0; k < K; k++) {
         const long ci = k / kk, r = k % kk, ky = r / d->kw, kx = r % d->kw;
         int16_t *dst = cols + k * P16;
-        const uint8_t *plane = xg + ci * d->h * d->w;
-        /* the outputs whose input column is inside the row: ox in [o0, o1) */
-        const long base = -d->pl + kx * d->dw;
-        long o0 = base >= 0 ? 0 : (-base + d->sw - 1) / d->sw;
-        long o1 = d->w - base <= 0 ? 0 : (d->w - base + d->sw - 1) / d->sw;
-        if (o1 > d->ow) o1 = d->ow;
-        if (o0 > o1) o0 = o1;
-        for (long oy = 0; oy < d->oh; oy++, dst += d->ow) {
-            const long iy = oy * d->sh - d->pt + ky * d->dh;
-            if (iy < 0 || iy >= d->h) {
-                memset(dst, 0, (size_t)d->ow * 2);
-                continue;
-            }
-            const uint8_t *row = plane + iy * d->w;
-            for (long ox = 0; ox < o0; ox++) dst[ox] = 0;
-            if (d->sw == 1) {
-                if (d->xsigned) {
-                    const int8_t *sr = (const int8_t *)row;
-                    for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(sr[base + ox] - zx);
-                } else {
-                    for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(row[base + ox] - zx);
-                }
-            } else if (d->xsigned) {
-                const int8_t *sr = (const int8_t *)row;
-                for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(sr[base + ox * d->sw] - zx);
+        const int16_t *src = xp + (ci * HP + ky * d->dh) * WP + kx * d->dw;
+        for (long oy = 0; oy < d->oh; oy++, dst += d->ow, src += d->sh * WP) {
+            if (d->sw == 1) { /* 16 at a time: the overhang is rewritten by the next row (or the tail memsets) */
+                for (long ox = 0; ox < d->ow; ox += 16) memcpy(dst + ox, src + ox, 32);
             } else {
-                for (long ox = o0; ox < o1; ox++) dst[ox] = (int16_t)(row[base + ox * d->sw] - zx);
+                for (long ox = 0; ox < d->ow; ox++) dst[ox] = src[ox * d->sw];
             }
-            for (long ox = o1; ox < d->ow; ox++) dst[ox] = 0;
         }
-        memset(cols + k * P16 + d->oh * d->ow, 0, (size_t)(P16 - d->oh * d->ow) * 2);
+        memset(cols + k * P16 + P, 0, (size_t)(P16 - P) * 2);
     }
     if (K & 1) memset(cols + K * P16, 0, (size_t)P16 * 2);
 }
@@ -220,10 +225,62 @@ static void gemm_avx2(const int16_t *w, long Kp, const int16_t *cols, long P16, 
     }
 }
 #pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
+/* gemm_avx2's product on 8 weight rows x 16 pixels: rows k and k + 1 of the columns interleaved into
+ * pairs in pixel order (one permute of both rows), each pair times a weight pair added in int32 by one
+ * vpdpwssd (exact: centered values are at most 255 in magnitude, no pair sum saturates), then
+ * gemm_avx2's requantization on 16 pixels at once (the same operations per pixel: the same bits) */
+static void gemm_avx512(const int16_t *w, long Kp, const int16_t *cols, long P16, long P, long mg,
+                        const int32_t *bias, const float *scales, void *y, long ybase, int ymode, float lo_f,
+                        float hi_f, int zy_i)
+{
+    const __m512 lo = _mm512_set1_ps(lo_f), hi = _mm512_set1_ps(hi_f);
+    const __m512i zy = _mm512_set1_epi32(zy_i);
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (long m0 = 0; m0 < mg; m0 += 8) {
+        const long rows = mg - m0 < 8 ? mg - m0 : 8;
+        const int16_t *wr[8];
+        for (long r = 0; r < 8; r++) wr[r] = w + (m0 + (r < rows ? r : 0)) * Kp;
+        for (long p0 = 0; p0 < P16; p0 += 16) {
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            const int16_t *c = cols + p0;
+            for (long k = 0; k < Kp; k += 2, c += 2 * P16) {
+                const __m512i both = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)c)),
+                    _mm256_loadu_si256((const __m256i *)(c + P16)), 1);
+                const __m512i x = _mm512_permutexvar_epi16(pairs, both);
+#define QL_DP(a, r) a = _mm512_dpwssd_epi32(a, x, _mm512_set1_epi32(*(const int32_t *)(wr[r] + k)))
+                QL_DP(a0, 0); QL_DP(a1, 1); QL_DP(a2, 2); QL_DP(a3, 3);
+                QL_DP(a4, 4); QL_DP(a5, 5); QL_DP(a6, 6); QL_DP(a7, 7);
+#undef QL_DP
+            }
+            const __m512i acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+            if (p0 >= P) continue;
+            const long count = P - p0 < 16 ? P - p0 : 16;
+            const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+            for (long r = 0; r < rows; r++) {
+                const long m = m0 + r, idx = ybase + m * P + p0;
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], _mm512_set1_epi32(bias[m]))),
+                                               _mm512_set1_ps(scales[m]));
+                if (ymode == 2) {
+                    _mm512_mask_storeu_ps((float *)y + idx, mask, f);
+                    continue;
+                }
+                const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(f, lo), hi)), zy);
+                _mm_mask_storeu_epi8((uint8_t *)y + idx, mask, _mm512_cvtepi32_epi8(v)); /* in range: no saturation */
+            }
+        }
+    }
+}
+#pragma GCC pop_options
 #endif
 
 #ifdef QL_X86
-/* one image's group of gemm_avx2 split over the pool by blocks of 4 weight rows (exact in any split) */
+/* one image's group of gemm_avx2 (gemm_avx512 when wide) split over the pool by blocks of 4 (8) weight
+ * rows (exact in any split) */
 typedef struct {
     const int16_t *w, *cols;
     const int32_t *bias;
@@ -231,18 +288,19 @@ typedef struct {
     void *y;
     long Kp, P16, P, mg, ybase, nblocks;
     float lo, hi;
-    int ymode, zy, ntasks;
+    int ymode, zy, ntasks, wide;
 } qc_job;
 
 static void qc_task(void *ctx, int t)
 {
     const qc_job *j = (const qc_job *)ctx;
-    const long m0 = 4 * (j->nblocks * t / j->ntasks);
-    long m1 = 4 * (j->nblocks * (t + 1) / j->ntasks);
+    const long rows = j->wide ? 8 : 4;
+    const long m0 = rows * (j->nblocks * t / j->ntasks);
+    long m1 = rows * (j->nblocks * (t + 1) / j->ntasks);
     if (m1 > j->mg) m1 = j->mg;
     if (m1 > m0)
-        gemm_avx2(j->w + m0 * j->Kp, j->Kp, j->cols, j->P16, j->P, m1 - m0, j->bias + m0, j->scales + m0, j->y,
-                  j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
+        (j->wide ? gemm_avx512 : gemm_avx2)(j->w + m0 * j->Kp, j->Kp, j->cols, j->P16, j->P, m1 - m0, j->bias + m0,
+                                            j->scales + m0, j->y, j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
 }
 #endif
 
@@ -306,7 +364,10 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "qconv: buffer sizes do not match dims");
         return NULL;
     }
-    int16_t *cols = cols_scratch((size_t)(Kp * P16 + 2 * P16)); /* the columns, then the portable sums */
+    long HP, WP;
+    padded_extent(&d, &HP, &WP);
+    /* the columns, the portable sums, then the centered padded planes */
+    int16_t *cols = cols_scratch((size_t)(Kp * P16 + 2 * P16 + cg * HP * WP + 16)); /* + im2col's overhang */
     if (!cols) {
         release_all(b, 5);
         return PyErr_NoMemory();
@@ -319,16 +380,16 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const float *scales = (const float *)b[3].buf;
     Py_BEGIN_ALLOW_THREADS
 #ifdef QL_X86
-    const int simd = ext_isa_level() >= 1;
+    const int simd = ext_isa_level() >= 1, wide = ext_isa_level() >= 3;
 #endif
     for (long img = 0; img < d.n; img++) {
         for (long gi = 0; gi < d.g; gi++) {
-            im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, &d, cg, cols, P16);
+            im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, &d, cg, cols, P16, cols + Kp * P16 + 2 * P16);
             const long m0 = gi * d.mg, ybase = (img * M + m0) * P;
 #ifdef QL_X86
             if (simd) {
                 qc_job j = {w + m0 * Kp, cols, bias + m0, scales + m0, b[4].buf, Kp, P16, P, d.mg, ybase,
-                            (d.mg + 3) / 4, lo, hi, d.ymode, d.zy, 1};
+                            wide ? (d.mg + 7) / 8 : (d.mg + 3) / 4, lo, hi, d.ymode, d.zy, 1, wide};
                 /* the pool for more than ~100k multiply-adds (below, waking a worker costs more) */
                 if (d.mg * Kp * P16 >= 100000) j.ntasks = (int)(j.nblocks < 16 ? j.nblocks : 16);
                 if (j.ntasks > 1)
