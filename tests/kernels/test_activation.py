@@ -209,3 +209,29 @@ def test_more_activations(op, opset, attrs, dtype):
 def test_prelu_unidirectional_slope(xs, ss):
     check("PRelu", [_rand(xs), _rand(ss)], opset=16)
     check("PRelu", [_rand(xs), _rand(ss)], opset=9)
+
+
+@pytest.mark.parametrize("shape", [(1, 1024), (3, 37), (0,), ()])
+def test_native_hardswish_is_the_numpy_kernel_bit_for_bit(shape):
+    """float32 HardSwish runs in one native pass (act.c) with numpy's roundings: the same bits as the numpy
+    ufuncs (edges: NaN, -0, infinities, the clip's corners), and a strided input takes the numpy path."""
+    from onnx_prepared.kernels import native
+    from onnx_prepared.kernels.activation import hard_swish
+
+    x = _rand(shape) * 3
+    if x.size >= len(EDGES):
+        x.reshape(-1)[:len(EDGES)] = EDGES
+        x.reshape(-1)[len(EDGES):len(EDGES) + 4] = [3.0, -3.0, 2.9999998, -3.0000002]
+    y = hard_swish(x)[0]
+    saved = native._ext
+    try:
+        native._ext = None
+        with np.errstate(invalid="ignore"):  # -inf * 0
+            ref = hard_swish(x)[0]
+    finally:
+        native._ext = saved
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_array_equal(y.view(np.int32), ref.view(np.int32))
+    if x.ndim == 2:
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(hard_swish(x[:, ::2])[0], ref[:, ::2])

@@ -171,3 +171,43 @@ PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&bx);
     Py_RETURN_TRUE;
 }
+
+/* hardswish(x, y) -> True: y = x * clip(x * (1/6) + 1/2, 0, 1) over float32 buffers of the same length
+ * (y may be x), in numpy's order of roundings (a multiply, an add, the clip, a multiply: no contraction in
+ * ISO C), so the same bits as the numpy kernel; one pass instead of numpy's four ufunc calls (MobileNetV3's
+ * 1024-wide head: 6.6 -> ~0.6 us). A NaN stays NaN (both comparisons false). */
+PyObject *py_hardswish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hardswish(x, y)");
+        return NULL;
+    }
+    Py_buffer bx, by;
+    if (PyObject_GetBuffer(args[0], &bx, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &by, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&bx);
+        return NULL;
+    }
+    if (bx.len != by.len || bx.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "hardswish: x and y must be float32 buffers of the same length");
+        PyBuffer_Release(&by);
+        PyBuffer_Release(&bx);
+        return NULL;
+    }
+    const float *x = (const float *)bx.buf;
+    float *y = (float *)by.buf;
+    const size_t n = (size_t)bx.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i];
+        float h = v * (1.0f / 6.0f) + 0.5f;
+        h = h < 0.0f ? 0.0f : h;
+        h = h > 1.0f ? 1.0f : h;
+        y[i] = h * v;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&by);
+    PyBuffer_Release(&bx);
+    Py_RETURN_TRUE;
+}
