@@ -300,7 +300,11 @@ AI void sgn_tile(const float *a, long K, const float *x, long N, long nr, long r
             c1[i] = _mm512_fmadd_ps(w, x1, c1[i]);
         }
     }
-    for (long i = 0; i < rows; i++) {
+    /* unrolled, each row's store guarded: indexing the accumulators by a variable row made GCC keep a copy
+     * of all 16 in memory, stored on every k (16 stores per 16 FMAs: a third of the speed) */
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        if (i >= rows) continue;
         const __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
         float *yr = y + (size_t)i * N;
         _mm512_mask_storeu_ps(yr, k0, sgn_epilogue(_mm512_add_ps(c0[i], b), lo, hi, act, al));
