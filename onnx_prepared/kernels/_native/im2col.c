@@ -81,6 +81,8 @@ static void i2c_task(void *ctx, int t)
                     for (long ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
                     if (j->sw == 1) {
                         if (hi > lo) memcpy(dst + lo, row + lo, (size_t)(hi - lo) * sizeof(float));
+                    } else if (j->sw == 2) { /* a constant stride: GCC vectorises it (shuffles of two loads) */
+                        for (long ow = lo; ow < hi; ow++) dst[ow] = row[2 * ow];
                     } else {
                         for (long ow = lo; ow < hi; ow++) dst[ow] = row[ow * j->sw];
                     }
