@@ -349,16 +349,21 @@ NB_INLINE int f_tile_h(const nb_call *c)
     return c->mode == NB_MODE_F32 && c->M >= 4 ? TF : 1;
 }
 
-NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst)
+/* pf: also prefetch (into L2) the same chunk two panels on, which the task dequantizes after this pair:
+ * without it every chunk of a panel pair waits for memory (1 thread, load ~5, M=16 K=1024: N=32000
+ * 6.3 -> 4.85 ms, N=5632 806-950 -> 801-816 us, N=3072 -2 %) */
+NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst, int pf)
 {
     const int cpb = w->bs / 8;
     const uint8_t *qp = w->qw + ((size_t)p * w->kc + (size_t)b0 * cpb) * 64;
+    const size_t ahead = (size_t)2 * w->kc * 64;
     /* nibble -> float by vpermps (the low 4 bits of a lane index {0, ..., 15}): no and, no cvt */
     const __m512 lut = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
     for (int b = 0; b < nb; b++) {
         const __m512 s = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b0 + b) * 16), z = zp_vec(w, p, b0 + b);
         const __m512 nzs = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), s);
         for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
+            if (pf) _mm_prefetch((const char *)qp + ahead, _MM_HINT_T1);
             const __m512i v = _mm512_loadu_si512((const void *)qp);
             UNROLL for (int j = 0; j < 8; j++) {
                 const __m512 q = _mm512_permutexvar_ps(j ? _mm512_srli_epi32(v, 4 * NB_KPOS(j)) : v, lut);
@@ -431,8 +436,8 @@ static void gemm_f32_dequant(const nb_call *c, int m0, int m1, int p0, int p1)
         for (int b0 = 0; b0 < w->kb; b0 += nbch) {
             const int nb = w->kb - b0 < nbch ? w->kb - b0 : nbch;
             const int k0 = b0 * w->bs, klen = nb * w->bs, first = b0 == 0, last = b0 + nb == w->kb;
-            deq_chunk(w, p, b0, nb, buf[0]);
-            if (two) deq_chunk(w, p + 1, b0, nb, buf[1]);
+            deq_chunk(w, p, b0, nb, buf[0], p + 2 < p1);
+            if (two) deq_chunk(w, p + 1, b0, nb, buf[1], p + 3 < p1);
             for (int m = m0; m < m1; m += TF) { /* m0 is a multiple of TF (module.c: row chunks of 32) */
                 const int R = m1 - m < TF ? m1 - m : TF;
                 if (two) {
