@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.model = os.path.join(a.models_dir, a.model, "tiny-llm.onnx")
+    if a.companion and a.companion.lower() == "none":
+        a.companion = None
     if a.child:
         child(a)
         return 0
