@@ -6,7 +6,11 @@ each node's time is the median over ``--reps`` runs, summed per op type. onnxrun
 optimisations: its op names are its fused kernels, e.g. ``FusedConv``, NCHWc ``Conv``, ``ReorderInput``).
 Medians per node keep one-off stalls of a shared machine out; the load average is printed.
 
-    python -m benchmarks.op_profile [--models resnet18,mobilenet_v3,lraspp] [--reps 30] [--top 8] [--json]
+``--threads`` sets both runtimes' intra-op threads; ``--cpu`` times our actions by thread CPU time
+(with ``--threads 1`` the time each kernel computes, not the scheduler's; onnxruntime's profiler stays wall).
+
+    python -m benchmarks.op_profile [--models resnet18,mobilenet_v3,lraspp] [--reps 30] [--top 8] [--threads 1]
+                                    [--cpu] [--json]
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ else:  # python benchmarks/op_profile.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.helpers
 
 
-def profile_ours(path: str, feeds: dict, reps: int) -> dict[str, tuple[float, int]]:
-    """op type -> (ms per run, nodes), from medians per action."""
+def profile_ours(path: str, feeds: dict, reps: int, threads: int = 0,
+                 clock=time.perf_counter) -> dict[str, tuple[float, int]]:
+    """op type -> (ms per run, nodes), from medians per action (``threads`` 0: every core)."""
+    from onnx_prepared import SessionOptions
     from onnx_prepared.runtime import RuntimeSession
 
-    with RuntimeSession(path) as s:
+    so = SessionOptions()
+    so.intra_op_num_threads = threads
+    with RuntimeSession(path, so) as s:
         s.prepare()
         for _ in range(3):
             s.run(feeds)
@@ -43,13 +51,13 @@ def profile_ours(path: str, feeds: dict, reps: int) -> dict[str, tuple[float, in
         last = [0.0]
 
         def after(i: int) -> None:
-            t = time.perf_counter()
+            t = clock()
             times[i].append(t - last[0])
             last[0] = t
 
         with s.trace_actions(after):
             for _ in range(reps):
-                last[0] = time.perf_counter()
+                last[0] = clock()
                 s.run(feeds)
     per_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for i, ts in times.items():
@@ -60,12 +68,13 @@ def profile_ours(path: str, feeds: dict, reps: int) -> dict[str, tuple[float, in
     return {k: (v[0], v[1]) for k, v in per_op.items()}
 
 
-def profile_ort(path: str, feeds: dict, reps: int) -> dict[str, tuple[float, int]]:
+def profile_ort(path: str, feeds: dict, reps: int, threads: int = 0) -> dict[str, tuple[float, int]]:
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        so.intra_op_num_threads = threads
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "ort")
         s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
@@ -89,15 +98,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--models", default="resnet18,mobilenet_v3,lraspp")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads of both runtimes (0: every core)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="our actions in thread CPU time (with --threads 1: load-proof; onnxruntime's stay wall)")
     ap.add_argument("--models-dir", default=C.MODELS_DIR)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    clock = time.thread_time if args.cpu else time.perf_counter
     folder = os.path.join(args.models_dir, "corpus")
     result = {"benchmark": "op_profile", "machine_before": C.machine(), "models": []}
     for name in C.parse_list(args.models):
         cm = _build(folder, name)
         feeds = cm.feeds[0]
-        ours, ort_ = profile_ours(cm.path, feeds, args.reps), profile_ort(cm.path, feeds, args.reps)
+        ours = profile_ours(cm.path, feeds, args.reps, args.threads, clock)
+        ort_ = profile_ort(cm.path, feeds, args.reps, args.threads)
         result["models"].append({"model": name, "ours": ours, "ort": ort_})
     result["machine_after"] = C.machine()
     result["top"] = args.top

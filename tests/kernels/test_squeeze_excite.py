@@ -150,3 +150,33 @@ def test_native_block_is_the_same_for_every_thread_count_and_level(n, c, cr, hw)
     g = np.maximum(s @ w1.reshape(cr, c).T.astype(np.float64) + b1, 0) @ w2.reshape(c, cr).T + b2
     ref = x * np.clip(g / 6 + 0.5, 0, 1)[:, :, None, None]
     np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the extension")
+def test_packed_call_plans_per_shape_and_falls_back():
+    """The prepacked call's plan (one extension call per later call of a shape) gives the bits of
+    _packed_kernel; another bias object, a strided input or another shape re-plan or take the general path."""
+    c, cr = 24, 8
+    w1, w2 = RNG.standard_normal((cr, c, 1, 1)).astype(np.float32), RNG.standard_normal((c, cr, 1, 1)).astype(
+        np.float32)
+    b1, b2 = RNG.standard_normal(cr).astype(np.float32), RNG.standard_normal(c).astype(np.float32)
+    packed = se._pack(w1, w2)
+    k = se.PackedSqueezeExcite(c, cr, 0, 1 / 6, 0.5)
+    x = RNG.standard_normal((2, c, 5, 6)).astype(np.float32)
+    ref = se._packed_kernel(c, cr, 0, 1 / 6, 0.5, packed, x, b1, b2)[0]
+    for _ in range(3):
+        np.testing.assert_array_equal(k(packed, x, b1, b2)[0], ref)
+    assert len(k._plans) == 1
+    b2b = b2 * 2
+    np.testing.assert_array_equal(k(packed, x, b1, b2b)[0], se._packed_kernel(c, cr, 0, 1 / 6, 0.5, packed, x, b1,
+                                                                                b2b)[0])
+    xs = RNG.standard_normal((2, c, 5, 12)).astype(np.float32)[..., ::2]
+    np.testing.assert_array_equal(k(packed, xs, b1, b2b)[0], se._packed_kernel(c, cr, 0, 1 / 6, 0.5, packed, xs,
+                                                                                 b1, b2b)[0])
+    np.testing.assert_array_equal(k(packed, x[:1], None, None)[0],
+                                  se._packed_kernel(c, cr, 0, 1 / 6, 0.5, packed, x[:1], None, None)[0])
+    assert len(k._plans) == 2
+    sig = se.PackedSqueezeExcite(c, cr, se.GATE_SIGMOID, 0.2, 0.5)
+    np.testing.assert_array_equal(sig(packed, x, b1, b2)[0], se._packed_kernel(c, cr, 1, 0.2, 0.5, packed, x, b1,
+                                                                                 b2)[0])
+    assert not sig._plans
