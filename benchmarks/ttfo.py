@@ -31,7 +31,11 @@ at 16 and 128 tokens without a cache, <= 0.45x with a complete cache, a hit neve
 wheel does), so that the import phase times loading our modules, not compiling them (this environment
 sets PYTHONDONTWRITEBYTECODE, so an uncompiled tree would be recompiled by every child).
 
+``--ab VAR=VALUE`` adds the rows ``ours/ab`` (and ``ours+cache/ab``): the same children with that
+environment variable set, interleaved with the others, for an A/B of a switch under the same load.
+
     python benchmarks/ttfo.py [--models medium,medium-genai] [--prompts 16,128] [--reps 3] [--json]
+                              [--ab ONNX_PREPARED_SOURCE_FORMS=0]
 """
 
 from __future__ import annotations
@@ -282,6 +286,10 @@ def bench(a: argparse.Namespace) -> dict:
     resident: dict[str, list[float]] = {"cold": [], "warm": []}
     paths = {m: model_path(a.models_dir, m) for m in a.models}
     companions = {m: build_companion(a.models_dir, m, paths[m]) for m in a.models if "ours+cache" in a.runtimes}
+    runtimes = list(a.runtimes)
+    if a.ab:
+        runtimes += [f"{rt}/ab" for rt in a.runtimes if rt != "ort"]
+        res["ab"] = a.ab
     for rep in range(a.reps):
         for model in a.models:
             files = C.model_files(paths[model])
@@ -290,15 +298,16 @@ def bench(a: argparse.Namespace) -> dict:
                 files += [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith((".onnx", ".data"))]
             for tokens in a.prompts:
                 for cache in a.caches:
-                    for rt in C.rotate(list(a.runtimes), rep):
+                    for rt in C.rotate(runtimes, rep):
                         frac = C.set_cache(files, cache)
                         if frac is not None:
                             resident[cache].append(frac)
                         args = [me, "--child", "ort" if rt == "ort" else "ours", "--model", paths[model],
                                 "--tokens", str(tokens)]
-                        if rt == "ours+cache":
+                        if rt.startswith("ours+cache"):
                             args += ["--companion", companions[model]]
-                        raw.setdefault((model, tokens, cache, rt), []).append(C.run_child(args, {}))
+                        env = dict([a.ab.split("=", 1)]) if rt.endswith("/ab") else {}
+                        raw.setdefault((model, tokens, cache, rt), []).append(C.run_child(args, env))
     for (model, tokens, cache, rt), runs in raw.items():
         row: dict = {"model": model, "tokens": tokens, "cache": cache, "runtime": rt, "n": len(runs)}
         for k in runs[0]:
@@ -315,12 +324,13 @@ def bench(a: argparse.Namespace) -> dict:
             r["vs_ort"] = r["ttfo_ms"] / base["ttfo_ms"]
             r["cpu_vs_ort"] = r["cpu_ms"] / base["cpu_ms"] if base.get("cpu_ms") else None
             r["import_vs_ort"] = r["import_total_ms"] / base["import_total_ms"]
-            r["goal"] = GOALS.get(r["runtime"])
+            r["goal"] = GOALS.get(r["runtime"].removesuffix("/ab"))
             r["meets_goal"] = r["vs_ort"] <= r["goal"] if r["goal"] and r["cache"] == "cold" else None
             r["same_argmax"] = r["argmax"] == base["argmax"]
             r["delta_ms"] = {p: r[p] - base[p] for p in _PHASES}
-        miss = by.get((r["model"], r["tokens"], r["cache"], "ours"))
-        if r["runtime"] == "ours+cache" and miss is not None:
+        ab = r["runtime"].endswith("/ab")
+        miss = by.get((r["model"], r["tokens"], r["cache"], "ours/ab" if ab else "ours"))
+        if r["runtime"].startswith("ours+cache") and miss is not None:
             r["hit_vs_miss"] = r["ttfo_ms"] / miss["ttfo_ms"]
     res["resident_before"] = {k: ([round(min(v), 4), round(max(v), 4)] if v else None) for k, v in resident.items()}
     if a.profile:
@@ -403,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="skip the per-kernel profile of our prefill (one extra process per preset and prompt)")
+    ap.add_argument("--ab", metavar="VAR=VALUE",
+                    help="also run ours (and ours+cache) with this environment variable set: rows ours/ab")
     ap.add_argument("--child", choices=["ort", "ours", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
@@ -417,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = ([c for c in a.caches if c not in ("cold", "warm")] + [r for r in a.runtimes if r not in RUNTIMES]
            + [m for m in a.models if m not in MODELS])
+    if a.ab is not None and "=" not in a.ab:
+        ap.error(f"--ab {a.ab!r}: expected VAR=VALUE")
     if bad or a.reps < 1 or not a.prompts or min(a.prompts) < 1:
         ap.error(f"bad caches/runtimes/models {bad} or non-positive reps/prompts")
     if "ort" in a.runtimes:

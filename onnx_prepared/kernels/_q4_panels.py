@@ -105,14 +105,17 @@ class PackedQ4:
 
 
 def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, K: int, N: int,
-            block_size: int) -> PackedQ4:
-    """Repack validated 4-bit MatMulNBits inputs (B uint8 [N, kb, bs/2]) into the panel16 layout."""
+            block_size: int, out: np.ndarray | None = None) -> PackedQ4:
+    """Repack validated 4-bit MatMulNBits inputs (B uint8 [N, kb, bs/2]) into the panel16 layout.
+
+    ``out``: a C-contiguous uint8 buffer of exactly the layout's size to pack into (a reused scratch;
+    every byte is written), instead of a new one."""
     kb = -(-K // block_size)
     P = -(-N // 16)
     npad = 16 * P
     zk = ZP_NONE if zero_points is None else (ZP_U4 if zero_points.dtype == np.uint8 else ZP_F32)
     nq, ns, nz = section_sizes(K, N, block_size, zk)
-    data = np.empty(nq + ns + nz, np.uint8)
+    data = np.empty(nq + ns + nz, np.uint8) if out is None else out
     words = np.ascontiguousarray(B).reshape(N, -1).view("<u4")  # [N, kc]
     qw = data[:nq].view("<u4").reshape(P, -1, 16)
     if npad == N:

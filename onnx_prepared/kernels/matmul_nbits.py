@@ -33,7 +33,9 @@ fp16 inputs are widened to fp32 and the output narrowed back.
 ``[k_blocks, N]``; B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES``) and multiplied with
 BLAS, always in fp32.
 
-The registered kernel (unprepacked B) prepacks on every call: no hidden cache. A session's first run and
+The registered kernel (unprepacked B) prepacks on every call: no hidden cache (4 bits: into a reused
+per-thread scratch, in column chunks, :func:`matmul_nbits_source`, which also runs a prepacked node's
+source form while its prepared object is not resident yet). A session's first run and
 later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/kernels_nbits.py``.
 """
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +56,7 @@ from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
 from onnx_prepared.kernels._q4_panels import PackedQ4
 from onnx_prepared.kernels._q8_split import PackedQ8Split, pack_q8_split
-from onnx_prepared.kernels.prepack import PrepackSpec, prepack_rule
+from onnx_prepared.kernels.prepack import PrepackSpec, SourceForm, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 
 #: bytes of one dequantized fp32 panel of B in the BLAS path
@@ -214,6 +217,20 @@ def prepack_matmul_nbits(
     )
 
 
+_SCRATCH = threading.local()
+#: packed bytes of one column chunk of :func:`matmul_nbits_source` (the per-thread scratch stays this small)
+SOURCE_CHUNK_BYTES = 4 << 20
+
+
+def thread_scratch(nbytes: int) -> np.ndarray:
+    """``nbytes`` of this thread's pack scratch (uint8), grown to the largest request and reused: a pack
+    into it faults no fresh memory after the first (first touch costs ~1-2 ms/MB on the cold path)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = _SCRATCH.buf = np.empty(nbytes, np.uint8)
+    return buf[:nbytes]
+
+
 def _as_blocks(x: np.ndarray, n: int, cols: int, name: str) -> np.ndarray:
     x = np.asarray(x)
     if x.size != n * cols:
@@ -318,7 +335,8 @@ def matmul_nbits(
     accuracy_level: int = 0,
     weight_prepacked: int = 0,
 ) -> tuple[np.ndarray]:
-    """Unprepacked entry point: prepacks B for this call only, then runs :func:`matmul_nbits_packed`."""
+    """Unprepacked entry point: prepacks B for this call only (4 bits: into this thread's reused scratch),
+    then runs :func:`matmul_nbits_packed`."""
     if weight_prepacked:
         raise KernelError(f"MatMulNBits weight_prepacked={weight_prepacked} (a CUDA layout) is not supported on CPU")
     if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // block_size):
@@ -329,8 +347,51 @@ def matmul_nbits(
         if bias is not None:
             y += bias.astype(np.float32)
         return (y.astype(out_dtype),)
+    if bits == 4:
+        return matmul_nbits_source(A, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
+                                   accuracy_level=accuracy_level)
     packed = prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size)
     return matmul_nbits_packed(A, packed, bias, accuracy_level=accuracy_level)
+
+
+def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                        bias: np.ndarray | None = None, *, K: int, N: int, block_size: int,
+                        accuracy_level: int = 0) -> tuple[np.ndarray]:
+    """4-bit MatMulNBits from the source arrays, with the bits of ``matmul_nbits_packed(A, prepack(...))``:
+    N in column chunks of at most :data:`SOURCE_CHUNK_BYTES` packed, each packed into this thread's
+    reused scratch (faulted in once, not per call) and multiplied (an output column's sums do not depend
+    on the other columns: same bits, tests/runtime/test_source_forms.py)."""
+    _check_attrs(K, N, 4, block_size)
+    kb = -(-K // block_size)
+    B = np.asarray(B)
+    if B.dtype != np.uint8 or B.size != N * kb * block_size // 2:
+        raise KernelError(f"MatMulNBits B must be uint8 [N={N}, k_blocks={kb}, blob_size={block_size // 2}], "
+                          f"got {B.dtype} {list(B.shape)}")
+    scales = _as_blocks(scales, N, kb, "scales")
+    if zero_points is not None:
+        zero_points = np.asarray(zero_points)
+        zero_points = _as_blocks(zero_points, N, -(-kb // 2) if zero_points.dtype == np.uint8 else kb, "zero_points")
+    zk = q4.ZP_NONE if zero_points is None else (q4.ZP_U4 if zero_points.dtype == np.uint8 else q4.ZP_F32)
+    cols = max(16, SOURCE_CHUNK_BYTES // sum(q4.section_sizes(K, 16, block_size, zk)) * 16)
+    if cols >= N:
+        packed = q4.pack_q4(B, scales, zero_points, K=K, N=N, block_size=block_size,
+                            out=thread_scratch(sum(q4.section_sizes(K, N, block_size, zk))))
+        return matmul_nbits_packed(A, packed, bias, accuracy_level=accuracy_level)
+    B2 = B.reshape(N, -1)
+    b = None if bias is None else np.asarray(bias).reshape(-1)
+    if b is not None and b.size != N:
+        raise KernelError(f"MatMulNBits bias has {b.size} values, expected N={N}")
+    y = None
+    for n0 in range(0, N, cols):
+        n = min(N, n0 + cols) - n0
+        zp = None if zero_points is None else zero_points[n0:n0 + n]
+        out = thread_scratch(sum(q4.section_sizes(K, n, block_size, zk)))
+        packed = q4.pack_q4(B2[n0:n0 + n], scales[n0:n0 + n], zp, K=K, N=n, block_size=block_size, out=out)
+        (part,) = matmul_nbits_packed(A, packed, None if b is None else b[n0:n0 + n], accuracy_level=accuracy_level)
+        if y is None:
+            y = np.empty(part.shape[:-1] + (N,), part.dtype)
+        y[..., n0:n0 + n] = part
+    return (y,)
 
 
 # **** prepack rule (prepared execution) ****
@@ -359,11 +420,16 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
     def pack(B, scales, zero_points=None):
         return prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=bs)
 
-    def run(packed: PackedQ4 | PackedQ8Split | PackedNBits, A: np.ndarray, *others) -> tuple[np.ndarray]:
+
+    def run(packed: PackedQ4 | PackedQ8Split | PackedNBits | SourceForm, A: np.ndarray, *others) -> tuple[np.ndarray]:
         extra = dict(zip((_NODE_INPUTS[i] for i in rest), others))
         g_idx = extra.get("g_idx")
         if g_idx is not None and g_idx.size and not np.array_equal(g_idx.reshape(-1), np.arange(K) // bs):
             raise KernelError("MatMulNBits with a non-trivial g_idx (act-order) is not supported")
+        if packed.__class__ is SourceForm:  # not prepacked yet (a cold run): 4 bits, from the sources
+            src = packed.arrays
+            return matmul_nbits_source(A, src[0], src[1], src[2] if has_zp else None, extra.get("bias"), K=K, N=N,
+                                       block_size=bs, accuracy_level=level)
         return matmul_nbits_packed(A, packed, extra.get("bias"), accuracy_level=level)
 
     kb = -(-K // bs)
@@ -371,7 +437,7 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
         zk = q4.ZP_NONE if not has_zp else (q4.ZP_U4 if const_shapes[3][1] == "uint8" else q4.ZP_F32)
         return PrepackSpec(sources, q4.layout_key(bs, zk, K, N), pack, run, PackedQ4.to_bytes,
                            functools.partial(PackedQ4.from_bytes, K=K, N=N, block_size=bs, zp_kind=zk),
-                           sum(q4.section_sizes(K, N, bs, zk)))
+                           sum(q4.section_sizes(K, N, bs, zk)), source_form=True)
     if bits == 8:
         zn = "sym" if not has_zp else ("zpu8" if const_shapes[3][1] == "uint8" else "zpf32")
         return PrepackSpec(sources, q8.layout_key(bs, zn, K, N), pack, run, PackedQ8Split.to_bytes,

@@ -36,6 +36,19 @@ class PrepackSpec:
     to_bytes: Callable[[Any], np.ndarray] | None = None  # packed -> uint8 array (for the cache)
     from_bytes: Callable[[np.ndarray], Any] | None = None  # uint8 array -> packed
     packed_bytes: int | None = None  # size of the packed object when it differs from its sources
+    #: ``kernel`` also takes a :class:`SourceForm` of the source arrays in place of the packed object, with
+    #: the same outputs bit for bit: a cold run calls it so while the prepared object is not resident yet
+    source_form: bool = False
+
+
+class SourceForm:
+    """The source arrays of a prepared object (in ``source_inputs`` order), handed to a kernel whose spec
+    has ``source_form`` instead of the packed object it has not been given yet."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: tuple) -> None:
+        self.arrays = arrays
 
 
 PrepackRule = Callable[[Any, dict, frozenset[int], dict[int, tuple]], "PrepackSpec | None"]

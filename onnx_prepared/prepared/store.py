@@ -236,6 +236,11 @@ class PreparedObjectStore:
             entry.users += 1
             return entry, new
 
+    def current_read(self, name: str) -> ReadEntry | None:
+        """The shared read of ``name`` productions are attached to now, or None (none in flight or buffered)."""
+        with self._lock:
+            return self._reads.get(name)
+
     def fill_read(self, entry: ReadEntry, value: Any, allocation: Allocation | None) -> None:
         """The read of ``entry`` completed with ``value`` (its PreparationArena bytes in ``allocation``)."""
         with self._lock:

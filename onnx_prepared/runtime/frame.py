@@ -45,6 +45,9 @@ class ExecutionFrame:
     pinned: dict[int, PreparedKey] = field(default_factory=dict)  # requirement bit -> key pinned now
     held: set[int] = field(default_factory=set)  # requirement bits this run has used (or the caller fed)
     bound: dict[int, Any] = field(default_factory=dict)  # requirement bit -> producer task bound at submit
+    #: requirement bit -> the SourceForm (source arrays) this run computes from while it is not resident
+    forms: dict[int, Any] = field(default_factory=dict)
+    late: list = field(default_factory=list)  # producer tasks held back until the run ends (source forms)
     sizes: dict[int, int] = field(default_factory=dict)  # slot -> bytes of a live activation (step only)
     live_bytes: int = 0  # invariant: sum(sizes.values())
     peak_bytes: int = 0  # the largest live_bytes of this run (replay: the peak it reserved)

@@ -11,6 +11,12 @@ then resumes at the same range. After an object's last use in the run it is unpi
 budget may evict it). Under a budget the continuation also keeps a look-ahead window of prefetches
 ahead of it.
 
+Source forms: a requirement whose PrepackSpec has ``source_form`` (4-bit MatMulNBits) is not waited for.
+While it is not resident, the run hands its consumers a SourceForm of its source reads (waiting only for
+those reads), and the kernel packs them into a reused scratch per call, with the prepared path's bits.
+A cold run starts only the source reads of such objects; their prepacks start when it ends, so the first
+run does not share its cores with them (``$ONNX_PREPARED_SOURCE_FORMS=0``: wait for the prepacks instead).
+
 :class:`Inference` knows the plan, the session state, the producers and the scheduler, never the
 session object: the session binds feeds and hands the values here. Tracing wraps the plan from
 outside (:meth:`Inference.trace_actions`); neither path has a hook.
@@ -19,6 +25,7 @@ outside (:meth:`Inference.trace_actions`); neither path has a hook.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import weakref
 from collections import Counter
@@ -30,6 +37,7 @@ import numpy as np
 from onnx_prepared.bind import ExecutionPlan
 from onnx_prepared.errors import Cancelled
 from onnx_prepared.kernels import threads
+from onnx_prepared.kernels.prepack import SourceForm
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.resolve import PreparedKey
@@ -84,6 +92,16 @@ class Inference:
         self._segments = tuple((*t.actions, tuple(bit[k] for k in t.prepared_requirements))
                                for t in plan.invocation_tasks) + ((n, n, plan.output_requirements),)
         producers.on_evict = self._evicted
+        # Source forms (PrepackSpec.source_form): bit -> its source names. While such an object is not
+        # resident, a cold run hands its consumers the source reads (a SourceForm) instead of waiting for
+        # its prepack, which starts when the run ends (_hold_prepacks); later runs take the prepared
+        # object. The kernel gives the same bits either way.
+        self._transient: dict[int, tuple[str, ...]] = {}
+        if source_forms_enabled():
+            for b, r in enumerate(plan.requirements):
+                spec = r.spec
+                if not r.key.is_raw and not r.cached and spec is not None and spec.source_form:
+                    self._transient[b] = tuple(r.sources)
         # Row tables (resolve/rows.py): bit -> the view a cold run gathers rows through while the table is
         # not resident, and whether its whole read may wait behind everything else (no other consumer).
         self._row_views: dict[int, RowView] = {}
@@ -249,8 +267,36 @@ class Inference:
                     p = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH, defer=chains)
                     if p is not None:
                         frame.bound[b] = p
+            if self._transient and chains:
+                chains = self._hold_prepacks(frame, chains)
             self.producers.start(chains)
         return self.scheduler.submit([task], result=lambda: self._outputs(frame), keepalive=frame)
+
+    def _hold_prepacks(self, frame: ExecutionFrame, chains: list) -> list:
+        """Of the new chains, what starts now, in the same order: in place of the prepack (and persist) of
+        an object this run computes in its source form, the source reads alone. Those prepacks start when
+        the run ends (:meth:`_release`): on the first run they would take the cores the run computes on,
+        and faulting in their fresh buffers costs more than the run's own scratch packs."""
+        plan = self.plan
+        reads: dict[str, list] = {}  # producer id -> its source reads
+        persists: set[str] = set()
+        for b, names in self._transient.items():
+            if b in frame.bound:
+                key = plan.requirements[b].key
+                entries = [self.store.current_read(n) for n in names]
+                reads[plan.producer[key]] = [e.task for e in entries if e is not None and e.task is not None]
+                persists.add(plan.persister.get(key, ""))
+        start, held = [], []
+        for t in chains:
+            if t.name in reads:
+                held.append(t)
+                start.extend(reads[t.name])
+            elif t.name in persists:
+                held.append(t)
+            else:
+                start.append(t)
+        frame.late = held
+        return list(dict.fromkeys(start))  # a source shared by two objects: one read
 
     def _run_cold(self, task: Task, frame: ExecutionFrame):
         """The cold path continuation (see the module docstring). Returns a Resume to yield."""
@@ -267,7 +313,8 @@ class Inference:
             start, stop, bits = segments[frame.segment]
             missing = self._pin(frame, bits, start)
             if missing is not None:
-                resume = self._wait_for(task, frame, missing, start)
+                resume = (self._wait_for(task, frame, missing, start) if type(missing) is int
+                          else self._wait_read(task, missing))
                 if resume is None:  # published meanwhile: pin again
                     continue
                 return resume
@@ -279,14 +326,18 @@ class Inference:
             # layer 0's MLP to the logits), and preparation ended 0.55 s before it on one native thread.
             prep = gauge.cpu_preparation_running()
             self._bind_threads()
+            forms = frame.forms
             while frame.pc < stop:
                 token.check()
                 pc = frame.pc
                 frame.step(execution)
                 for b in needs[pc]:  # unpin after the last use in this run
-                    if last_need[b] == pc and b in frame.pinned:
-                        store.unpin(frame.pinned.pop(b))
-                        frame.values[slots[b]] = None
+                    if last_need[b] == pc:
+                        if b in frame.pinned:
+                            store.unpin(frame.pinned.pop(b))
+                            frame.values[slots[b]] = None
+                        elif forms and forms.pop(b, None) is not None:
+                            frame.values[slots[b]] = None
                 if gauge.cpu_preparation_running() != prep:
                     prep = gauge.cpu_preparation_running()
                     self._bind_threads()
@@ -298,8 +349,9 @@ class Inference:
         frame.carry(execution)
         return None
 
-    def _pin(self, frame: ExecutionFrame, bits: tuple[int, ...], position: int) -> int | None:
-        """Pin every requirement of a segment the run does not hold yet; the first missing bit, or None."""
+    def _pin(self, frame: ExecutionFrame, bits: tuple[int, ...], position: int) -> int | Task | None:
+        """Pin every requirement of a segment the run does not hold yet; None when all are there, else
+        the first missing bit (wait for its producer) or the source read a source form waits for."""
         reqs = self.plan.requirements
         slots = self.plan.requirement_slots
         limited = self.producers.residency.limited
@@ -310,16 +362,48 @@ class Inference:
             value = self.store.try_pin(key, position)  # None: not resident (never was, or evicted just now)
             if value is None:
                 view = self._row_views.get(b)
-                if view is None:
-                    return b
-                frame.values[slots[b]] = view  # a row table: its consumers read the rows they need
+                if view is not None:
+                    frame.values[slots[b]] = view  # a row table: its consumers read the rows they need
+                    continue
+                form = frame.forms.get(b)
+                if form is None:
+                    names = self._transient.get(b)
+                    wait = self._source_form(frame, b, names) if names is not None else b
+                    if wait is not None:
+                        return wait
+                    form = frame.forms[b]
+                frame.values[slots[b]] = form  # its consumers compute from the source arrays
                 continue
+            frame.forms.pop(b, None)  # resident now: the prepared form from here on
             frame.values[slots[b]] = value
             frame.held.add(b)
             frame.pinned[b] = key
             if limited:
                 self._prefetch(position)
         return None
+
+    def _source_form(self, frame: ExecutionFrame, bit: int, names: tuple[str, ...]) -> int | Task | None:
+        """Take requirement ``bit``'s source form when its source reads are buffered (None); else the read
+        to wait for, or ``bit`` itself (no read in flight: wait for its producer, as without a source form)."""
+        arrays = []
+        for name in names:
+            entry = self.store.current_read(name)
+            value = entry.value if entry is not None else None
+            if value is None:
+                read = entry.task if entry is not None else None
+                return read if read is not None and not read.done else bit
+            arrays.append(value)
+        frame.forms[bit] = SourceForm(tuple(arrays))
+        return None
+
+    def _wait_read(self, task: Task, read: Task):
+        """Yield until a source read a source form needs completes, promoted to critical (None: done)."""
+        if read.done:
+            return None
+        self.scheduler.promote(read, Priority.CRITICAL)
+        self.counters["yields"] += 1
+        self.window.grow()
+        return task.resume_after(read)
 
     def _wait_for(self, task: Task, frame: ExecutionFrame, bit: int, position: int):
         """Yield until the producer of requirement ``bit`` completes (the one bound at submission, or a
@@ -385,7 +469,12 @@ class Inference:
         for key in frame.pinned.values():
             self.store.unpin(key)
         frame.pinned.clear()
+        frame.forms.clear()
         frame.release_allocations()
+        if frame.late:  # the prepacks this run held back (_hold_prepacks): wanted for later runs
+            late, frame.late = frame.late, []
+            if not self.producers.closed:
+                self.producers.start(late)
         if self._row_background and not self.producers.closed and not self.producers.residency.limited:
             # Row tables read by rows in this run: now read them whole, behind everything else.
             for b in self._row_background:
@@ -438,6 +527,15 @@ class Inference:
         entry = self._out_refs.pop(id(ref), None)
         if entry is not None:
             self._io.unhold(entry[1])
+
+
+#: ``$ONNX_PREPARED_SOURCE_FORMS=0``: cold runs wait for every prepack instead (A/B measurement)
+SOURCE_FORMS_ENV = "ONNX_PREPARED_SOURCE_FORMS"
+
+
+def source_forms_enabled() -> bool:
+    """Whether cold runs compute from source forms (PrepackSpec.transient_pack) while prepacks run."""
+    return os.environ.get(SOURCE_FORMS_ENV, "1") != "0"
 
 
 def _raiser(e: BaseException) -> Callable[[], None]:

@@ -82,8 +82,9 @@ def test_run_waiting_for_a_read_promotes_nothing_ahead(tmp_path, gated_reader):
 def test_cold_run_starts_its_chains_at_prefetch_in_need_order_and_the_row_table_after_it(tmp_path):
     """What a cold run submits and in which order, before its first node: one chain per requirement at
     prefetch priority, in the order the run first needs them (the I/O queue serves them FIFO), the run
-    itself at critical; a table read only by rows is not among them (its rows are read on the critical
-    path) and is read whole at background priority once the run has ended."""
+    itself at critical; for an object the run computes in its source form (4-bit MatMulNBits), only its
+    source reads, its prepack once the run has ended; a table read only by rows is not among them (its
+    rows are read on the critical path) and is read whole at background priority once the run has ended."""
     from onnx_prepared.generate import generate_tiny_llm
     from onnx_prepared.generate.config import TinyLlmConfig
     from onnx_prepared.generate.feeds import prefill_feeds
@@ -114,11 +115,21 @@ def test_cold_run_starts_its_chains_at_prefetch_in_need_order_and_the_row_table_
             chains, run = submitted[0], submitted[1]
             assert run == [("I.run-1", Priority.CRITICAL)]
             assert {p for _, p in chains} == {Priority.PREFETCH}
-            want = [plan.producer[plan.requirements[b].key] for b in plan.need_order
-                    if plan.requirements[b].sources != (embed,)]
+            forms = s.inference._transient
+            assert forms  # the MatMulNBits weights
+            want: list[str] = []
+            for b in plan.need_order:
+                r = plan.requirements[b]
+                if r.sources == (embed,):
+                    continue
+                ids = [f"S.{n}.read_source" for n in r.sources] if b in forms else [plan.producer[r.key]]
+                want += [i for i in ids if i not in want]
             assert [n for n, _ in chains if n in set(want)] == want  # need order
             assert not any(embed in n for n, _ in chains)  # rows first: no whole read before the output
+            prepacks = {plan.producer[plan.requirements[b].key] for b in forms}
+            assert not prepacks & {n for n, _ in chains}  # no prepack before the output ...
             assert whole_submitted.wait(20)  # once the run has ended ...
+            assert prepacks <= {n for sub in submitted[2:] for n, _ in sub}  # (the prepacks just before)
             (later,) = [sub for sub in submitted[2:] if any(embed in n for n, _ in sub)]
             assert {p for _, p in later} == {Priority.BACKGROUND}  # ... behind everything else
     finally:
