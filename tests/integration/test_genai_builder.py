@@ -194,7 +194,13 @@ def test_inference_session_and_runtime_session_agree_bit_for_bit(name: str) -> N
     sess = onnx_prepared.InferenceSession(model_path(name))
     expected, tokens = rollout(lambda f: sess.run(None, f), name, prompt(name))
     with RuntimeSession(model_path(name)) as rs:
-        actual, _ = rollout(rs.run, name, prompt(name), tokens)  # first run cold, the rest hot
+        def run(feeds):
+            out = rs.run(feeds)
+            if rs.counters["cold_runs"] == 1 and not rs.counters["hot_runs"]:
+                rs.prepare()  # the prepacks the cold run left for its end (source forms): the rest is hot
+            return out
+
+        actual, _ = rollout(run, name, prompt(name), tokens)  # first run cold, the rest hot
         assert (rs.counters["cold_runs"], rs.counters["hot_runs"]) == (1, 3)
     for i, (a, e) in enumerate(zip(actual, expected)):
         for k in e:

@@ -17,10 +17,12 @@ def _session_task_names(s) -> list[str]:
 
 
 def _check_plan_matches_what_ran(s, feeds):
-    """Cold run with every producer started at submission: each descriptor runs once, nothing else."""
+    """Cold run with every producer started at submission (or, for an object the run computed in its
+    source form, when it ended: prepare() waits for those): each descriptor runs once, nothing else."""
     acted = []
     with s.trace_actions(acted.append):
         s.run(feeds)
+    s.prepare()
     ran = _session_task_names(s)
     planned = [t.id for t in s.plan.session_tasks]
     assert sorted(ran) == sorted(planned)  # every task run has a descriptor, and every descriptor ran
