@@ -142,26 +142,29 @@ _CONV_EPILOGUES = {"Relu": (0.0, float("inf"), 0), "HardSwish": (float("-inf"), 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def _conv_epilogue(act: onnx.NodeProto, scalars: Mapping[str, float]) -> tuple[float, float, int, float] | None:
-    """``(lo, hi, act code, alpha)`` of the epilogue computing ``act`` (one of :data:`_CONV_EPILOGUES`), or
+def _conv_epilogue(op_type: str, attrs: dict | None, ins: tuple[str, ...], scalars: Mapping[str, float]
+                   ) -> tuple[float, float, int, float] | None:
+    """``(lo, hi, act code, alpha)`` of the epilogue computing the activation ``op_type`` (one of
+    :data:`_CONV_EPILOGUES`) of attributes ``attrs`` (the index's; None: references) and inputs ``ins``, or
     None when it has attributes or inputs the epilogue cannot express: a Clip's bounds must be attributes
     (opset 6-10) or float32 scalar Constant nodes (``scalars``; initializers are not read at resolution)."""
-    lo, hi, code = _CONV_EPILOGUES[act.op_type]
-    attrs = {a.name: onnx.get_attribute_value(a) for a in act.attribute}
-    if act.op_type == "LeakyRelu":
+    if attrs is None:
+        return None
+    lo, hi, code = _CONV_EPILOGUES[op_type]
+    if op_type == "LeakyRelu":
         if set(attrs) - {"alpha"}:
             return None
-        return lo, hi, code, float(np.float32(attrs.get("alpha", 0.01)))
-    if act.op_type == "Clip":
+        return lo, hi, code, _f32(attrs.get("alpha", 0.01))
+    if op_type == "Clip":
         if set(attrs) - {"min", "max"}:
             return None
         if attrs:  # Clip-6: bounds as attributes
-            if len(act.input) != 1:
+            if len(ins) != 1:
                 return None
-            mn, mx = float(np.float32(attrs.get("min", -_FLT_MAX))), float(np.float32(attrs.get("max", _FLT_MAX)))
+            mn, mx = _f32(attrs.get("min", -_FLT_MAX)), _f32(attrs.get("max", _FLT_MAX))
             lo, hi = (mn if mn > -_FLT_MAX else lo), (mx if mx < _FLT_MAX else hi)
         else:
-            bounds = [n for n in act.input[1:]]
+            bounds = ins[1:]
             if any(n and n not in scalars for n in bounds):
                 return None
             if len(bounds) > 0 and bounds[0]:
@@ -170,42 +173,61 @@ def _conv_epilogue(act: onnx.NodeProto, scalars: Mapping[str, float]) -> tuple[f
                 hi = scalars[bounds[1]]
         return (lo, hi, code, 0.0) if lo <= hi else None  # lo > hi: every value is hi (not a clip of [lo, hi])
     return (lo, hi, code, 0.0) if not attrs else None
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to float32, as a FLOAT attribute holds it (and parse_attributes reads it back)."""
+    return float(np.float32(v))
+
+
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+_FLOAT = onnx.TensorProto.FLOAT
 
 
-def _foldable_conv(node: onnx.NodeProto, weights: Mapping, outputs: set[str], *, fused_ok: bool) -> bool:
-    """A Conv (float32 initializer weight, Conv's own attributes only, output not a graph output), or with
-    ``fused_ok`` a FusedConv that has no activation yet."""
-    if node.domain in ("", "ai.onnx") and node.op_type == "Conv":
-        if any(a.name not in _CONV_ATTRS for a in node.attribute):
-            return False
-    elif fused_ok and node.domain == "onnx_prepared" and node.op_type == "FusedConv":
-        if any(a.name.startswith("activation_") for a in node.attribute):
-            return False
+def _foldable_conv(index: GraphIndex, idx: int, weights: Mapping, *, fused_ok: bool) -> dict | None:
+    """Node ``idx``'s attributes when it is a Conv (float32 initializer weight, Conv's own attributes only,
+    output not a graph output), or with ``fused_ok`` a FusedConv that has no activation yet; else None.
+    Read from the index alone (no protobuf field)."""
+    key = index.keys[idx]
+    if key == "Conv":
+        attrs = index.attributes(idx)
+        if attrs is None or not _CONV_ATTRS.issuperset(attrs):
+            return None
+    elif fused_ok and key == "onnx_prepared:FusedConv":
+        attrs = index.attributes(idx)
+        if attrs is None or any(k.startswith("activation_") for k in attrs):
+            return None
     else:
-        return False
-    if len(node.output) != 1 or node.output[0] in outputs:
-        return False
-    return len(node.input) >= 2 and node.input[1] in weights and weights[node.input[1]].dtype == "float32"
+        return None
+    outs = index.outputs[idx]
+    if len(outs) != 1 or outs[0] in index.graph_outputs:
+        return None
+    ins = index.inputs[idx]
+    if len(ins) < 2:
+        return None
+    w = weights.get(ins[1])
+    return attrs if w is not None and w.elem_type == _FLOAT else None
 
 
 #: BatchNormalization attributes the fold understands (training_mode and spatial only at their defaults)
 _BN_ATTRS = frozenset({"epsilon", "momentum", "spatial", "is_test", "consumed_inputs", "training_mode"})
 
 
-def _inference_bn(node: onnx.NodeProto, weights: Mapping, channels: int) -> float | None:
-    """The epsilon of an inference-mode BatchNormalization with float32 [channels] initializer statistics
-    and one output; None for anything else."""
-    if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 5:
+def _inference_bn(index: GraphIndex, i: int, weights: Mapping, channels: int) -> float | None:
+    """The epsilon of node ``i`` when it is an inference-mode BatchNormalization with float32 [channels]
+    initializer statistics and one output; None for anything else."""
+    ins, outs = index.inputs[i], index.outputs[i]
+    if index.keys[i] != "BatchNormalization" or len(ins) != 5:
         return None
-    if len(node.output) < 1 or any(node.output[1:]):
+    if len(outs) < 1 or any(outs[1:]):
         return None
-    attrs = {a.name: onnx.get_attribute_value(a) for a in node.attribute}
-    if set(attrs) - _BN_ATTRS or int(attrs.get("training_mode", 0)) or int(attrs.get("spatial", 1)) != 1:
+    attrs = index.attributes(i)
+    if (attrs is None or not _BN_ATTRS.issuperset(attrs) or int(attrs.get("training_mode", 0))
+            or int(attrs.get("spatial", 1)) != 1):
         return None
-    for name in node.input[1:]:
+    for name in ins[1:]:
         w = weights.get(name)
-        if w is None or w.dtype != "float32" or tuple(w.dims) != (channels,):
+        if w is None or w.elem_type != _FLOAT or tuple(w.dims) != (channels,):
             return None
     return float(attrs.get("epsilon", 1e-5))
 
@@ -213,77 +235,99 @@ def _inference_bn(node: onnx.NodeProto, weights: Mapping, channels: int) -> floa
 def fuse_conv_batchnorm(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite every Conv whose output feeds exactly one inference-mode BatchNormalization (and nothing
     else) into one FusedConv ``(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, writing the
-    BatchNormalization's output; returns how many were fused. Run before :func:`fuse_conv_activation`."""
+    BatchNormalization's output; returns how many were fused. Run before :func:`fuse_conv_activation`.
+    The Conv node becomes the FusedConv in place, and the index gets its fields and attributes as
+    written (no new node is built, copied and read back: that was ~20 us a fusion)."""
     index = index if index is not None else GraphIndex(graph)
     if not index.has("BatchNormalization"):
         return 0
     consumers = index.consumers
-    outputs = index.graph_outputs
-    replace: dict[int, onnx.NodeProto] = {}
+    fused: dict[int, tuple] = {}
     drop: set[int] = set()
     for idx in index.of("Conv"):
-        node = graph.node[idx]
-        if not _foldable_conv(node, weights, outputs, fused_ok=False) or len(weights[node.input[1]].dims) < 3:
+        attrs = _foldable_conv(index, idx, weights, fused_ok=False)
+        if attrs is None:
             continue
-        if len(node.input) > 2 and node.input[2] and node.input[2] not in weights:
+        ins = index.inputs[idx]
+        w = weights[ins[1]]
+        if len(w.dims) < 3 or (len(ins) > 2 and ins[2] and ins[2] not in weights):
             continue
-        users = consumers.get(node.output[0], [])
+        users = consumers.get(index.outputs[idx][0], [])
         if len(users) != 1 or users[0] in drop:
             continue
-        bn = graph.node[users[0]]
-        eps = _inference_bn(bn, weights, int(weights[node.input[1]].dims[0]))
+        bn = users[0]
+        eps = _inference_bn(index, bn, weights, int(w.dims[0]))
         if eps is None:
             continue
-        bias = node.input[2] if len(node.input) > 2 else ""
-        fused = onnx.NodeProto(op_type=_conv_fused().FUSED_OP, input=[*node.input[:2], bias, *bn.input[1:]],
-                               output=[bn.output[0]], name=node.name, domain=_conv_fused().FUSED_DOMAIN)
-        fused.attribute.extend(node.attribute)
-        fused.attribute.add(name="bn_epsilon", type=onnx.AttributeProto.FLOAT, f=eps)
-        replace[idx] = fused
-        drop.add(users[0])
-    return _rewrite(graph, replace, drop, index)
+        new_ins = (*ins[:2], ins[2] if len(ins) > 2 else "", *index.inputs[bn][1:])
+        out = index.outputs[bn][0]
+        cf = _conv_fused()  # (the kernel module loads only when a model has a Conv to fuse)
+        node = graph.node[idx]
+        node.op_type, node.domain = cf.FUSED_OP, cf.FUSED_DOMAIN
+        del node.input[:]
+        node.input.extend(new_ins)
+        node.output[0] = out
+        node.attribute.add(name="bn_epsilon", type=onnx.AttributeProto.FLOAT, f=eps)
+        fused[idx] = (cf.FUSED_OP, cf.FUSED_DOMAIN, new_ins, (out,), {**attrs, "bn_epsilon": _f32(eps)})
+        drop.add(bn)
+    return _fused(graph, fused, drop, index)
 
 
 def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) or activation-free
     FusedConv whose output feeds exactly one Relu, HardSwish, LeakyRelu or Clip of constant bounds and
     nothing else (not a graph output) into one FusedConv writing the activation's output; returns how
-    many were fused."""
+    many were fused. In place, as :func:`fuse_conv_batchnorm`."""
     index = index if index is not None else GraphIndex(graph)
     if not index.has(*_CONV_EPILOGUES):
         return 0
     scalars = _constant_scalars(graph, index) if index.has("Clip") else {}
     consumers = index.consumers
-    outputs = index.graph_outputs
-    replace: dict[int, onnx.NodeProto] = {}
+    fused: dict[int, tuple] = {}
     drop: set[int] = set()
     for idx in index.of("Conv", "onnx_prepared:FusedConv"):
-        node = graph.node[idx]
-        if not _foldable_conv(node, weights, outputs, fused_ok=True):
+        attrs = _foldable_conv(index, idx, weights, fused_ok=True)
+        if attrs is None:
             continue
-        users = consumers.get(node.output[0], [])
+        out = index.outputs[idx][0]
+        users = consumers.get(out, [])
         if len(users) != 1 or users[0] in drop:
             continue
-        act = graph.node[users[0]]
-        if act.op_type not in _CONV_EPILOGUES or act.domain not in ("", "ai.onnx") or len(act.output) != 1:
+        u = users[0]
+        op, act_ins, act_outs = index.keys[u], index.inputs[u], index.outputs[u]
+        if op not in _CONV_EPILOGUES or len(act_outs) != 1:  # (a key is the bare op type in the default domain)
             continue
-        if act.input[0] != node.output[0]:  # a Clip bound computed by the Conv
+        if act_ins[0] != out:  # a Clip bound computed by the Conv
             continue
-        ep = _conv_epilogue(act, scalars)
+        ep = _conv_epilogue(op, index.attributes(u), act_ins, scalars)
         if ep is None:
             continue
         lo, hi, code, alpha = ep
-        fused = onnx.NodeProto(op_type=_conv_fused().FUSED_OP, input=list(node.input), output=list(act.output),
-                               name=node.name, domain=_conv_fused().FUSED_DOMAIN)
-        fused.attribute.extend(node.attribute)
-        fused.attribute.add(name="activation_lo", type=onnx.AttributeProto.FLOAT, f=lo)
-        fused.attribute.add(name="activation_hi", type=onnx.AttributeProto.FLOAT, f=hi)
-        fused.attribute.add(name="activation_act", type=onnx.AttributeProto.INT, i=code)
+        cf = _conv_fused()
+        node = graph.node[idx]
+        node.op_type, node.domain = cf.FUSED_OP, cf.FUSED_DOMAIN
+        node.output[0] = act_outs[0]
+        add = node.attribute.add
+        add(name="activation_lo", type=onnx.AttributeProto.FLOAT, f=lo)
+        add(name="activation_hi", type=onnx.AttributeProto.FLOAT, f=hi)
+        add(name="activation_act", type=onnx.AttributeProto.INT, i=code)
+        new_attrs = {**attrs, "activation_lo": _f32(lo), "activation_hi": _f32(hi), "activation_act": code}
         if code == 2:
-            fused.attribute.add(name="activation_alpha", type=onnx.AttributeProto.FLOAT, f=alpha)
-        replace[idx] = fused
-        drop.add(users[0])
-    return _rewrite(graph, replace, drop, index)
+            add(name="activation_alpha", type=onnx.AttributeProto.FLOAT, f=alpha)
+            new_attrs["activation_alpha"] = _f32(alpha)
+        fused[idx] = (cf.FUSED_OP, cf.FUSED_DOMAIN, index.inputs[idx], act_outs, new_attrs)
+        drop.add(u)
+    return _fused(graph, fused, drop, index)
+
+
+def _fused(graph, fused: dict[int, tuple], drop: set[int], index: GraphIndex) -> int:
+    """Remove ``drop``'s nodes after a pass rewrote the ``fused`` nodes in place (index -> (op_type,
+    domain, inputs, outputs, attributes) as written) and tell ``index``; the count of fusions."""
+    if fused:
+        for i in sorted(drop, reverse=True):
+            del graph.node[i]
+        index.fused(fused, drop)
+    return len(fused)
 
 
 def _conv_fused():

@@ -164,6 +164,22 @@ class GraphIndex:
             del self._attrs[i]
         self._changed()
 
+    def fused(self, nodes: dict[int, tuple], drop: Iterable[int]) -> None:
+        """Node ``i`` was rewritten in place into ``nodes[i]`` = (op_type, domain, inputs, outputs,
+        attributes as ``parse_attributes`` would read them; its name kept) and the ``drop`` indices were
+        deleted: update the lists from these facts, reading no node."""
+        for i, (op, d, ins, outs, attrs) in nodes.items():
+            self.op_types[i] = op
+            self.domains[i] = d
+            self.keys[i] = op if d in _DEFAULT else f"{d}:{op}"
+            self.inputs[i] = ins
+            self.outputs[i] = outs
+            self._attrs[i] = attrs
+        for i in sorted(drop, reverse=True):
+            del self.op_types[i], self.domains[i], self.names[i], self.keys[i], self.inputs[i], self.outputs[i]
+            del self._attrs[i]
+        self._changed()
+
     def rewired(self, inputs: list[tuple[str, ...]], keep: list[int]) -> None:
         """The graph kept the nodes ``keep`` (old indices, in order), reading ``inputs`` (per kept node)."""
         self.op_types = [self.op_types[i] for i in keep]
