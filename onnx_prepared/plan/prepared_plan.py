@@ -125,17 +125,8 @@ class PreparedExecutionPlan:
     def session_closure(self, task_ids: list[str]) -> list[str]:
         """Session tasks ``task_ids`` transitively depend on (including themselves), dependencies first."""
         seen: dict[str, None] = {}
-
-        def visit(tid: str) -> None:
-            if tid in seen:
-                return
-            for d in self.by_id[tid].dependencies:
-                if self.by_id[d].scope is TaskScope.SESSION:
-                    visit(d)
-            seen[tid] = None
-
         for t in task_ids:
-            visit(t)
+            _visit(self.by_id, t, seen)
         return list(seen)
 
     def table(self) -> str:
@@ -268,6 +259,17 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
         MappingProxyType(producer), MappingProxyType(by_id), output_bits, tuple(order),
         MappingProxyType(persister), MappingProxyType(restorer),
     )
+
+
+def _visit(by_id: dict[str, TaskDescriptor], tid: str, seen: dict[str, None]) -> None:
+    """Add ``tid``'s session-scope dependencies to ``seen`` (dependencies first), then ``tid`` (a
+    module function: a nested recursive closure is a reference cycle left to the cyclic collector)."""
+    if tid in seen:
+        return
+    for d in by_id[tid].dependencies:
+        if by_id[d].scope is TaskScope.SESSION:
+            _visit(by_id, d, seen)
+    seen[tid] = None
 
 
 def _slot_name(key: PreparedKey) -> str:

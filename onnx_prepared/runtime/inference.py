@@ -44,7 +44,7 @@ from onnx_prepared.resolve import PreparedKey
 from onnx_prepared.resolve.rows import RowView
 from onnx_prepared.runtime.context import RuntimeContext
 from onnx_prepared.runtime.frame import ExecutionFrame
-from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error
+from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error, weakly
 from onnx_prepared.runtime.state import PrefetchWindow, PreparedExecutionState
 from onnx_prepared.scheduler import ExecutionHandle, Priority, Resource, RuntimeScheduler, Task, TaskState
 
@@ -78,8 +78,9 @@ class Inference:
         # outputs held in the IOArena), unheld when the output dies (arrays are unhashable: the key is
         # the ref's id)
         self._out_refs: dict[int, tuple[weakref.ref, int]] = {}
-        self._dropped = self._outputs_dropped  # the weak references' callback, bound once
         self._io = state.arenas.io
+        # the weak references' callback, built once; it holds the dict and the arena, not self (no cycle)
+        self._dropped = _outputs_dropped(self._out_refs, self._io)
         self._execution_arena = state.arenas.execution
         self._output_slots = plan.execution.output_slots
         self._hot: tuple[int, list] | None = None  # (epoch, (slot, object) of every resident requirement)
@@ -91,7 +92,7 @@ class Inference:
         self._need_index = {b: i for i, b in enumerate(plan.need_order)}
         self._segments = tuple((*t.actions, tuple(bit[k] for k in t.prepared_requirements))
                                for t in plan.invocation_tasks) + ((n, n, plan.output_requirements),)
-        producers.on_evict = self._evicted
+        producers.on_evict = weakly(self._evicted)  # (producers is held by self: no cycle through it)
         # Source forms (PrepackSpec.source_form): bit -> its source names. While such an object is not
         # resident, a cold run hands its consumers the source reads (a SourceForm) instead of waiting for
         # its prepack, which starts when the run ends (_hold_prepacks); later runs take the prepared
@@ -523,10 +524,18 @@ class Inference:
                 self._out_refs[id(ref)] = (ref, nbytes)
         return outs
 
-    def _outputs_dropped(self, ref: weakref.ref) -> None:
-        entry = self._out_refs.pop(id(ref), None)
+
+
+def _outputs_dropped(out_refs: dict, io: Any) -> Callable[[weakref.ref], None]:
+    """The callback of a run's output weak reference: unhold the bytes recorded under it."""
+    pop, unhold = out_refs.pop, io.unhold
+
+    def dropped(ref: weakref.ref) -> None:
+        entry = pop(id(ref), None)
         if entry is not None:
-            self._io.unhold(entry[1])
+            unhold(entry[1])
+
+    return dropped
 
 
 #: ``$ONNX_PREPARED_SOURCE_FORMS=0``: cold runs wait for every prepack instead (A/B measurement)

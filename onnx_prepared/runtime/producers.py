@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,19 @@ def _estimate(d: TaskDescriptor) -> MemoryEstimate:
         return MemoryEstimate(Domain.PREPARATION, temp=d.estimated_input_bytes)
     return MemoryEstimate(_DOMAIN[d.kind], input=d.estimated_input_bytes, output=d.estimated_output_bytes)
 REFUSED = object()  #: returned by ensure() when residency refused a prefetch
+
+
+def weakly(method: Callable) -> Callable:
+    """``method`` (bound) called through a weak reference to its object (None once that is gone): a
+    callback held by something its object holds, without a reference cycle, so a dropped session is
+    freed by reference counting instead of waiting for (and costing) a cyclic collection."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        m = ref()
+        return None if m is None else m(*args)
+
+    return call
 
 
 def producer_error(task: Task) -> BaseException:
@@ -66,14 +80,15 @@ class Producers:
         # among ready prepacks a free preparation slot takes the one needed next (medium, cold: layer 0's
         # MLP prepack queued behind layers 1-3's, whose smaller reads had finished first).
         self._rank = {keys[b]: i for i, b in enumerate(plan.need_order)}
+        # the budget's callbacks hold this object weakly (weakly): no cycle through them
         policy = ResidencyPolicy(
-            limit, {k: i for i, k in enumerate(keys)}, plan.next_need, self.persisted,
+            limit, {k: i for i, k in enumerate(keys)}, plan.next_need, weakly(self.persisted),
             EvictionPolicy(eviction_policy),
             critical_reserve=max((r.estimated_bytes for r in plan.requirements), default=0),
         )
         self.residency = ResidencyBudget(policy, self.store, state.arenas.prepared,
-                                         persist=self.persist_now if self.persisting else None,
-                                         on_evict=self._evicted)
+                                         persist=weakly(self.persist_now) if self.persisting else None,
+                                         on_evict=weakly(self._evicted))
 
     def keep(self, handle: ExecutionHandle) -> None:
         """Own a session-internal handle until it is terminal (dropping a live handle would wait)."""
