@@ -20,7 +20,7 @@ import types
 from collections.abc import Callable
 
 from onnx_prepared.kernels import catalog
-from onnx_prepared.records import record
+from onnx_prepared.records import field, record
 
 KernelFn = Callable[..., tuple]
 
@@ -46,10 +46,11 @@ class KernelSpec:
     #: True when the function accepts ``**kwargs`` (any attribute)
     var_kwargs: bool
     wants_n_outputs: bool
+    #: "domain::op_type-since", the name a binding reports (derived once: every bound node asks)
+    name: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def name(self) -> str:
-        return f"{self.domain or 'ai.onnx'}::{self.op_type}-{self.since}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", f"{self.domain or 'ai.onnx'}::{self.op_type}-{self.since}")
 
 
 REGISTRY: dict[tuple[str, str], dict[int, KernelSpec]] = {}
@@ -63,6 +64,7 @@ def kernel(op_type: str, since: int = 1, *, domain: str = "", until: int | None 
         dom = normalize_domain(domain)
         spec = KernelSpec(dom, op_type, since, until, fn, params, var_kwargs, "n_outputs" in params)
         REGISTRY.setdefault((dom, op_type), {})[since] = spec
+        _LOOKUPS.clear()
         return fn
 
     return register
@@ -86,16 +88,24 @@ def lookup(domain: str, op_type: str, opset: int) -> KernelSpec | None:
 
     Imports the op's kernel modules on first use (:mod:`onnx_prepared.kernels.catalog`).
     """
+    key = (domain, op_type, opset)
+    got = _LOOKUPS.get(key, _UNKNOWN)
+    if got is not _UNKNOWN:
+        return got
     domain = normalize_domain(domain)
     catalog.ensure_loaded(domain, op_type)
-    versions = REGISTRY.get((domain, op_type))
-    if not versions:
-        return None
     best = None
-    for since, spec in versions.items():
+    for since, spec in REGISTRY.get((domain, op_type), {}).items():
         if since <= opset and (spec.until is None or opset < spec.until) and (best is None or since > best.since):
             best = spec
+    _LOOKUPS[key] = best
     return best
+
+
+#: lookup's answers by (domain as asked, op_type, opset), after the op's modules were loaded; emptied by
+#: every registration (a module loaded later may add a version)
+_LOOKUPS: dict[tuple[str, str, int], KernelSpec | None] = {}
+_UNKNOWN = object()
 
 
 def available(domain: str, op_type: str) -> list[str]:

@@ -34,6 +34,7 @@ from onnx_prepared.resolve.graph_index import GraphIndex
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
 from onnx_prepared.resolve.rows import NodeView, RowTable, find_row_tables, row_capable, row_reshape
+from onnx_prepared.resolve.rows import has_candidates as has_row_candidates
 
 
 @record(frozen=True, slots=True)
@@ -266,8 +267,12 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
                                                 sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
     requirements = tuple(requirements)
     # the nodes as the rows pass reads them (op_type, domain, name, input, output), from the index's lists
-    views = [NodeView(*m) for m in zip(index.op_types, index.domains, index.names, index.inputs, index.outputs)]
-    row_tables, row_nodes = find_row_tables(views, node_attrs, weights, requirements, frozenset(index.graph_outputs))
+    if has_row_candidates(weights, requirements):
+        views = [NodeView(*m) for m in zip(index.op_types, index.domains, index.names, index.inputs, index.outputs)]
+        row_tables, row_nodes = find_row_tables(views, node_attrs, weights, requirements,
+                                                frozenset(index.graph_outputs))
+    else:  # (no external table: no view of every node built for nothing)
+        row_tables, row_nodes = {}, {}
     for idx, positions in row_nodes.items():
         k, node = kernels[idx], views[idx]
         if idx in node_prepacks:  # Gather, GatherBlockQuantized and Reshape have no prepack rule

@@ -97,6 +97,13 @@ class NodeView(NamedTuple):
     output: tuple[str, ...]
 
 
+def has_candidates(weights: Mapping[str, WeightDescriptor], requirements: Sequence[Any]) -> bool:
+    """Whether a raw requirement's one source is external and large enough to be a row table (most models
+    have none: :func:`find_row_tables` then walks no node, and its caller need not describe them)."""
+    return any(r.spec is None and len(r.sources) == 1 and weights[r.sources[0]].is_external
+               and weights[r.sources[0]].nbytes >= MIN_TABLE_BYTES for r in requirements)
+
+
 def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any] | None],
                     weights: Mapping[str, WeightDescriptor], requirements: Sequence[Any],
                     outputs: frozenset[str] = frozenset()) -> tuple[dict[str, RowTable], dict[int, tuple[int, ...]]]:
@@ -108,8 +115,7 @@ def find_row_tables(nodes: Sequence[Any], node_attrs: Sequence[Mapping[str, Any]
     only they read, ``outputs`` being the graph outputs) and its payload is external and large enough.
     A Reshape to wrap is returned with the table positions ``()``.
     """
-    if not any(r.spec is None and len(r.sources) == 1 and weights[r.sources[0]].is_external
-               and weights[r.sources[0]].nbytes >= MIN_TABLE_BYTES for r in requirements):
+    if not has_candidates(weights, requirements):
         return {}, {}  # no candidate table (most models): no per-node walk
     row_ops = {i: _row_op(n, a, weights) for i, (n, a) in enumerate(zip(nodes, node_attrs))}
     readers: dict[str, list[int]] = {}
