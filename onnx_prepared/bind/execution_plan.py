@@ -52,7 +52,7 @@ class ExecutionPlan:
     output_slots: tuple[int, ...]
     constant_slots: dict[str, int]  # initializer name -> slot
     actions: tuple[ExecuteAction, ...]
-    node_labels: tuple[str, ...]  # "name (op_type)" per node, for error messages
+    node_labels: Sequence[str]  # "name (op_type)" per node, for error messages (bind.graph.NodeLabels)
     # (slot, value) of Constant nodes computed once at binding (read-only); every run's slot list starts
     # with them (new_values), so they are no action at all
     presets: tuple[tuple[int, object], ...] = ()

@@ -103,10 +103,7 @@ def build_execution_plan(
     order = _topological_order(nodes, node_ins, node_outs, implicit, set(slots))
     metas = (node_meta if node_meta is not None and len(node_meta) == n_nodes
              else [(n.name, n.domain, n.op_type) for n in nodes])  # each field read once
-    labels = tuple(
-        f"{name or '#' + str(idx)!r} ({domain + '::' if domain else ''}{op_type})"
-        for idx, (name, domain, op_type) in enumerate(metas)
-    )
+    labels = NodeLabels(tuple(metas))
     bound = []
     presets: list[tuple[int, object]] = []
     known: dict[int, object] = {NONE_SLOT: None}  # slots whose value binding knows: folded constants
@@ -162,6 +159,35 @@ def build_execution_plan(
         names[s] = n
     return ExecutionPlan(tuple(names), input_slots, output_slots, constant_slots, tuple(actions), labels,
                          tuple(presets))
+
+
+class NodeLabels(Sequence):
+    """``"'name' (domain::op_type)"`` per node (``'#i'`` for an unnamed one), spelt out when an error
+    message asks for one: a plan's nodes mostly never fail, and formatting every label at binding was
+    ~0.4 us a node. Compares equal to the tuple of the labels."""
+
+    __slots__ = ("_metas",)
+
+    def __init__(self, metas: tuple[tuple[str, str, str], ...]) -> None:
+        self._metas = metas  # (name, domain, op_type) per node
+
+    def __len__(self) -> int:
+        return len(self._metas)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return tuple(self)[idx]
+        name, domain, op_type = self._metas[idx]
+        return f"{name or '#' + str(idx % len(self._metas))!r} ({domain + '::' if domain else ''}{op_type})"
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, NodeLabels) else other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def _folded_constant(domain: str, output: str, k: BoundKernel, graph_outputs: set[str]) -> np.ndarray | None:

@@ -197,8 +197,6 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     raw_inputs: dict[int, list[tuple[int, PreparedKey]]] = {}
     kernels: list[BoundKernel] = []
     node_attrs: list[dict | None] = []
-    node_io: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-    node_meta: list[tuple[str, str, str]] = []
 
     def require(key: PreparedKey, sources: tuple[str, ...], spec, node_idx: int) -> None:
         r = reqs.setdefault(key, {"sources": sources, "spec": spec, "consumers": []})
@@ -213,22 +211,21 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             key = raw_keys[name] = PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
         return key
 
+    inputs_of, attributes = index.inputs, index.attributes
     for idx, node in enumerate(graph.node):
-        ins = index.inputs[idx]
-        node_io.append((ins, index.outputs[idx]))
-        node_meta.append((index.names[idx], index.domains[idx], index.op_types[idx]))
-        const_pos = frozenset(i for i, n in enumerate(ins) if n and n in weights)
-        shapes = {}
-        for i in const_pos:
-            d = weights[ins[i]]
-            dtype_name = _numpy_name(d.elem_type)
-            if dtype_name is not None:
-                shapes[i] = (d.dims, dtype_name)
-        spec = None
-        attrs = index.attributes(idx)  # None: attribute references, only the fallback resolves them
+        ins = inputs_of[idx]
+        const_pos = [i for i, n in enumerate(ins) if n and n in weights]  # in input order
+        attrs = attributes(idx)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
         implicit = implicit_of(node)
-        if attrs is not None and const_pos:
+        spec = None
+        if const_pos and attrs is not None:
+            shapes = {}
+            for i in const_pos:
+                d = weights[ins[i]]
+                dtype_name = _numpy_name(d.elem_type)
+                if dtype_name is not None:
+                    shapes[i] = (d.dims, dtype_name)
             spec = prepack_mod.match(node, attrs, frozenset(shapes), shapes)
         if spec is not None:
             sources = tuple(ins[i] for i in spec.source_inputs)
@@ -237,21 +234,26 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             node_prepacks[idx] = NodePrepack(key, spec)
             # called as kernel(packed, *other inputs): the plan rewires the node's inputs to match
             kernels.append(BoundKernel(spec.kernel, f"prepacked:{spec.layout}", False))
+            packed = spec.source_inputs
+            const_pos = [i for i in const_pos if i not in packed]
         else:
             kernels.append(bind_kernel(node, env, implicit=implicit, attrs=attrs))
-        packed_pos = set(spec.source_inputs) if spec is not None else set()
-        raws = []
-        for i in sorted(const_pos - packed_pos):
-            key = raw_key(ins[i])
-            require(key, key.lineage, None, idx)
-            raws.append((i, key))
-        for name in implicit:
-            if name in weights:
-                key = raw_key(name)
+        if const_pos or implicit:
+            raws = []
+            for i in const_pos:
+                key = raw_key(ins[i])
                 require(key, key.lineage, None, idx)
-                raws.append((-1, key))
-        if raws:
-            raw_inputs[idx] = raws
+                raws.append((i, key))
+            for name in implicit:
+                if name in weights:
+                    key = raw_key(name)
+                    require(key, key.lineage, None, idx)
+                    raws.append((-1, key))
+            if raws:
+                raw_inputs[idx] = raws
+    # per node (input names, output names) and (name, domain, op_type), from the index's lists
+    node_io = tuple(zip(index.inputs, index.outputs))
+    node_meta = tuple(zip(index.names, index.domains, index.op_types))
     for o in graph.output:  # an initializer returned as a graph output
         if o.name in weights:
             require(raw_key(o.name), (o.name,), None, len(graph.node))
@@ -312,8 +314,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         manifest=PayloadManifest(MappingProxyType(active), MappingProxyType(dormant)),
         removed_nodes=removed,
         node_count=len(graph.node),
-        node_io=tuple(node_io),
-        node_meta=tuple(node_meta),
+        node_io=node_io,
+        node_meta=node_meta,
         initializer_names=live_inits,
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
