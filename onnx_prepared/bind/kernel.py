@@ -45,26 +45,29 @@ def bind_kernel(
     *,
     implicit: tuple[str, ...] | None = None,
     attrs: dict | None = None,
+    fields: tuple[str, str, int] | None = None,
 ) -> BoundKernel:
     """Choose and bind the kernel for ``node`` (fast kernel first, then the reference fallback).
 
-    ``env`` is the graph's shared fallback state; ``implicit`` the node's outer-scope names and
-    ``attrs`` its parsed attributes when the caller already computed them.
+    ``env`` is the graph's shared fallback state; ``implicit`` the node's outer-scope names, ``attrs``
+    its parsed attributes and ``fields`` its (domain, op_type, number of outputs) when the caller
+    already has them (resolution's index: no protobuf field is read then on the fast-kernel path).
     """
-    domain = registry.normalize_domain(node.domain)
+    raw_domain, op_type, n_outputs = fields if fields is not None else (node.domain, node.op_type, None)
+    domain = registry.normalize_domain(raw_domain)
     opsets = env.model_opsets
-    opset = node_opset(node, opsets)
+    opset = opsets.get(domain, opsets.get("ai.onnx", 0)) if domain == "" else opsets.get(domain, 1)  # node_opset
     if implicit is None:
         implicit = implicit_inputs_of(node, env.outer_names_memo)
     functions = env.function_protos
-    spec = None if (node.domain, node.op_type) in functions else registry.lookup(domain, node.op_type, opset)
+    spec = None if functions and (raw_domain, op_type) in functions else registry.lookup(domain, op_type, opset)
     if spec is not None and not implicit:
         if attrs is None:
             attrs = parse_attributes(node)
         if attrs is not None and (spec.var_kwargs or set(attrs) <= spec.params):
             attrs = dict(attrs)
             if spec.wants_n_outputs:
-                attrs["n_outputs"] = len(node.output)
+                attrs["n_outputs"] = len(node.output) if n_outputs is None else n_outputs
             call = functools.partial(spec.fn, **attrs) if attrs else spec.fn
             return BoundKernel(call, spec.name, False)
     if spec is None:

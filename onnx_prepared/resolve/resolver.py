@@ -211,7 +211,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             key = raw_keys[name] = PreparedKey((name,), RAW, "cpu", _digest((name,), weights, sidecar))
         return key
 
-    inputs_of, attributes = index.inputs, index.attributes
+    inputs_of, outputs_of, attributes = index.inputs, index.outputs, index.attributes
+    domains, op_types = index.domains, index.op_types
     for idx, node in enumerate(graph.node):
         ins = inputs_of[idx]
         const_pos = [i for i, n in enumerate(ins) if n and n in weights]  # in input order
@@ -237,7 +238,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             packed = spec.source_inputs
             const_pos = [i for i in const_pos if i not in packed]
         else:
-            kernels.append(bind_kernel(node, env, implicit=implicit, attrs=attrs))
+            kernels.append(bind_kernel(node, env, implicit=implicit, attrs=attrs,
+                                       fields=(domains[idx], op_types[idx], len(outputs_of[idx]))))
         if const_pos or implicit:
             raws = []
             for i in const_pos:
