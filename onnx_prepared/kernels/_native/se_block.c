@@ -32,7 +32,7 @@
 #endif
 
 /* pool a block from this many multiply-adds and copied floats on (~10 us on one thread) */
-enum { SE_POOL_WORK = 1 << 17, SE_MEAN_ITEM = 8192, SE_EXCITE_ITEM = 2 * SE_BLOCK };
+enum { SE_POOL_WORK = 1 << 17, SE_MEAN_ITEM = 8192, SE_EXCITE_ITEM = SE_BLOCK };
 
 typedef struct {
     const se_job *j;

@@ -27,7 +27,7 @@ extern const se_ops se_ops_portable, se_ops_avx2, se_ops_avx512;
 
 /* the vector blocks of the two products (floats): the hidden phase's and the excite phase's items are
  * multiples of SE_BLOCK */
-enum { SE_BLOCK = 32 };
+enum { SE_BLOCK = 128 };
 
 PyObject *py_se_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -1,6 +1,7 @@
 /* se_block.inc built three times: portable, AVX2 and AVX-512 (x86-64; elsewhere all portable). */
 #include "se_block.h"
 
+#define SE_VW 8
 #define SE_OPS se_ops_portable
 #define SE_FN(name) se_##name##_portable
 #include "se_block.inc"
@@ -19,6 +20,8 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
+#undef SE_VW
+#define SE_VW 16
 #define SE_OPS se_ops_avx512
 #define SE_FN(name) se_##name##_avx512
 #include "se_block.inc"
