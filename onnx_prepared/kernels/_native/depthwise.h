@@ -41,7 +41,7 @@ void dw_planes_avx512(const dw_job *j, int t);
 /* the small-plane task (channels last): task t is image t / ceil(C / DW_CL_BLOCK), one block of channels;
  * taken for one-channel groups with mult 1 and input planes of at most DW_CL_MAX_PLANE elements, with
  * the job's cl_* tap lists */
-enum { DW_CL_BLOCK = 64, DW_CL_MAX_PLANE = 64 };
+enum { DW_CL_BLOCK = 64, DW_CL_MAX_PLANE = 64, DW_CL_T8_TAPS = 64 };
 void dw_cl_portable(const dw_job *j, int t);
 void dw_cl_avx2(const dw_job *j, int t);
 void dw_cl_avx512(const dw_job *j, int t);
