@@ -80,6 +80,8 @@ CONVS = [  # (x shape, w shape, attrs)
     ((1, 32, 1, 1), (8, 32, 1, 1), {}),
     ((2, 7, 6, 5), (5, 7, 1, 1), dict(strides=[2, 1])),
     ((1, 5, 17), (9, 5, 3), dict(pads=[1, 2])),
+    ((1, 4, 40, 37), (8, 4, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # stride-2 rows of 19: two gathers
+    ((1, 16, 20, 20), (20, 16, 3, 3), dict(pads=[1, 1, 1, 1])),  # no column matrix, on the pool, 20 rows
 ]
 
 

@@ -72,11 +72,9 @@ static void padded_extent(const qc_dims *d, long *HP, long *WP)
  * each column row is a plain copy (unit stride, 16 columns at a time: the scratch has 16 more) or a
  * strided gather, with no bounds per row: on small
  * planes the per-row bounds cost more than the product (32 channels of 12x12, 3x3: ~3500 rows of 12) */
-static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *cols, long P16, int16_t *xp)
+/* the group's planes centered (x - zx) into xp [cg, HP, WP], zeros in the pads */
+static void center_planes(const uint8_t *xg, const qc_dims *d, long cg, int16_t *xp, long HP, long WP)
 {
-    long HP, WP;
-    padded_extent(d, &HP, &WP);
-    const long kk = d->kh * d->kw, K = cg * kk, P = d->oh * d->ow;
     const int zx = d->zx;
     memset(xp, 0, (size_t)(cg * HP * WP) * 2);
     const long nx = d->w < WP - d->pl ? d->w : WP - d->pl; /* input columns inside the extent */
@@ -92,6 +90,21 @@ static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *co
             }
         }
     }
+}
+
+#ifdef QL_X86
+static void gather_s2_avx512(int16_t *dst, const int16_t *src, long n);
+#endif
+
+/* im2col_i16's wide build: stride-2 rows gathered 16 at a time (gather_s2_avx512) */
+static int g_im2col_s2_wide;
+
+static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *cols, long P16, int16_t *xp)
+{
+    long HP, WP;
+    padded_extent(d, &HP, &WP);
+    const long kk = d->kh * d->kw, K = cg * kk, P = d->oh * d->ow;
+    center_planes(xg, d, cg, xp, HP, WP);
     for (long k = 0; k < K; k++) {
         const long ci = k / kk, r = k % kk, ky = r / d->kw, kx = r % d->kw;
         int16_t *dst = cols + k * P16;
@@ -100,6 +113,12 @@ static void im2col_i16(const uint8_t *xg, const qc_dims *d, long cg, int16_t *co
             if (d->sw == 1) { /* 16 at a time: the overhang is rewritten by the next row (or the tail memsets) */
                 for (long ox = 0; ox < d->ow; ox += 16) memcpy(dst + ox, src + ox, 32);
             } else {
+#ifdef QL_X86
+                if (d->sw == 2 && g_im2col_s2_wide) {
+                    gather_s2_avx512(dst, src, d->ow);
+                    continue;
+                }
+#endif
                 for (long ox = 0; ox < d->ow; ox++) dst[ox] = src[ox * d->sw];
             }
         }
@@ -228,50 +247,110 @@ static void gemm_avx2(const int16_t *w, long Kp, const int16_t *cols, long P16, 
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
-/* gemm_avx2's product on 8 weight rows x 16 pixels: rows k and k + 1 of the columns interleaved into
- * pairs in pixel order (one permute of both rows), each pair times a weight pair added in int32 by one
- * vpdpwssd (exact: centered values are at most 255 in magnitude, no pair sum saturates), then
- * gemm_avx2's requantization on 16 pixels at once (the same operations per pixel: the same bits) */
-static void gemm_avx512(const int16_t *w, long Kp, const int16_t *cols, long P16, long P, long mg,
-                        const int32_t *bias, const float *scales, void *y, long ybase, int ymode, float lo_f,
-                        float hi_f, int zy_i)
+/* The AVX-512 VNNI product, column row k read at xp + off[k]: the im2col columns (off[k] = k * P16, WP =
+ * ow: every position valid) or, for stride-1 convolutions, no column matrix: the output is computed on
+ * the padded width (wide position p = oy * WP + ox, ox < WP; the ox >= ow ones are computed and dropped),
+ * where the column row of k = (ci, ky, kx) is the centered padded planes xp from off[k] = (ci * HP + ky *
+ * dh) * WP + kx * dw on, a plain slice. Rows k and k + 1 interleaved into pairs in position order (one
+ * permute of both), each pair times a weight pair added in int32 by one vpdpwssd (exact: centered values
+ * are at most 255 in magnitude, no pair sum saturates), on 8 weight rows x 32 positions (16 sums in
+ * registers, each weight pair broadcast once for 32 positions) with a 16-position tail; then gemm_avx2's
+ * requantization on 16 positions at once (the same operations per pixel: the same bits), the valid
+ * positions of a block being the next outputs in row-major order (compressed, then stored). The wide
+ * path's xp holds zeros past the planes and P16w + 64 more (the dropped lanes read them). */
+/* dst[0, n) = src[0], src[2], ...: 16 at a time from a masked load of 31 (nothing read past src[2n - 2]) */
+static void gather_s2_avx512(int16_t *dst, const int16_t *src, long n)
+{
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                          22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (long i = 0; i < n; i += 16, src += 32) {
+        const long m = n - i < 16 ? n - i : 16, need = 2 * m - 1;
+        const __m512i v = _mm512_maskz_loadu_epi16((__mmask32)(need >= 32 ? 0xFFFFFFFFu : (1u << need) - 1u), src);
+        _mm256_mask_storeu_epi16(dst + i, (__mmask16)((1u << m) - 1u),
+                                 _mm512_castsi512_si256(_mm512_permutexvar_epi16(even, v)));
+    }
+}
+
+static inline __m512i ql_pair(const int16_t *r0, const int16_t *r1, __m512i pairs)
+{
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
+                                            _mm256_loadu_si256((const __m256i *)r1), 1);
+    return _mm512_permutexvar_epi16(pairs, both);
+}
+
+static inline void ql_store16(void *y, long idx, int ymode, __m512i acc, int32_t bias, float scale, __m512 lo,
+                              __m512 hi, __m512i zy, __mmask16 valid, int count)
+{
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, _mm512_set1_epi32(bias))),
+                                   _mm512_set1_ps(scale));
+    const __mmask16 first = (__mmask16)((1u << count) - 1u);
+    if (ymode == 2) {
+        _mm512_mask_storeu_ps((float *)y + idx, first, _mm512_maskz_compress_ps(valid, f));
+        return;
+    }
+    const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(f, lo), hi)), zy);
+    _mm_mask_storeu_epi8((uint8_t *)y + idx, first, _mm512_cvtepi32_epi8(_mm512_maskz_compress_epi32(valid, v)));
+}
+
+static void gemm_avx512(const int16_t *w, long Kp, const int16_t *xp, const long *off, long P16w, long WP,
+                                 long ow, long P, long mg, const int32_t *bias, const float *scales, void *y,
+                                 long ybase, int ymode, float lo_f, float hi_f, int zy_i)
 {
     const __m512 lo = _mm512_set1_ps(lo_f), hi = _mm512_set1_ps(hi_f);
     const __m512i zy = _mm512_set1_epi32(zy_i);
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const long Pw = P / ow * WP; /* wide positions: oh rows of WP */
     for (long m0 = 0; m0 < mg; m0 += 8) {
         const long rows = mg - m0 < 8 ? mg - m0 : 8;
         const int16_t *wr[8];
         for (long r = 0; r < 8; r++) wr[r] = w + (m0 + (r < rows ? r : 0)) * Kp;
-        for (long p0 = 0; p0 < P16; p0 += 16) {
+        for (long p0 = 0; p0 < P16w;) {
+            const int two = p0 + 32 <= P16w;
             __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            const int16_t *c = cols + p0;
-            for (long k = 0; k < Kp; k += 2, c += 2 * P16) {
-                const __m512i both = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)c)),
-                    _mm256_loadu_si256((const __m256i *)(c + P16)), 1);
-                const __m512i x = _mm512_permutexvar_epi16(pairs, both);
-#define QL_DP(a, r) a = _mm512_dpwssd_epi32(a, x, _mm512_set1_epi32(*(const int32_t *)(wr[r] + k)))
-                QL_DP(a0, 0); QL_DP(a1, 1); QL_DP(a2, 2); QL_DP(a3, 3);
-                QL_DP(a4, 4); QL_DP(a5, 5); QL_DP(a6, 6); QL_DP(a7, 7);
-#undef QL_DP
-            }
-            const __m512i acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-            if (p0 >= P) continue;
-            const long count = P - p0 < 16 ? P - p0 : 16;
-            const __mmask16 mask = (__mmask16)((1u << count) - 1u);
-            for (long r = 0; r < rows; r++) {
-                const long m = m0 + r, idx = ybase + m * P + p0;
-                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], _mm512_set1_epi32(bias[m]))),
-                                               _mm512_set1_ps(scales[m]));
-                if (ymode == 2) {
-                    _mm512_mask_storeu_ps((float *)y + idx, mask, f);
-                    continue;
+            __m512i b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+            const int16_t *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3], *w4 = wr[4], *w5 = wr[5], *w6 = wr[6],
+                          *w7 = wr[7];
+#define QL_W(wp) _mm512_set1_epi32(*(const int32_t *)((wp) + k))
+            if (two) {
+                for (long k = 0; k < Kp; k += 2) {
+                    const int16_t *r0 = xp + off[k] + p0, *r1 = xp + off[k + 1] + p0;
+                    const __m512i x0 = ql_pair(r0, r1, pairs), x1 = ql_pair(r0 + 16, r1 + 16, pairs);
+                    __m512i wv;
+#define QL_DP2(a, b, wp) wv = QL_W(wp), a = _mm512_dpwssd_epi32(a, x0, wv), b = _mm512_dpwssd_epi32(b, x1, wv)
+                    QL_DP2(a0, b0, w0); QL_DP2(a1, b1, w1); QL_DP2(a2, b2, w2); QL_DP2(a3, b3, w3);
+                    QL_DP2(a4, b4, w4); QL_DP2(a5, b5, w5); QL_DP2(a6, b6, w6); QL_DP2(a7, b7, w7);
+#undef QL_DP2
                 }
-                const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(f, lo), hi)), zy);
-                _mm_mask_storeu_epi8((uint8_t *)y + idx, mask, _mm512_cvtepi32_epi8(v)); /* in range: no saturation */
+            } else {
+                for (long k = 0; k < Kp; k += 2) {
+                    const __m512i x0 = ql_pair(xp + off[k] + p0, xp + off[k + 1] + p0, pairs);
+#define QL_DP1(a, wp) a = _mm512_dpwssd_epi32(a, x0, QL_W(wp))
+                    QL_DP1(a0, w0); QL_DP1(a1, w1); QL_DP1(a2, w2); QL_DP1(a3, w3);
+                    QL_DP1(a4, w4); QL_DP1(a5, w5); QL_DP1(a6, w6); QL_DP1(a7, w7);
+#undef QL_DP1
+                }
             }
+#undef QL_W
+            const __m512i a[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
+            for (int half = 0; half < 1 + two; half++) {
+                const long q0 = p0 + 16 * half;
+                if (q0 >= Pw) break;
+                unsigned valid = 0;
+                int count = 0;
+                for (int i = 0; i < 16; i++) {
+                    const long q = q0 + i;
+                    if (q < Pw && q % WP < ow) valid |= 1u << i, count++;
+                }
+                if (!count) continue;
+                const long start = q0 / WP * ow + (q0 % WP < ow ? q0 % WP : ow); /* outputs before q0 */
+                for (long r = 0; r < rows; r++) {
+                    const long m = m0 + r;
+                    ql_store16(y, ybase + m * P + start, ymode, half ? b[r] : a[r], bias[m], scales[m], lo, hi, zy,
+                               (__mmask16)valid, count);
+                }
+            }
+            p0 += two ? 32 : 16;
         }
     }
 }
@@ -289,6 +368,9 @@ typedef struct {
     long Kp, P16, P, mg, ybase, nblocks;
     float lo, hi;
     int ymode, zy, ntasks, wide;
+    const long *off; /* wide: gemm_avx512's column rows (and, with WP > ow, cols the centered planes and P16
+                      * the wide positions) */
+    long WP, ow;
 } qc_job;
 
 static void qc_task(void *ctx, int t)
@@ -298,9 +380,13 @@ static void qc_task(void *ctx, int t)
     const long m0 = rows * (j->nblocks * t / j->ntasks);
     long m1 = rows * (j->nblocks * (t + 1) / j->ntasks);
     if (m1 > j->mg) m1 = j->mg;
-    if (m1 > m0)
-        (j->wide ? gemm_avx512 : gemm_avx2)(j->w + m0 * j->Kp, j->Kp, j->cols, j->P16, j->P, m1 - m0, j->bias + m0,
-                                            j->scales + m0, j->y, j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
+    if (m1 <= m0) return;
+    if (j->wide)
+        gemm_avx512(j->w + m0 * j->Kp, j->Kp, j->cols, j->off, j->P16, j->WP, j->ow, j->P, m1 - m0, j->bias + m0,
+                    j->scales + m0, j->y, j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
+    else
+        gemm_avx2(j->w + m0 * j->Kp, j->Kp, j->cols, j->P16, j->P, m1 - m0, j->bias + m0, j->scales + m0, j->y,
+                  j->ybase + m0 * j->P, j->ymode, j->lo, j->hi, j->zy);
 }
 #endif
 
@@ -366,22 +452,69 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     long HP, WP;
     padded_extent(&d, &HP, &WP);
-    /* the columns, the portable sums, then the centered padded planes */
-    int16_t *cols = cols_scratch((size_t)(Kp * P16 + 2 * P16 + cg * HP * WP + 16)); /* + im2col's overhang */
-    if (!cols) {
-        release_all(b, 5);
-        return PyErr_NoMemory();
-    }
     float lo, hi;
     type_range(d.ymode, (float)d.zy, &lo, &hi);
     const uint8_t *x = (const uint8_t *)b[0].buf;
     const int16_t *w = (const int16_t *)b[1].buf;
     const int32_t *bias = (const int32_t *)b[2].buf;
     const float *scales = (const float *)b[3].buf;
-    Py_BEGIN_ALLOW_THREADS
 #ifdef QL_X86
     const int simd = ext_isa_level() >= 1, wide = ext_isa_level() >= 3;
+    /* stride 1 at AVX-512, unless the padded width wastes more than a third: no column matrix */
+    const long P16w = (d.oh * WP + 15) & ~15L, planes = cg * HP * WP;
+    if (wide && d.sh == 1 && d.sw == 1 && 3 * d.oh * WP <= 4 * P) {
+        int16_t *xp = cols_scratch((size_t)(planes + P16w + 64));
+        long *off = (long *)malloc((size_t)Kp * sizeof(long));
+        if (!xp || !off) {
+            free(off);
+            release_all(b, 5);
+            return PyErr_NoMemory();
+        }
+        const long kk = d.kh * d.kw;
+        for (long k = 0; k < Kp; k++) {
+            const long kc = k < K ? k : 0; /* k = K (odd K): weight 0, any finite column */
+            const long ci = kc / kk, r = kc % kk;
+            off[k] = (ci * HP + r / d.kw * d.dh) * WP + r % d.kw * d.dw;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        memset(xp + planes, 0, (size_t)(P16w + 64) * 2);
+        for (long img = 0; img < d.n; img++) {
+            for (long gi = 0; gi < d.g; gi++) {
+                center_planes(x + (img * d.c + gi * cg) * d.h * d.w, &d, cg, xp, HP, WP);
+                const long m0 = gi * d.mg, ybase = (img * M + m0) * P;
+                qc_job j = {w + m0 * Kp, xp, bias + m0, scales + m0, b[4].buf, Kp, P16w, P, d.mg, ybase,
+                            (d.mg + 7) / 8, lo, hi, d.ymode, d.zy, 1, 1, off, WP, d.ow};
+                if (d.mg * Kp * P16w >= 100000) j.ntasks = (int)(j.nblocks < 16 ? j.nblocks : 16);
+                if (j.ntasks > 1)
+                    nb_pool_run(qc_task, &j, j.ntasks);
+                else
+                    qc_task(&j, 0);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(off);
+        release_all(b, 5);
+        Py_RETURN_NONE;
+    }
 #endif
+    /* the columns, the portable sums, then the centered padded planes */
+    int16_t *cols = cols_scratch((size_t)(Kp * P16 + 2 * P16 + cg * HP * WP + 16)); /* + im2col's overhang */
+    long *off = NULL;
+#ifdef QL_X86
+    if (cols && wide && (off = (long *)malloc((size_t)Kp * sizeof(long))) != NULL)
+        for (long k = 0; k < Kp; k++) off[k] = k * P16;
+    if (!cols || (wide && !off)) {
+#else
+    if (!cols) {
+#endif
+        free(off);
+        release_all(b, 5);
+        return PyErr_NoMemory();
+    }
+#ifdef QL_X86
+    g_im2col_s2_wide = wide; /* set under the GIL, as the dispatch level */
+#endif
+    Py_BEGIN_ALLOW_THREADS
     for (long img = 0; img < d.n; img++) {
         for (long gi = 0; gi < d.g; gi++) {
             im2col_i16(x + (img * d.c + gi * cg) * d.h * d.w, &d, cg, cols, P16, cols + Kp * P16 + 2 * P16);
@@ -389,7 +522,7 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #ifdef QL_X86
             if (simd) {
                 qc_job j = {w + m0 * Kp, cols, bias + m0, scales + m0, b[4].buf, Kp, P16, P, d.mg, ybase,
-                            wide ? (d.mg + 7) / 8 : (d.mg + 3) / 4, lo, hi, d.ymode, d.zy, 1, wide};
+                            wide ? (d.mg + 7) / 8 : (d.mg + 3) / 4, lo, hi, d.ymode, d.zy, 1, wide, off, d.ow, d.ow};
                 /* the pool for more than ~100k multiply-adds (below, waking a worker costs more) */
                 if (d.mg * Kp * P16 >= 100000) j.ntasks = (int)(j.nblocks < 16 ? j.nblocks : 16);
                 if (j.ntasks > 1)
@@ -404,6 +537,7 @@ PyObject *py_qconv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_END_ALLOW_THREADS
+    free(off);
     release_all(b, 5);
     Py_RETURN_NONE;
 }
