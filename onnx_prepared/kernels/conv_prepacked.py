@@ -121,7 +121,7 @@ class PackedConv:
         if b is not None and (b.shape != (m,) or b.dtype != np.float32):
             return None  # other biases: conv_core
         yshape = (n, m, *out)
-        if _direct(ext, kshape, strides, dilations, begins, ends, out):
+        if _direct(ext, kshape, strides, dilations, begins, ends, out, mg):
             ddims = np.array([n, c, h, w, g, mg, *kshape, *out, *begins], np.int64)
 
             def direct(packed, x, b):
@@ -193,17 +193,22 @@ class EpilogueConv:
                            hi=self.hi, act=self.act, alpha=self.alpha, **c.attrs)[0]
 
 
-def _direct(ext, kshape, strides, dilations, begins, ends, out) -> bool:
+def _direct(ext, kshape, strides, dilations, begins, ends, out, rows: int = 0) -> bool:
     """Whether ``conv_direct`` (im2col_direct.c) takes a Conv: unit strides and dilations, a kernel larger
     than 1x1 with leading pads inside it, and output rows that fill at least 3/4 of its 8-column
     vectors (narrower planes, late ResNet layers' 2x2 and 4x4, stay with the merged SGEMM). It computes
     what im2col + SGEMM does in the same order, without the column matrix (AVX2, one thread, load ~4:
-    16 channels at 32x32 -> 8, 3x3: 210 -> 72 us; 64 -> 64 at 16x16: 690 -> 510 us)."""
+    16 channels at 32x32 -> 8, 3x3: 210 -> 72 us; 64 -> 64 at 16x16: 690 -> 510 us). At AVX-512 its
+    4-row ymm tiles lose to the 16-row zmm SGEMM once a group has more than one panel of ``rows`` (Zen 5,
+    one thread, thread CPU, the same bits: ResNet-18's 64 -> 64 at 16x16, batch 2: 391 -> 281 us, 128 ->
+    128 at 8x8 merged 413 -> 251, 64 -> 64 at 8x8 57 -> 51; 16 rows stay direct, 55 against 73)."""
     if not hasattr(ext, "conv_direct") or len(kshape) != 2 or kshape == (1, 1):
         return False
     if list(strides) != [1, 1] or list(dilations) != [1, 1] or min(ends) < 0:
         return False
     if any(b >= k for b, k in zip(begins, kshape)):
+        return False
+    if rows > native.SG_PANEL and ext.isa() == "avx512vnni":
         return False
     return -(-out[1] // 8) * 8 * 3 <= out[1] * 4
 

@@ -78,6 +78,13 @@ def test_narrow_rows_and_strides_stay_on_im2col():
     assert not cp._direct(ext, (1, 1), [1, 1], [1, 1], [0, 0], [0, 0], [16, 16])
     assert not cp._direct(ext, (3, 3), [1, 1], [1, 1], [3, 1], [1, 1], [16, 16])  # a pad as wide as the kernel
     assert cp._direct(ext, (3, 3), [1, 1], [1, 1], [1, 1], [1, 1], [12, 12])
+    assert cp._direct(ext, (3, 3), [1, 1], [1, 1], [1, 1], [1, 1], [12, 12], 16)
+    if "avx2" in native.supported_levels():  # AVX2's direct tiles beat its SGEMM at every width
+        with native.forced_level("avx2"):
+            assert cp._direct(ext, (3, 3), [1, 1], [1, 1], [1, 1], [1, 1], [12, 12], 64)
+    if "avx512vnni" in native.supported_levels():  # more than one 16-row panel: the AVX-512 SGEMM
+        with native.forced_level("avx512vnni"):
+            assert not cp._direct(ext, (3, 3), [1, 1], [1, 1], [1, 1], [1, 1], [12, 12], 17)
 
 
 @needs_ext
