@@ -23,6 +23,12 @@ CASES = [  # (x shape, W shape, attrs): every one has N > 1 and fewer than 256 o
 ]
 
 
+@pytest.fixture(autouse=True)
+def merge_every_batch(monkeypatch):
+    """These weights are below the merge threshold (per-image columns cost less): merged all the same."""
+    monkeypatch.setattr(cp, "_MERGE_MIN_WEIGHTS", 0)
+
+
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
     yield from use_path(request.param, monkeypatch)
@@ -70,3 +76,22 @@ def test_a_non_contiguous_input_is_copied(path):
     (y,) = k(packed, x, None)
     (ref,) = k(packed, np.ascontiguousarray(x), None)
     np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.skipif(not native.available(), reason="native extension not built")
+def test_small_weights_take_the_per_image_columns(monkeypatch):
+    """Below _MERGE_MIN_WEIGHTS a batch of small planes runs per image (the SGEMM's batch), above merged:
+    the same values."""
+    xs, ws, attrs = CASES[0]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    spec = _spec(ws, attrs)
+    packed = spec.pack(w)
+    outs, names = [], []
+    for threshold in (cp._MERGE_MIN_WEIGHTS, 1 << 19):
+        monkeypatch.setattr(cp, "_MERGE_MIN_WEIGHTS", threshold)
+        k = _spec(ws, attrs).kernel
+        outs.append(k(packed, x, None)[0])
+        names.append(k._plain._plans[xs][1].__name__)
+    assert names == ["merged", "im2col"]
+    np.testing.assert_array_equal(outs[0], outs[1])
