@@ -277,12 +277,18 @@ def test_prepacked_conv_plans_equal_conv_core(xs, ws, attrs):
 
 @pytest.mark.skipif(not __import__("onnx_prepared.kernels.native", fromlist=["x"]).available(),
                     reason="native extension not built")
-@pytest.mark.parametrize(("xs", "plan"), [((1, 24, 4, 4), "pointwise"), ((3, 24, 2, 2), "merged")])
-def test_unit_stride_1x1_conv_plans_skip_im2col(xs, plan):
+@pytest.mark.parametrize(("xs", "plan", "merge_from"), [((1, 24, 4, 4), "pointwise", None),
+                                                       ((3, 24, 2, 2), "pointwise", None),
+                                                       ((3, 24, 2, 2), "merged", 0)])
+def test_unit_stride_1x1_conv_plans_skip_im2col(xs, plan, merge_from, monkeypatch):
     """A 1x1 Conv of unit strides and no pads reads its input as the GEMM's columns (no im2col copy): the
     geometry's strides are a tuple, and a list comparison once sent every 1x1 Conv through im2col
-    (MobileNetV3's 576 -> 96 at 2x2: 9.5 -> 3.1 us)."""
+    (MobileNetV3's 576 -> 96 at 2x2: 9.5 -> 3.1 us); a batch of small planes, per image below the merge
+    threshold's weights, merged from it."""
     from onnx_prepared.kernels import conv_prepacked as cp
+
+    if merge_from is not None:
+        monkeypatch.setattr(cp, "_MERGE_MIN_WEIGHTS", merge_from)
 
     ws = (40, xs[1], 1, 1)
     x, w, b = _r(*xs), _r(*ws), _r(ws[0])

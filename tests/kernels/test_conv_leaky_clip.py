@@ -88,11 +88,16 @@ def _check(p, xs, x=None):
     {"strides": (2, 2)},  # im2col + packed SGEMM
     {"k": 1, "pads": 0},  # pointwise SGEMM
     {"m": 8, "group": 8, "xs": (1, 8, 12, 12)},  # depthwise
-    {"xs": (3, 8, 4, 4)},  # a batch of small planes: the merged SGEMM
+    {"xs": (3, 8, 4, 4)},  # a batch of small planes and small weights: per image
+    {"xs": (3, 8, 4, 4), "merge_from": 0},  # ... merged whatever the weights: the merged SGEMM
     {"bn": True, "strides": (2, 2), "alpha": 0.2},  # Conv + BatchNormalization + LeakyRelu, as bn_cnn
 ])
-def test_conv_leaky_relu_fuses_and_matches_onnxruntime(tmp_path, path, kw):
+def test_conv_leaky_relu_fuses_and_matches_onnxruntime(tmp_path, path, kw, monkeypatch):
+    from onnx_prepared.kernels import conv_prepacked as cp
+
     kw = dict(kw)
+    if "merge_from" in kw:
+        monkeypatch.setattr(cp, "_MERGE_MIN_WEIGHTS", kw.pop("merge_from"))
     p, xs = _conv_act(tmp_path, _leaky(kw.pop("alpha", 0.1)), **kw)
     assert _ops(p) == ["FusedConv"]
     _check(p, xs)
