@@ -94,3 +94,23 @@ def test_zero_and_constant_blocks():
     want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
     for level in native.supported_levels():
         np.testing.assert_array_equal(_run(A, B, scales, zp, None, K, N, level), want)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+def test_sixteen_block_groups_of_a(block_size, zp_kind):
+    """A row of 16 and more whole blocks is quantized 16 blocks at a time (AVX-512), then the trailing and
+    partial blocks one by one: zero, constant, tiny and huge blocks inside a group keep onnxruntime's bits."""
+    rng = np.random.default_rng(block_size)
+    K, N = 32 * block_size + 40, 20
+    B, scales, zp = _weights(rng, K, N, 4, block_size, zp_kind, False)
+    A = rng.standard_normal((3, K)).astype(np.float32)
+    A[0, 3 * block_size:5 * block_size] = 0.0
+    A[0, 9 * block_size:10 * block_size] = -2.5
+    A[1, :block_size] *= 1e-30
+    A[1, 17 * block_size:18 * block_size] *= 1e6
+    A[2, -40:] = 0.0
+    want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=block_size, accuracy_level=4)
+    for level in native.supported_levels():
+        got = _run(A, B, scales, zp, None, K, N, level, block_size)
+        assert np.array_equal(got, want), (level, int((got != want).sum()))

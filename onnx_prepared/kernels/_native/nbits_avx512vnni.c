@@ -631,6 +631,73 @@ static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
  * fp32: A is used in place when K is a multiple of the block (module.c points af at it), and the
  * block sums are accumulated in 16 lanes (a different summation order than the scalar path: the sum
  * only scales the zero-point term). */
+#ifndef PREP_PF
+#define PREP_PF 1024
+#endif
+
+/* 16 vectors -> one: lane 4L + e is the reduction (max, or int32 add) of v[4e + L] (any order is exact) */
+#define RED16(T, OP, v, out)                                                                              \
+    do {                                                                                                  \
+        __m512 r_[8], s_[4], t_[2];                                                                       \
+        UNROLL for (int j_ = 0; j_ < 8; j_++)                                                             \
+            r_[j_] = OP(_mm512_shuffle_f32x4(v[2 * j_], v[2 * j_ + 1], 0x44),                             \
+                        _mm512_shuffle_f32x4(v[2 * j_], v[2 * j_ + 1], 0xEE));                            \
+        UNROLL for (int j_ = 0; j_ < 4; j_++)                                                             \
+            s_[j_] = OP(_mm512_shuffle_f32x4(r_[2 * j_], r_[2 * j_ + 1], 0x88),                           \
+                        _mm512_shuffle_f32x4(r_[2 * j_], r_[2 * j_ + 1], 0xDD));                          \
+        UNROLL for (int j_ = 0; j_ < 2; j_++)                                                             \
+            t_[j_] = OP(_mm512_unpacklo_ps(s_[2 * j_], s_[2 * j_ + 1]), _mm512_unpackhi_ps(s_[2 * j_], s_[2 * j_ + 1])); \
+        out = OP(_mm512_shuffle_ps(t_[0], t_[1], _MM_SHUFFLE(1, 0, 1, 0)),                                \
+                 _mm512_shuffle_ps(t_[0], t_[1], _MM_SHUFFLE(3, 2, 3, 2)));                               \
+    } while (0)
+NB_INLINE __m512 max_ps_(__m512 x, __m512 y) { return _mm512_max_ps(x, y); }
+NB_INLINE __m512 add_i32_(__m512 x, __m512 y)
+{
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
+}
+
+/* int8 A quantization of 16 whole blocks of row a (from block b0): the block maxima and sums of 16 blocks
+ * reduced side by side (RED16), the scales in one vector division; the same operations per value as the
+ * one-block path (max and int32 sums are exact in any order), so the same bits */
+NB_INLINE void prep_i8_16(const float *a, const int bs, int b0, int8_t *aq, float *ascale, float *asum, float zmul)
+{
+    const int segs = bs / 16;
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 v[16];
+    UNROLL for (int i = 0; i < 16; i++) {
+        const float *x = a + (size_t)(b0 + i) * bs;
+        _mm_prefetch((const char *)x + PREP_PF, _MM_HINT_T0);
+        __m512 mx = _mm512_abs_ps(_mm512_loadu_ps(x));
+        for (int j = 1; j < segs; j++) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * j)));
+        v[i] = mx;
+    }
+    __m512 amax;
+    RED16(__m512, max_ps_, v, amax);
+    amax = _mm512_permutexvar_ps(perm, amax); /* block order */
+    const __mmask16 nz = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    const __m512 vsc = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
+    float inv[16] __attribute__((aligned(64)));
+    _mm512_store_ps(inv, _mm512_maskz_div_ps(nz, _mm512_set1_ps(127.f), amax));
+    _mm512_storeu_ps(ascale + b0, vsc);
+    UNROLL for (int i = 0; i < 16; i++) {
+        const float *x = a + (size_t)(b0 + i) * bs;
+        int8_t *q8 = aq + (size_t)(b0 + i) * bs;
+        const __m512 vi = _mm512_set1_ps(inv[i]);
+        __m512i qs = _mm512_setzero_si512();
+        for (int j = 0; j < segs; j++) {
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * j), vi));
+            qs = _mm512_add_epi32(qs, q);
+            _mm_storeu_si128((__m128i *)(void *)(q8 + 16 * j), _mm512_cvtepi32_epi8(q));
+        }
+        v[i] = _mm512_castsi512_ps(qs);
+    }
+    __m512 sum;
+    RED16(__m512, add_i32_, v, sum);
+    sum = _mm512_permutexvar_ps(perm, sum);
+    _mm512_storeu_ps(asum + b0, _mm512_mul_ps(_mm512_mul_ps(vsc, _mm512_cvtepi32_ps(_mm512_castps_si512(sum))),
+                                             _mm512_set1_ps(zmul)));
+}
+
 static void prep_avx512(const nb_call *c, int m0, int m1)
 {
     if (c->mode >= NB_MODE_I8_AVX2) {
@@ -677,13 +744,23 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
         }
         int8_t *aq = c->aq + (size_t)m * kpad;
         float *ascale = c->ascale + (size_t)m * kb;
-        for (int b = 0; b < kb; b++) {
+        const int kbf = K / bs; /* whole blocks: unmasked loads */
+        int b = 0;
+        if (bs == 32)
+            for (; b + 16 <= kbf; b += 16) prep_i8_16(a, 32, b, aq, ascale, asum, zmul);
+        else
+            for (; b + 16 <= kbf; b += 16) prep_i8_16(a, bs, b, aq, ascale, asum, zmul);
+        for (; b < kb; b++) {
             const int k0 = b * bs;
+            const int full = b < kbf;
+            _mm_prefetch((const char *)(a + k0) + PREP_PF, _MM_HINT_T0);
+            if (bs >= 32) _mm_prefetch((const char *)(a + k0) + PREP_PF + 64, _MM_HINT_T0);
             __m512 mx = _mm512_setzero_ps();
             for (int i = 0; i < segs; i++) {
                 const int k = k0 + 16 * i;
-                const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
-                mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(lm, a + k)));
+                const __mmask16 lm = full || k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                const __m512 x = full ? _mm512_loadu_ps(a + k) : _mm512_maskz_loadu_ps(lm, a + k);
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(x));
             }
             const float amax = _mm512_reduce_max_ps(mx);
             const float inv = amax != 0.f ? 127.f / amax : 0.f;
@@ -693,8 +770,9 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
             __m512i qs = _mm512_setzero_si512();
             for (int i = 0; i < segs; i++) {
                 const int k = k0 + 16 * i;
-                const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
-                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, a + k), vinv));
+                const __mmask16 lm = full || k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                const __m512 x = full ? _mm512_loadu_ps(a + k) : _mm512_maskz_loadu_ps(lm, a + k);
+                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, vinv));
                 qs = _mm512_add_epi32(qs, q);
                 _mm_storeu_si128((__m128i *)(void *)(aq + k), _mm512_cvtepi32_epi8(q));
             }
