@@ -494,6 +494,11 @@ NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f, __m512 z
     i8_store(c, m, p, y, z);
 }
 
+NB_INLINE void prefetchw(const char *p)
+{
+    __asm__ volatile("prefetchw %0" : : "m"(*p));
+}
+
 NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int NP, const float *zb, int pf)
 {
     const nb_weights *w = &c->w;
@@ -508,6 +513,13 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
     UNROLL for (int r = 0; r < R; r++) {
         a[r] = c->aq + (size_t)(m + r) * c->kpad;
         asc[r] = c->ascale + (size_t)(m + r) * kb;
+        /* the tile's outputs, stored at its end: for writing into L1 now (a store that misses holds the
+         * store queue, and every store after it, for a memory latency) */
+        UNROLL for (int h = 0; h < NP; h++) {
+            const char *yp = (const char *)(c->y + (size_t)(m + r) * w->N + 16 * (p + h));
+            prefetchw(yp);
+            prefetchw(yp + 63);
+        }
     }
     _Pragma("GCC unroll 1") for (int beta = 0; beta < 4; beta++) { /* unrolled: 10 % slower (code size) */
         __m512 F[TR][2][4];
