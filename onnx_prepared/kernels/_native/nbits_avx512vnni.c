@@ -529,8 +529,10 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
             const uint8_t *q = qp + (size_t)b * 256;
             if ((pf & 1) && beta == 0) /* the group of 4 blocks two groups ahead (then the next panel's start) */
                 UNROLL for (int l = 0; l < 16; l++) _mm_prefetch((const char *)q + 2048 + 64 * l, _MM_HINT_T0);
-            if (pf & 2) /* the next panel's block b, spread over the four passes (gemm_i8) */
+            if (pf & 2) { /* the next panel's block b and its scales, spread over the four passes (gemm_i8) */
                 UNROLL for (int l = 0; l < 4; l++) _mm_prefetch((const char *)q + pstr + 64 * l, _MM_HINT_T0);
+                _mm_prefetch((const char *)(sp + ((size_t)kb + b) * 16), _MM_HINT_T0);
+            }
             __m512 s[TR][2];
             UNROLL for (int h = 0; h < NP; h++) {
                 const __m512 sb = _mm512_loadu_ps(sp + ((size_t)h * kb + b) * 16);
