@@ -8,11 +8,8 @@ a weight byte: loading is metadata-only, and the first read happens when a sessi
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from onnx_prepared.kernels import threads
@@ -83,36 +80,6 @@ def build_session(
     naming the option). ``scheduler``: share this one instead of choosing (see :func:`choose_scheduler`).
     ``reader``: the external-data reader session tasks read through (tests pass a gated one).
     """
-    with gc_paused():
-        return _build(model, options, scheduler, reader)
-
-
-_GC_LOCK = threading.Lock()
-_gc_pauses = [0, False]  # constructions inside gc_paused() now, whether the collector was enabled before
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for the block: a construction allocates tens of thousands of
-    objects and leaves few cycles, and its young collections cost 5-10 ms of a ~40 ms construction
-    (medium tiny-llm: 18 of them; session CPU 35 -> 29 ms, medians of 8 fresh processes). Concurrent
-    constructions share one pause; the collector is left as it was found (a caller's gc.disable() stays)."""
-    with _GC_LOCK:
-        if _gc_pauses[0] == 0:
-            _gc_pauses[1] = gc.isenabled()
-            gc.disable()
-        _gc_pauses[0] += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _gc_pauses[0] -= 1
-            if _gc_pauses[0] == 0 and _gc_pauses[1]:
-                gc.enable()
-
-
-def _build(model: str | os.PathLike | LoadedModel, options: Any, scheduler: RuntimeScheduler | None,
-           reader: ExternalDataReader | None) -> SessionParts:
     options = as_session_options(options)
     loaded = load(model)
     companion = open_companion(loaded, options)

@@ -75,36 +75,3 @@ def test_a_failed_run_leaves_the_context_bindings_as_they_were(llm):
 def test_kv_cache_context_needs_present_past_pairs(tmp_path):
     with RuntimeSession(gemm_mlp(tmp_path, layers=1)) as s, pytest.raises(InvalidFeedError, match="present"):
         RuntimeContext.kv_cache(s.plan)
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_construction_pauses_the_garbage_collector_and_leaves_it_as_found(tmp_path, monkeypatch, enabled):
-    """The collector is off while a session is built (seen from inside a phase, also when a second
-    construction nests in it) and back as it was afterwards, also after a failed construction."""
-    import gc
-
-    from onnx_prepared.runtime import builder
-
-    seen = []
-    real = builder.resolve_model
-    (tmp_path / "inner").mkdir()
-    inner = gemm_mlp(tmp_path / "inner", layers=1)
-
-    def resolve(*a, **kw):
-        seen.append(gc.isenabled())
-        if len(seen) == 1:  # a nested construction ends inside this one: the pause holds
-            builder.build_session(inner)
-            seen.append(gc.isenabled())
-        return real(*a, **kw)
-
-    monkeypatch.setattr(builder, "resolve_model", resolve)
-    was = gc.isenabled()
-    (gc.enable if enabled else gc.disable)()
-    try:
-        builder.build_session(gemm_mlp(tmp_path, layers=2))
-        assert seen == [False, False, False] and gc.isenabled() is enabled
-        with pytest.raises(Exception):  # noqa: B017 - any load error
-            builder.build_session(str(tmp_path / "missing.onnx"))
-        assert gc.isenabled() is enabled
-    finally:
-        (gc.enable if was else gc.disable)()
