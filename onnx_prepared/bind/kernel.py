@@ -35,7 +35,11 @@ class BoundKernel:
 
 def node_opset(node: onnx.NodeProto, opsets: dict[str, int]) -> int:
     """The opset a node's domain is imported at (the default domain may be spelled "ai.onnx")."""
-    domain = registry.normalize_domain(node.domain)
+    return domain_opset(registry.normalize_domain(node.domain), opsets)
+
+
+def domain_opset(domain: str, opsets: dict[str, int]) -> int:
+    """The opset a normalized domain is imported at (:func:`node_opset` without the protobuf read)."""
     return opsets.get(domain, opsets.get("ai.onnx", 0)) if domain == "" else opsets.get(domain, 1)
 
 
@@ -56,7 +60,7 @@ def bind_kernel(
     raw_domain, op_type, n_outputs = fields if fields is not None else (node.domain, node.op_type, None)
     domain = registry.normalize_domain(raw_domain)
     opsets = env.model_opsets
-    opset = opsets.get(domain, opsets.get("ai.onnx", 0)) if domain == "" else opsets.get(domain, 1)  # node_opset
+    opset = domain_opset(domain, opsets)
     if implicit is None:
         implicit = implicit_inputs_of(node, env.outer_names_memo)
     functions = env.function_protos

@@ -373,10 +373,6 @@ def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_p
         zero_points = _as_blocks(zero_points, N, -(-kb // 2) if zero_points.dtype == np.uint8 else kb, "zero_points")
     zk = q4.ZP_NONE if zero_points is None else (q4.ZP_U4 if zero_points.dtype == np.uint8 else q4.ZP_F32)
     cols = max(16, SOURCE_CHUNK_BYTES // sum(q4.section_sizes(K, 16, block_size, zk)) * 16)
-    if cols >= N:
-        packed = q4.pack_q4(B, scales, zero_points, K=K, N=N, block_size=block_size,
-                            out=thread_scratch(sum(q4.section_sizes(K, N, block_size, zk))))
-        return matmul_nbits_packed(A, packed, bias, accuracy_level=accuracy_level)
     B2 = B.reshape(N, -1)
     b = None if bias is None else np.asarray(bias).reshape(-1)
     if b is not None and b.size != N:
@@ -388,6 +384,8 @@ def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_p
         out = thread_scratch(sum(q4.section_sizes(K, n, block_size, zk)))
         packed = q4.pack_q4(B2[n0:n0 + n], scales[n0:n0 + n], zp, K=K, N=n, block_size=block_size, out=out)
         (part,) = matmul_nbits_packed(A, packed, None if b is None else b[n0:n0 + n], accuracy_level=accuracy_level)
+        if n == N:  # one chunk: its output is the output
+            return (part,)
         if y is None:
             y = np.empty(part.shape[:-1] + (N,), part.dtype)
         y[..., n0:n0 + n] = part
@@ -419,7 +417,6 @@ def matmul_nbits_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
 
     def pack(B, scales, zero_points=None):
         return prepack_matmul_nbits(B, scales, zero_points, K=K, N=N, bits=bits, block_size=bs)
-
 
     def run(packed: PackedQ4 | PackedQ8Split | PackedNBits | SourceForm, A: np.ndarray, *others) -> tuple[np.ndarray]:
         extra = dict(zip((_NODE_INPUTS[i] for i in rest), others))

@@ -76,7 +76,7 @@ def bind(budget: int, gauge: PreparationGauge | None = None, *, blas: int | None
     """
     if blas is None:
         blas = DEFAULT_BLAS_THREADS
-    n = budget if gauge is None else max(1, budget - gauge.cpu_preparation_running())  # _available, inline
+    n = _available(budget, gauge)
     if n == _native_threads and blas == _blas._current and _local.__dict__.get("bound") == (budget, gauge):
         return
     _local.budget = budget

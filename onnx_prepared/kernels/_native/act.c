@@ -131,26 +131,34 @@ static void sig_task(void *ctx, int t)
     if (i0 < i1) j->fn(j->x + i0, j->y + i0, i1 - i0);
 }
 
+/* The (x, y) arguments of an elementwise float32 op: x readable, y writable, the same length in whole
+ * floats. 0 with both buffers held (the caller releases them), -1 with an exception set and none held. */
+static int float_pair(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buffer *bx, Py_buffer *by)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(x, y)", name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[0], bx, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(args[1], by, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(bx);
+        return -1;
+    }
+    if (bx->len != by->len || bx->len % 4) {
+        PyErr_Format(PyExc_ValueError, "%s: x and y must be float32 buffers of the same length", name);
+        PyBuffer_Release(by);
+        PyBuffer_Release(bx);
+        return -1;
+    }
+    return 0;
+}
+
 /* sigmoid(x, y) -> True: x, y float32 buffers of the same length (C-contiguous; y may be x) */
 PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "sigmoid(x, y)");
-        return NULL;
-    }
     Py_buffer bx, by;
-    if (PyObject_GetBuffer(args[0], &bx, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &by, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
-    if (bx.len != by.len || bx.len % 4) {
-        PyErr_SetString(PyExc_ValueError, "sigmoid: x and y must be float32 buffers of the same length");
-        PyBuffer_Release(&by);
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
+    if (float_pair(args, nargs, "sigmoid", &bx, &by) < 0) return NULL;
     sig_job j = {(const float *)bx.buf, (float *)by.buf, (size_t)bx.len / 4, 0, sigmoid_portable};
 #ifdef ACT_X86
     const int level = ext_isa_level();
@@ -179,22 +187,8 @@ PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *py_hardswish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "hardswish(x, y)");
-        return NULL;
-    }
     Py_buffer bx, by;
-    if (PyObject_GetBuffer(args[0], &bx, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &by, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
-    if (bx.len != by.len || bx.len % 4) {
-        PyErr_SetString(PyExc_ValueError, "hardswish: x and y must be float32 buffers of the same length");
-        PyBuffer_Release(&by);
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
+    if (float_pair(args, nargs, "hardswish", &bx, &by) < 0) return NULL;
     const float *x = (const float *)bx.buf;
     float *y = (float *)by.buf;
     const size_t n = (size_t)bx.len / 4;
