@@ -58,6 +58,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "shape_ops": ("Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather", "Range", "Reshape",
                   "Shape", "Size", "Slice", "Split", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
                   "onnx_prepared:ReshapeFromShape"),
+    "silu": ("onnx_prepared:SiLU",),
     "squeeze_excite": ("onnx_prepared:SqueezeExcite",),
 }
 

@@ -30,6 +30,7 @@ from onnx_prepared.resolve.fusions import (
     fuse_squeeze_excite,
 )
 from onnx_prepared.resolve.fusions_qdq import fuse_qdq
+from onnx_prepared.resolve.fusions_silu import fuse_silu
 from onnx_prepared.resolve.graph_index import GraphIndex
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
 from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
@@ -183,6 +184,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     fuse_conv_batchnorm(graph, weights, index)
     fuse_conv_activation(graph, weights, index)
     fuse_encoder(graph, weights, index)
+    fuse_silu(graph, weights, index)
     if len(index.inputs) != len(graph.node):
         raise InternalError("a rewrite pass left the graph index stale")
     used = _used_names(graph, implicit_of, index)

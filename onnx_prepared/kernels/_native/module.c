@@ -27,6 +27,7 @@
 #include "qlinear.h"
 #include "encoder_act.h"
 #include "resize.h"
+#include "silu.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -437,6 +438,7 @@ static PyMethodDef methods[] = {
     QGEMM_METHODS
     ENCODER_ACT_METHODS
     RESIZE_METHODS
+    SILU_METHODS
     {NULL, NULL, 0, NULL},
 };
 
