@@ -3,7 +3,9 @@
 :func:`build_session` runs the phases in order and returns :class:`SessionParts`; a
 :class:`~onnx_prepared.runtime.session.RuntimeSession` only holds them and runs. Each phase is one
 function here, so timing a phase or adding a read-ahead hint to one touches one place. No phase reads
-a weight byte: loading is metadata-only, and the first read happens when a session task runs.
+a weight byte for the session: loading is metadata-only, and the first read happens when a session task
+runs. From the companion's opening on, a read-ahead (runtime/read_ahead.py) streams the bytes the cold
+first run will read into the page cache, on threads of its own, while resolution and planning run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from onnx_prepared.records import record
 from onnx_prepared.resolve import ManifestReader, ResolvedModel, resolve_model
 from onnx_prepared.runtime.feeds import FeedBinder
 from onnx_prepared.runtime.producers import Producers
+from onnx_prepared.runtime.read_ahead import ReadAhead, companion_ranges, plan_ranges, read_ahead_threads
 from onnx_prepared.runtime.state import PreparedExecutionState
 from onnx_prepared.scheduler import CpuExecutor, MemoryBudget, RuntimeScheduler
 
@@ -65,6 +68,8 @@ class SessionParts:
     owns_scheduler: bool  # True: the session created it and closes it
     producers: Producers
     feeds: FeedBinder
+    #: the first run's bytes streaming into the page cache (runtime/read_ahead.py), or None
+    read_ahead: ReadAhead | None = None
 
 
 def build_session(
@@ -83,20 +88,52 @@ def build_session(
     options = as_session_options(options)
     loaded = load(model)
     companion = open_companion(loaded, options)
-    reader = reader if reader is not None else make_reader(options)
-    resolved = resolve_model(loaded, prepared=companion, policy=_policy(options))
-    plan = build_prepared_plan(resolved, persist=companion is not None and companion.writable)
-    if plan.persister:  # something to persist: every source read yields the (digest, fingerprint) it needs
-        reader.hash_reads = True  # (a complete hit hashes no source; a corrupt entry's fallback turns it on)
-    # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses
-    # against it, and admits critical work above it: the run that needs it is what frees memory),
-    # so it is not also a hard PreparedArena limit that a publish could fail on.
-    arenas = Arenas.create(retention_caps=options.arena_retention_caps)
-    state = PreparedExecutionState(plan, arenas, ManifestReader(resolved.manifest, reader), companion)
-    sched, owns = choose_scheduler(options, scheduler)
-    producers = Producers(plan, state, sched, options.prepared_memory_limit, options.eviction_policy)
-    return SessionParts(options, loaded, companion, resolved, plan, arenas, state, sched, owns, producers,
-                        FeedBinder(plan.execution, loaded.graph, plan.requirement_slots))
+    ahead = start_read_ahead(companion, options)
+    try:
+        reader = reader if reader is not None else make_reader(options)
+        resolved = resolve_model(loaded, prepared=companion, policy=_policy(options))
+        plan = build_prepared_plan(resolved, persist=companion is not None and companion.writable)
+        ahead = extend_read_ahead(ahead, plan, resolved, options)
+        if plan.persister:  # something to persist: every source read yields the (digest, fingerprint) it needs
+            reader.hash_reads = True  # (a complete hit hashes no source; a corrupt entry's fallback turns it on)
+        # NOTE: prepared_memory_limit is the residency budget (Producers' admission evicts and refuses
+        # against it, and admits critical work above it: the run that needs it is what frees memory),
+        # so it is not also a hard PreparedArena limit that a publish could fail on.
+        arenas = Arenas.create(retention_caps=options.arena_retention_caps)
+        state = PreparedExecutionState(plan, arenas, ManifestReader(resolved.manifest, reader), companion)
+        sched, owns = choose_scheduler(options, scheduler)
+        producers = Producers(plan, state, sched, options.prepared_memory_limit, options.eviction_policy)
+        return SessionParts(options, loaded, companion, resolved, plan, arenas, state, sched, owns, producers,
+                            FeedBinder(plan.execution, loaded.graph, plan.requirement_slots), ahead)
+    except BaseException:
+        if ahead is not None:  # its threads wait for the plan's ranges: end them
+            ahead.stop()
+        raise
+
+
+def start_read_ahead(companion: Any, options: SessionOptions) -> ReadAhead | None:
+    """Start streaming a companion hit's payloads into the page cache while resolution and planning run
+    (runtime/read_ahead.py); None without a companion entry to read, when switched off, or under a
+    residency budget (the cold path then reads a window, not everything)."""
+    n = read_ahead_threads()
+    if companion is None or options.prepared_memory_limit is not None or not n:
+        return None
+    ranges = companion_ranges(companion)
+    return ReadAhead(ranges, threads=n) if ranges else None
+
+
+def extend_read_ahead(ahead: ReadAhead | None, plan: PreparedExecutionPlan, resolved: ResolvedModel,
+                      options: SessionOptions) -> ReadAhead | None:
+    """Queue the rest of what the plan's cold first run reads, in need order, behind what is queued
+    (or start the read-ahead with it); the same conditions as :func:`start_read_ahead`."""
+    n = read_ahead_threads()
+    if options.prepared_memory_limit is not None or not n:
+        return ahead
+    ranges = plan_ranges(plan, resolved.manifest)
+    if ahead is not None:
+        ahead.extend(ranges, final=True)
+        return ahead
+    return ReadAhead(ranges, final=True, threads=n) if ranges else None
 
 
 def load(model: str | os.PathLike | LoadedModel) -> LoadedModel:

@@ -187,6 +187,9 @@ class RuntimeSession:
             with contextlib.suppress(Exception):
                 self.producers.flush()
         self._closed = self.producers.closed = True
+        if self.parts.read_ahead is not None:  # its threads end after their current piece
+            self.parts.read_ahead.stop()
+            self.parts.read_ahead.join(1.0)
         if self.parts.owns_scheduler:
             self.scheduler.close(cancel=True)
         self.state.reader.close()

@@ -1,0 +1,200 @@
+"""Cold-start read-ahead: the bytes a first run reads, streamed into the page cache ahead of it.
+
+A cold run's I/O workers read one tensor each (a populated mapping per transient source or companion
+payload), on the cores the run computes on, from the moment the run is submitted. :class:`ReadAhead`
+starts earlier, during construction: ``threads`` threads read the byte ranges in order, in pieces of
+``piece`` bytes, with ``os.preadv`` into one reused buffer each. Nothing read is kept or returned (the
+bytes only land in the page cache), so integrity is unchanged: the session's own reads still map,
+check and verify what they consume, and then find their pages resident. A piece in flight makes a
+session read of it wait for it, as two session reads of one page would.
+
+The session queues two batches (runtime/builder.py): a companion's payloads (:func:`companion_ranges`,
+in file order) as soon as the companion is open, before resolution, then what the plan's cold first run
+reads (:func:`plan_ranges`, in need order: per requirement its companion payload on a hit or its
+external sources; a row table read only by rows, resolve/rows.py, is left out, and one read whole for
+another consumer goes last, as the cold path orders them). Off under a residency budget (the cold path
+then reads a window, not everything) and with ``$ONNX_PREPARED_READ_AHEAD=0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Iterable, Iterator
+
+from onnx_prepared.model.descriptors import ExternalPayload
+from onnx_prepared.model.safe_open import FdPool, open_regular
+
+READ_AHEAD_ENV = "ONNX_PREPARED_READ_AHEAD"
+#: bytes per read call (one reused buffer of this size per thread)
+PIECE = 1 << 20
+THREADS = 2
+#: ranges of one file closer than this are read as one span
+MERGE_GAP = 64 << 10
+#: descriptors the read-ahead keeps open at once (a model with one file per tensor opens each in turn)
+FD_BOUND = 4
+
+
+def read_ahead_threads() -> int:
+    """Threads a session streams its first run's bytes with: ``$ONNX_PREPARED_READ_AHEAD`` (0: no
+    read-ahead), :data:`THREADS` when unset or not a count."""
+    value = os.environ.get(READ_AHEAD_ENV, "").strip()
+    return int(value) if value.isdigit() else THREADS
+
+
+def plan_ranges(plan, manifest) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of every external byte range the plan's cold first run reads, in need order
+    (each range once; row-only tables left out, row tables read whole for another consumer last)."""
+    reqs = plan.requirements
+    tables = plan.resolved.row_tables
+    active = manifest.active
+    first: list[tuple[str, int, int]] = []
+    late: list[tuple[str, int, int]] = []
+    for b in plan.need_order:
+        r = reqs[b]
+        if r.cached:
+            e = r.active.entry
+            first.append((e.file, e.offset, e.length))
+            continue
+        for s in r.sources:
+            entry = active.get(s)
+            d = entry.descriptor if entry is not None else None
+            if d is None or not isinstance(d.payload, ExternalPayload):
+                continue
+            p = d.payload
+            table = tables.get(s) if r.key.is_raw else None
+            if table is not None:
+                if table.whole_for:
+                    late.append((p.file, p.offset, p.length))
+                continue
+            first.append((p.file, p.offset, p.length))
+    return list(dict.fromkeys(first + late))
+
+
+def companion_ranges(companion) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of the companion's payloads a hit may read (entries of this kernel ABI and
+    format, not invalid; none when the companion is stale), in file and offset order."""
+    from onnx_prepared.prepared.cache_format import FORMAT_VERSION
+
+    if companion is None or companion.stale_reason is not None:
+        return []
+    abi = companion.kernel_abi
+    out = [(e.file, e.offset, e.length) for name, e in companion.entries().items()
+           if e.kernel_abi == abi and e.format_version == FORMAT_VERSION and name not in companion.invalid]
+    return sorted(out)
+
+
+def spans(ranges: Iterable[tuple[str, int, int]], gap: int = MERGE_GAP) -> list[tuple[str, int, int]]:
+    """Consecutive ranges of one file that are adjacent (or within ``gap`` bytes, ascending) merged."""
+    out: list[tuple[str, int, int]] = []
+    for f, off, n in ranges:
+        if n <= 0:
+            continue
+        if out:
+            pf, po, pn = out[-1]
+            if pf == f and po + pn <= off <= po + pn + gap:
+                out[-1] = (f, po, off + n - po)
+                continue
+        out.append((f, off, n))
+    return out
+
+
+def pieces(span_list: Iterable[tuple[str, int, int]], piece: int = PIECE) -> Iterator[tuple[str, int, int]]:
+    """Each span cut into reads of at most ``piece`` bytes, in order."""
+    for f, off, n in span_list:
+        end = off + n
+        while off < end:
+            k = min(piece, end - off)
+            yield f, off, k
+            off += k
+
+
+class ReadAhead:
+    """Threads reading byte ranges (in order, ``piece`` bytes per call) to warm the page cache.
+
+    Ranges come in batches: the constructor's, then :meth:`extend` (each batch in order, after the
+    ones before; a range given before is not read again); the threads wait for more until a batch is
+    marked ``final``, then exit when everything is read. :meth:`stop` makes them finish their current
+    piece and exit; :meth:`join` waits for them. An error (a file gone, unreadable) ends the read-ahead
+    quietly: the session's own reads report it. ``bytes_read`` counts what the threads read.
+    """
+
+    def __init__(self, ranges: Iterable[tuple[str, int, int]], *, final: bool = False, threads: int = THREADS,
+                 piece: int = PIECE) -> None:
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._final = False
+        self._seen: set[tuple[str, int, int]] = set()
+        self._queue: Iterator[tuple[str, int, int]] = iter(())
+        self._fds = FdPool(_open, FD_BOUND)
+        self._piece = piece
+        self.bytes_read = 0
+        self.extend(ranges, final=final)
+        self._threads = [threading.Thread(target=self._work, name=f"onnx-prepared-read-ahead-{i}", daemon=True)
+                         for i in range(threads)]
+        self._live = len(self._threads)
+        for t in self._threads:
+            t.start()
+
+    def extend(self, ranges: Iterable[tuple[str, int, int]], *, final: bool = True) -> None:
+        """Read ``ranges`` after everything queued so far (ranges queued before are skipped)."""
+        new = [r for r in ranges if r not in self._seen]
+        with self._cond:
+            self._seen.update(new)
+            self._queue = itertools.chain(self._queue, pieces(spans(new), self._piece))
+            self._final = self._final or final
+            self._cond.notify_all()
+
+    def _next(self) -> tuple[str, int, int] | None:
+        with self._cond:
+            while not self._stopped:
+                job = next(self._queue, None)
+                if job is not None:
+                    return job
+                if self._final:
+                    return None
+                self._cond.wait()
+            return None
+
+    def _work(self) -> None:
+        buf = bytearray(self._piece)
+        view = memoryview(buf)
+        try:
+            while (job := self._next()) is not None:
+                path, off, n = job
+                try:
+                    fd = self._fds.acquire(path)
+                    try:
+                        got = os.preadv(fd, [view[:n]], off)
+                    finally:
+                        self._fds.release(fd)
+                except OSError:
+                    self.stop()
+                    return
+                self.bytes_read += got  # (a racy sum across threads: a statistic only)
+        finally:
+            with self._cond:
+                self._live -= 1
+                last = self._live == 0
+            if last:
+                self._fds.close()
+
+    def stop(self) -> None:
+        """No piece starts after this (idempotent, thread-safe)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+    @property
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+
+def _open(path: str) -> int:
+    # follow=False: the session resolved and validated these paths at load (a symlink now was swapped in)
+    return open_regular(path, follow=False)[0]

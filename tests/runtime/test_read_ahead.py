@@ -1,0 +1,148 @@
+"""Cold-start read-ahead (runtime/read_ahead.py): which byte ranges a session streams into the page cache,
+in which order, and that the threads read exactly those and end (stopped, finished or failed)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from onnx_prepared.generate import generate_tiny_llm
+from onnx_prepared.generate.config import TinyLlmConfig
+from onnx_prepared.generate.feeds import prefill_feeds
+from onnx_prepared.model.descriptors import ExternalPayload
+from onnx_prepared.resolve import rows as rows_mod
+from onnx_prepared.runtime import RuntimeSession
+from onnx_prepared.runtime import read_ahead as ra
+
+EMBED = "model.embed_tokens.weight"
+# vocab x hidden x 4 B = 1 MiB: the untied float32 embedding is a row table (read by rows, not ahead)
+SMALL = dict(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=4096, block_size=16,
+             context_length=64)
+
+
+@pytest.fixture(scope="module", params=[None, "fp32"], ids=["tied", "fp32-embedding"])
+def model(request, tmp_path_factory):
+    cfg = dict(SMALL, embedding=request.param) if request.param else SMALL
+    path = generate_tiny_llm(tmp_path_factory.mktemp("ra") / "m", **cfg)
+    return str(path), prefill_feeds(TinyLlmConfig.from_preset(None, **cfg), list(range(16))), request.param
+
+
+def _external(sess, name):
+    d = sess.resolved.manifest.active[name].descriptor
+    return d.payload if d is not None and isinstance(d.payload, ExternalPayload) else None
+
+
+def test_plan_ranges_follow_need_order_and_leave_row_only_tables_out(model, monkeypatch):
+    path, _, embedding = model
+    monkeypatch.setattr(rows_mod, "MIN_TABLE_BYTES", 64 << 10)  # the tied INT4 table (128 KiB) too
+    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
+        tables = s.resolved.row_tables
+        ranges = ra.plan_ranges(s.plan, s.resolved.manifest)
+        assert len(ranges) == len(set(ranges))
+        want, late = [], []
+        for b in s.plan.need_order:
+            for n in s.plan.requirements[b].sources:
+                p = _external(s, n)
+                if p is not None:
+                    (late if n in tables else want).append((p.file, p.offset, p.length))
+        want = list(dict.fromkeys(want))
+        if embedding == "fp32":  # read by rows only: never streamed ahead
+            assert list(tables) == [EMBED] and not tables[EMBED].whole_for
+            assert ranges == want
+        else:  # tied: the LM head needs the whole tables (weight, scales), streamed after everything else
+            assert len(tables) == 2 and all(t.whole_for for t in tables.values())
+            assert ranges == want + list(dict.fromkeys(r for r in late if r not in want))
+        # every external payload the plan reads is streamed, but a row-only table
+        externals = {(p.file, p.offset, p.length) for n in s.resolved.manifest.active
+                     if (p := _external(s, n)) is not None and (n not in tables or tables[n].whole_for)}
+        assert set(ranges) == externals
+
+
+def test_a_session_streams_its_plan_ranges_and_the_threads_end(model):
+    path, feeds, _ = model
+    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
+        ahead = s.parts.read_ahead
+        assert ahead is not None
+        ahead.join(30)
+        assert ahead.done
+        ranges = ra.plan_ranges(s.plan, s.resolved.manifest)
+        assert ahead.bytes_read == sum(n for _, _, n in ra.spans(ranges))
+        with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as other:
+            assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), other.run(feeds), strict=True))
+
+
+def test_no_read_ahead_under_a_residency_budget_or_when_switched_off(model, monkeypatch):
+    path, _, _ = model
+    with RuntimeSession(path, {"prepared_model_policy": "disabled", "prepared_memory_limit": 1 << 30}) as s:
+        assert s.parts.read_ahead is None
+    monkeypatch.setenv(ra.READ_AHEAD_ENV, "0")
+    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
+        assert s.parts.read_ahead is None
+    monkeypatch.setenv(ra.READ_AHEAD_ENV, "3")
+    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
+        assert len(s.parts.read_ahead._threads) == 3
+
+
+def test_a_companion_hit_streams_its_payloads_first(model, tmp_path):
+    path, feeds, _ = model
+    cache = str(tmp_path / "m.prepared.onnx")
+    with RuntimeSession(path, {"prepared_model_policy": "build_if_missing", "prepared_model_path": cache}) as s:
+        s.prepare()
+    opts = {"prepared_model_policy": "read_only", "prepared_model_path": cache}
+    with RuntimeSession(path, opts) as s:
+        payloads = ra.companion_ranges(s.companion)
+        assert payloads and payloads == sorted(payloads)
+        assert {f for f, _, _ in payloads} <= {e.file for e in s.companion.entries().values()}
+        cached = [r for r in s.plan.requirements if r.cached]
+        assert {(r.active.entry.file, r.active.entry.offset, r.active.entry.length) for r in cached} == set(payloads)
+        ahead = s.parts.read_ahead
+        ahead.join(30)
+        assert ahead.done
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads)]
+        assert ahead.bytes_read == sum(n for _, _, n in ra.spans(payloads)) + sum(n for _, _, n in ra.spans(rest))
+        s.run(feeds)
+
+
+def _file(tmp_path, size):
+    p = tmp_path / "data.bin"
+    p.write_bytes(np.arange(size, dtype=np.uint8).tobytes())
+    return str(p)
+
+
+def test_spans_merge_adjacent_ranges_of_one_file_in_order():
+    assert ra.spans([("a", 0, 10), ("a", 10, 5), ("a", 15 + ra.MERGE_GAP, 1), ("b", 16, 4), ("a", 0, 3),
+                     ("a", 50, 0)]) == [("a", 0, 16 + ra.MERGE_GAP), ("b", 16, 4), ("a", 0, 3)]
+    assert list(ra.pieces([("a", 5, 10)], 4)) == [("a", 5, 4), ("a", 9, 4), ("a", 13, 2)]
+
+
+def test_read_ahead_reads_each_range_once_waits_for_the_final_batch_and_stops(tmp_path):
+    path = _file(tmp_path, 1 << 20)
+    ahead = ra.ReadAhead([(path, 0, 1000), (path, 1000, 24)], piece=256, threads=2)
+    ahead.extend([(path, 0, 1000)], final=False)  # queued before: not read again
+    assert not ahead.done  # waiting for the final batch
+    ahead.extend([(path, 4096, 4096)], final=True)
+    ahead.join(30)
+    assert ahead.done and ahead.bytes_read == 1024 + 4096
+    ahead = ra.ReadAhead([], threads=2)  # waiting for ranges: stop() ends the threads, no batch read after it
+    ahead.stop()
+    ahead.join(30)
+    ahead.extend([(path, 0, 4096)])
+    assert ahead.done and ahead.bytes_read == 0
+
+
+def test_a_missing_file_ends_the_read_ahead_quietly(tmp_path):
+    path = _file(tmp_path, 4096)
+    os.unlink(path)
+    ahead = ra.ReadAhead([(path, 0, 4096)], final=True)
+    ahead.join(30)
+    assert ahead.done and ahead.bytes_read == 0
+
+
+def test_threads_from_the_environment(monkeypatch):
+    monkeypatch.delenv(ra.READ_AHEAD_ENV, raising=False)
+    assert ra.read_ahead_threads() == ra.THREADS
+    for value, want in (("0", 0), ("1", 1), ("x", ra.THREADS)):
+        monkeypatch.setenv(ra.READ_AHEAD_ENV, value)
+        assert ra.read_ahead_threads() == want
