@@ -16,7 +16,7 @@ SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2
            "act.c", "sgemm.c", "sgemm_isa.c", "im2col.c", "im2col_direct.c", "gap.c",
            "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c",
            "llm_gather.c",
-           "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c", "qlinear.c",
+           "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c", "qlinear.c", "qconv_vnni.c",
            "encoder_act.c", "encoder_norm.c", "encoder_gemm.c", "resize.c", "resize_isa.c", "silu.c"]
 
 

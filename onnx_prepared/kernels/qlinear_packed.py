@@ -97,9 +97,10 @@ def _pack_conv(xs, xzp, w, ws, wzp, ys, yzp, b=None) -> PackedQLinear:
 
 
 class QConv:
-    """The packed QLinearConv call: per input shape a plan (the ``qconv`` dims, the output shape) built
-    once; 1-D and 2-D convolutions of the packed input type go native, the rest through
-    :func:`qlinear.conv_accumulate`. Thread-safe: plans are immutable."""
+    """The packed QLinearConv call: per input shape a plan (the ``qconv`` dims, the output shape and, for one
+    group with int8-range weights, ``qconv_vnni``'s 8-bit blocks) built once; 1-D and 2-D convolutions of
+    the packed input type go native (``qconv_vnni`` at AVX-512 VNNI, else ``qconv``: the same bits), the
+    rest through :func:`qlinear.conv_accumulate`. Thread-safe: plans are immutable."""
 
     __slots__ = ("_plans", "attrs", "group", "kshape", "xdtype", "ydtype")
 
@@ -115,8 +116,15 @@ class QConv:
             plan = self._plans[key] = self._plan(packed, x) or False
         if plan and native._ext is plan[0]:
             y = np.empty(plan[1], self.ydtype)
-            plan[0].qconv(x if x.flags.c_contiguous else np.ascontiguousarray(x), packed.w16, packed.bias,
-                          packed.scales, y, plan[2])
+            x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            w8 = plan[3]
+            if w8 is not None and w8[0] is packed.w16:
+                if plan[0].qconv_vnni(x, w8[1], w8[2], packed.scales, y, plan[2]):
+                    return (y,)
+            elif w8 is not None:  # another packed object (reloaded): its own 8-bit panels
+                self._plans[key] = plan = (*plan[:3], _vnni_panels(packed, self.group, x))
+                return self(packed, x)
+            plan[0].qconv(x, packed.w16, packed.bias, packed.scales, y, plan[2])
             return (y,)
         return (self._numpy(packed, x),)
 
@@ -145,7 +153,8 @@ class QConv:
         n, c = x.shape[:2]
         dims = np.array([n, c, *hw, g, m // g, *ks, *out, *begins, *strides, *dilations, packed.zx, packed.zy,
                          int(x.dtype == np.int8), _YMODE[self.ydtype.name]], np.int64)
-        return ext, (n, m, *out[2 - (x.ndim - 2):]), dims
+        w8 = _vnni_panels(packed, g, x) if hasattr(ext, "qconv_vnni") else None
+        return ext, (n, m, *out[2 - (x.ndim - 2):]), dims, w8
 
     def _numpy(self, packed: PackedQLinear, x: np.ndarray) -> np.ndarray:
         a = self.attrs
@@ -155,6 +164,28 @@ class QConv:
         nd = acc.ndim - 2
         acc += packed.bias.astype(np.int64).reshape((-1,) + (1,) * nd)
         return Q.requantize(acc.astype(np.int32), packed.scales.reshape((-1,) + (1,) * nd), packed.zy, self.ydtype)
+
+
+def _vnni_panels(packed: PackedQLinear, group: int, x: np.ndarray):
+    """``(packed.w16, blocks, badj)`` for ``qconv_vnni`` (qconv_vnni.c): the centered weights as int8 blocks of
+    8 output channels ``[ceil(M/8), C4/4 * KH * KW, 8, 4]`` (k-quads of 4 channels at one tap, zero past C
+    and M) and ``bias - zx * sum(w)`` per channel (int32, wrapping as the sums; zx moved by +128 for an
+    int8 ``x``, as the kernel moves x); None for several groups or weights outside int8 (qconv's int16
+    path)."""
+    wc = packed.wc
+    if group != 1 or wc.size == 0 or int(wc.min()) < -128 or int(wc.max()) > 127:
+        return None
+    m, c = wc.shape[:2]
+    kk = math.prod(wc.shape[2:])
+    cq = -(-c // 4)
+    mb = -(-m // 8)
+    w = np.zeros((mb * 8, cq * 4, kk), np.int8)
+    w[:m, :c] = wc.reshape(m, c, kk)
+    blocks = np.ascontiguousarray(w.reshape(mb, 8, cq, 4, kk).transpose(0, 2, 4, 1, 3))
+    wsum = wc.reshape(m, -1).sum(axis=1, dtype=np.int64)
+    zx = packed.zx + 128 if x.dtype == np.int8 else packed.zx
+    badj = ((packed.bias.astype(np.int64) - zx * wsum) % (1 << 32)).astype(np.uint32).view(np.int32)
+    return packed.w16, blocks, np.ascontiguousarray(badj)
 
 
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})

@@ -228,3 +228,49 @@ def test_packed_forms_round_trip_through_the_prepared_cache(tmp_path):
     assert not any(k.startswith("prepack:") for k in counters)
     assert sum(1 for k in counters if k.startswith("read_packed:")) == 3
     np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.skipif("avx512vnni" not in native.supported_levels(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("seed", range(6))
+def test_qconv_vnni_gives_qconv_bits(seed):
+    """``qconv_vnni`` (uint8 x int8 vpdpbusd on channels-last blocks) against ``qconv`` (int16 pairs) on
+    random geometries: strides 1-3, dilations, pads, channels not a multiple of 4, rows wider than 16,
+    both input types, all three output modes and weights over the whole int8 range."""
+    from onnx_prepared.kernels import _spatial as sp
+    from onnx_prepared.kernels import qlinear_packed as QP
+
+    ext = native._ext
+    rng = _rng("vnni", seed)
+    done = 0
+    with native.forced_level("avx512vnni"):
+        while done < 25:
+            n, c, m = int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(1, 70))
+            kh, kw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+            h, w = int(rng.integers(kh, 20)), int(rng.integers(kw, 40))
+            strides, dilations = [int(v) for v in rng.integers(1, 4, 2)], [int(v) for v in rng.integers(1, 3, 2)]
+            pads = [int(v) for v in rng.integers(0, 3, 4)]
+            begins, _, out = sp.geometry("Conv", (h, w), (kh, kw), auto_pad="NOTSET", pads=pads, strides=strides,
+                                         dilations=dilations)
+            if min(out) < 1:
+                continue
+            xsigned, ymode = int(rng.integers(0, 2)), int(rng.integers(0, 3))
+            xt = np.int8 if xsigned else np.uint8
+            x = _ints(rng, xt, (n, c, h, w))
+            wc = _ints(rng, np.int8, (m, c, kh, kw)).astype(np.int16)
+            k = c * kh * kw
+            w16 = np.zeros((m, k + k % 2), np.int16)
+            w16[:, :k] = wc.reshape(m, k)
+            zx = int(_ints(rng, xt, ()))
+            zy = int(_ints(rng, np.int8 if ymode == 1 else np.uint8, ()))
+            bias = rng.integers(-3000, 3000, m).astype(np.int32)
+            scales = rng.uniform(1e-4, 1e-2, m).astype(np.float32)
+            dims = np.array([n, c, h, w, 1, m, kh, kw, *out, *begins, *strides, *dilations, zx, zy, xsigned, ymode],
+                            np.int64)
+            yt = (np.uint8, np.int8, np.float32)[ymode]
+            want, got = np.empty((n, m, *out), yt), np.empty((n, m, *out), yt)
+            packed = QP.PackedQLinear(w16, bias, scales, zx, zy, (m, c, kh, kw))
+            _, blocks, badj = QP._vnni_panels(packed, 1, x)
+            ext.qconv(x, w16, bias, scales, want, dims)
+            assert ext.qconv_vnni(x, blocks, badj, scales, got, dims)
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+            done += 1

@@ -11,6 +11,8 @@ PyObject *py_qgap(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_quantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_dequantize_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_qlookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* qconv_vnni.c: one-group QLinearConv on 8-bit operands at AVX-512 VNNI (False below that level) */
+PyObject *py_qconv_vnni(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define QLINEAR_METHODS                                                                                        \
     {"qconv", (PyCFunction)(void (*)(void))py_qconv, METH_FASTCALL,                                           \
@@ -24,6 +26,8 @@ PyObject *py_qlookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
     {"dequantize_f32", (PyCFunction)(void (*)(void))py_dequantize_f32, METH_FASTCALL,                         \
      "per-tensor DequantizeLinear of uint8/int8 into float32"},                                               \
     {"qlookup", (PyCFunction)(void (*)(void))py_qlookup, METH_FASTCALL,                                       \
-     "y = table[x] over 8-bit tensors (a tabulated Q(f(DQ(x))) chain)"},
+     "y = table[x] over 8-bit tensors (a tabulated Q(f(DQ(x))) chain)"},                                     \
+    {"qconv_vnni", (PyCFunction)(void (*)(void))py_qconv_vnni, METH_FASTCALL,                                 \
+     "qconv's values from uint8 x int8 vpdpbusd on channels-last input; False below AVX-512 VNNI"},
 
 #endif
