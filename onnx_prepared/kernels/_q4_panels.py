@@ -104,18 +104,33 @@ class PackedQ4:
         return qw, sc, zp
 
 
+#: the packed weights' alignment in bytes: whole cache lines, so that no 64-byte load of a weight chunk
+#: is split over two (numpy's large buffers start 16 bytes into a page). 1 thread, thread CPU, the same
+#: weights at offsets 0 and 16 in one process: M=16 2816x1024 level 4 -4.7 %, M=128 1024x3072 -2.3 %,
+#: M=1 1024x1024 (weights in cache) -22 %
+ALIGN = 64
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A new uint8 buffer of ``nbytes`` starting on an :data:`ALIGN`-byte boundary (a view of one
+    ``ALIGN`` bytes larger)."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    off = -raw.ctypes.data % ALIGN
+    return raw[off: off + nbytes]
+
+
 def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, K: int, N: int,
             block_size: int, out: np.ndarray | None = None) -> PackedQ4:
     """Repack validated 4-bit MatMulNBits inputs (B uint8 [N, kb, bs/2]) into the panel16 layout.
 
     ``out``: a C-contiguous uint8 buffer of exactly the layout's size to pack into (a reused scratch;
-    every byte is written), instead of a new one."""
+    every byte is written), instead of a new one (:func:`aligned_empty`)."""
     kb = -(-K // block_size)
     P = -(-N // 16)
     npad = 16 * P
     zk = ZP_NONE if zero_points is None else (ZP_U4 if zero_points.dtype == np.uint8 else ZP_F32)
     nq, ns, nz = section_sizes(K, N, block_size, zk)
-    data = np.empty(nq + ns + nz, np.uint8) if out is None else out
+    data = aligned_empty(nq + ns + nz) if out is None else out
     words = np.ascontiguousarray(B).reshape(N, -1).view("<u4")  # [N, kc]
     qw = data[:nq].view("<u4").reshape(P, -1, 16)
     if npad == N:

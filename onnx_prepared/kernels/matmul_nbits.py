@@ -223,11 +223,12 @@ SOURCE_CHUNK_BYTES = 4 << 20
 
 
 def thread_scratch(nbytes: int) -> np.ndarray:
-    """``nbytes`` of this thread's pack scratch (uint8), grown to the largest request and reused: a pack
-    into it faults no fresh memory after the first (first touch costs ~1-2 ms/MB on the cold path)."""
+    """``nbytes`` of this thread's pack scratch (uint8, 64-byte aligned as packed weights are), grown to
+    the largest request and reused: a pack into it faults no fresh memory after the first (first touch
+    costs ~1-2 ms/MB on the cold path)."""
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.size < nbytes:
-        buf = _SCRATCH.buf = np.empty(nbytes, np.uint8)
+        buf = _SCRATCH.buf = q4.aligned_empty(nbytes)
     return buf[:nbytes]
 
 

@@ -35,3 +35,21 @@ def test_panel16_refuses_mismatched_buffers():
     np.testing.assert_array_equal(out, want)
     # the interleave: byte i of a word holds k values i (low nibble) and i + 4 (high nibble)
     assert q4.interleave_nibbles(np.array([0x76543210], np.uint32))[0] == 0x73625140
+
+
+@pytest.mark.parametrize(("K", "N"), [(1024, 64), (40, 48), (2816, 1024)])
+def test_packed_weights_and_pack_scratch_start_on_a_cache_line(K, N):
+    """64-byte loads of weight chunks never straddle two lines (numpy's large buffers start 16 bytes into
+    a page)."""
+    from onnx_prepared.kernels import matmul_nbits as mm
+
+    rng = np.random.default_rng(1)
+    kb = -(-K // 32)
+    B = rng.integers(0, 256, (N, kb, 16), dtype=np.uint8)
+    S = rng.random((N, kb), dtype=np.float32)
+    p = q4.pack_q4(B, S, None, K=K, N=N, block_size=32)
+    assert p.data.ctypes.data % q4.ALIGN == 0 and p.data.nbytes == sum(q4.section_sizes(K, N, 32, q4.ZP_NONE))
+    assert p.data.flags.c_contiguous and p.data.dtype == np.uint8
+    assert mm.thread_scratch(p.data.nbytes + 1000).ctypes.data % q4.ALIGN == 0
+    for n in (1, 63, 64, 1 << 20):
+        assert q4.aligned_empty(n).ctypes.data % q4.ALIGN == 0 and q4.aligned_empty(n).nbytes == n
