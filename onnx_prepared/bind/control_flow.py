@@ -2,7 +2,8 @@
 
 Each body becomes the graph's subgraph evaluator (:class:`~onnx_prepared.bind.graph.SubgraphEvaluator`,
 reached through the :class:`FallbackEnv`'s subgraph factory, so this module needs nothing from
-``graph``); a run only calls its positional runner: no onnx.reference, no per-iteration dicts. The
+``graph``); a run calls it as one generated function of its inputs and outer values (its plan's
+``ExecutionPlan.function``, else its positional runner): no onnx.reference, no per-iteration dicts. The
 node's outer-scope values (its ``implicit_inputs``) arrive after the explicit inputs, in the order of
 ``implicit``, and each body picks the ones it reads.
 
@@ -141,14 +142,17 @@ class _Slots:
     the node's implicit values, slot) pairs this body reads. Read-only (shared by concurrent runs: each
     call fills its own list)."""
 
-    __slots__ = ("constants", "inputs", "outer", "outputs", "replay")
+    __slots__ = ("constants", "inputs", "n_outer", "outer", "outputs", "plan", "replay")
 
-    def __init__(self, plan: Any, constants: list, inputs: tuple, outer: tuple, outputs: tuple) -> None:
+    def __init__(self, plan: Any, constants: list, inputs: tuple, outer: tuple, outputs: tuple,
+                 n_outer: int) -> None:
+        self.plan = plan
         self.replay = plan.replay
         self.constants = constants
         self.inputs = inputs
         self.outer = outer
         self.outputs = outputs
+        self.n_outer = n_outer
 
     @classmethod
     def of(cls, graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]) -> _Slots | None:
@@ -162,7 +166,18 @@ class _Slots:
         slot_of = {n: i for i, n in enumerate(names)}
         mine = set(mine)
         return cls(plan, constants, tuple(slot_of[i.name] if i.name else None for i in graph.input),
-                   tuple((j, slot_of[n]) for j, n in enumerate(implicit) if n in mine), tuple(plan.output_slots))
+                   tuple((j, slot_of[n]) for j, n in enumerate(implicit) if n in mine), tuple(plan.output_slots),
+                   len(implicit))
+
+    def function(self, inputs: Sequence[int | None] = ()) -> Callable[..., tuple] | None:
+        """The body as ``fn(*inputs, *outer_values) -> outputs tuple`` (``ExecutionPlan.function``):
+        ``inputs`` are the slots of the leading arguments, then come all the node's implicit values
+        (each body reads its own); None when the plan keeps to :meth:`fresh` and ``replay``."""
+        outer: list[int | None] = [None] * self.n_outer
+        for j, s in self.outer:
+            outer[j] = s
+        function = getattr(self.plan, "function", None)
+        return function((*inputs, *outer), self.constants) if function is not None else None
 
     def fresh(self, outer_values: Sequence) -> list:
         """A slot list holding the constants and this body's outer-scope values."""
@@ -172,26 +187,27 @@ class _Slots:
         return values
 
 
-def _branch(graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]) -> Callable[[Sequence], tuple]:
-    """``run(outer_values) -> outputs tuple`` of an If branch (no inputs of its own)."""
+def _branch(graph: onnx.GraphProto, env: FallbackEnv, implicit: tuple[str, ...]) -> Callable[..., tuple]:
+    """``run(*outer_values) -> outputs tuple`` of an If branch (no inputs of its own).
+
+    No cancellation checkpoint: a branch runs its body once, a Loop around it checks once per
+    iteration and a Loop inside it per its own iterations."""
     slots = _Slots.of(graph, env, implicit)
     if slots is None:
         run = _runner(graph, env, implicit)
         none: tuple = ()
-        return lambda outer: tuple(run(none, outer))
+        return lambda *outer: tuple(run(none, outer))
     replay, constants, outer_pairs, outs = slots.replay, slots.constants, slots.outer, slots.outputs
     pick = _picker(outs)
 
-    # NOTE: no cancellation checkpoint here: a branch runs its body once, a Loop around it checks once
-    # per iteration and a Loop inside it per its own iterations (checkpoint() was 0.33 us, a third of
-    # an If's own overhead inside loop_if's Loop)
-    def branch(outer: Sequence) -> tuple:
+    def branch(*outer: Any) -> tuple:
         values = list(constants)
         for j, s in outer_pairs:
             values[s] = outer[j]
         replay(values)
         return pick(values)
 
+    branch.function = slots.function  # type: ignore[attr-defined]  # (see _bind_if)
     return branch
 
 
@@ -207,9 +223,23 @@ def _picker(slots: tuple[int, ...]) -> Callable[[list], tuple]:
 
 def _bind_if(then_run: Callable, else_run: Callable) -> Callable[..., tuple]:
     def if_(cond: Any, *outer: Any) -> tuple:
-        return (then_run if _truth(cond) else else_run)(outer)
+        return (then_run if _truth(cond) else else_run)(*outer)
 
+    def choice() -> tuple:
+        """``(test, then, else)`` for a body's ``ExecutionPlan.function``, which calls the branch it
+        picks in place of ``if_``: each branch as its own generated function (built here, when the
+        enclosing body's is: a top-level If runs once a run and never pays for one)."""
+        return (_truth, _as_function(then_run), _as_function(else_run))
+
+    if_.choice = choice  # type: ignore[attr-defined]
     return if_
+
+
+def _as_function(run: Callable[..., tuple]) -> Callable[..., tuple]:
+    """A branch's generated function (:meth:`_Slots.function`), else the branch itself."""
+    make = getattr(run, "function", None)
+    fn = make() if make is not None else None
+    return fn if fn is not None else run
 
 
 def _truth(v: Any) -> bool:
@@ -254,6 +284,9 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
     read before the iteration writes it; inputs, outputs, constants and outer values are never
     released by the body's plan)."""
     n_scan = len(empties)
+    # the body as one generated function, built by the first call (a body whose Loop never runs, or a
+    # session that never runs, pays nothing for it); two first calls at once may both build it
+    function: list = []
     it_slot, cond_slot = body.inputs[0], body.inputs[1]
     carried_in = tuple((k, s) for k, s in enumerate(body.inputs[2:]) if s is not None)
     cond_out = body.outputs[0]
@@ -262,6 +295,11 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
     replay = body.replay
 
     def loop(trip: Any, cond: Any, *args: Any) -> tuple:
+        if not function:
+            fn = body.function(body.inputs)
+            function.append(_bind_function_loop(fn, n_in, n_carried, n_scan, empties) if fn is not None else None)
+        if function[0] is not None:
+            return function[0](trip, cond, *args)
         carried, outer = args[:n_carried], args[n_in - 2:]
         limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
         it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
@@ -285,6 +323,35 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
             carried = carried_out(values)
             for k in range(n_scan):
                 scans[k].append(values[scan_out[k]])
+            it += 1
+        return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
+
+    return loop
+
+
+def _bind_function_loop(body: Callable[..., tuple], n_in: int, n_carried: int, n_scan: int,
+                        empties: tuple[np.ndarray, ...]) -> Callable[..., tuple]:
+    """Loop over the body as one function (:meth:`_Slots.function`): each iteration calls
+    ``body(iteration, cond, *carried, *outer) -> (cond, *carried, *scan values)``."""
+    carried_end = 1 + n_carried
+
+    def loop(trip: Any, cond: Any, *args: Any) -> tuple:
+        carried, outer = args[:n_carried], args[n_in - 2:]
+        limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
+        it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
+        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        cond_value = np.array(True) if cond is None else cond
+        scans: list[list] = [[] for _ in range(n_scan)]
+        it = 0
+        while keep_going and (limit is None or it < limit):
+            checkpoint()  # once per body evaluation: a Loop with a huge trip count honours cancel()
+            out = body(np.array(it, dtype=it_dtype), cond_value, *carried, *outer)
+            cond_value = out[0]
+            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
+                              else np.asarray(cond_value).reshape(-1)[0])
+            carried = out[1:carried_end]
+            for k in range(n_scan):
+                scans[k].append(out[carried_end + k])
             it += 1
         return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
 

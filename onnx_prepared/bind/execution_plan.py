@@ -139,6 +139,69 @@ class ExecutionPlan:
                      for i, a in enumerate(self.actions))
         return replace(self, actions=acts)
 
+    def function(self, params: Sequence[int | None], constants: Sequence) -> Callable[..., tuple] | None:
+        """The whole plan as one function ``fn(*values) -> outputs tuple`` over local variables (a body
+        a control-flow kernel calls per iteration or branch: no slot list to copy and fill, no replay
+        call, no outputs picked from a list).
+
+        ``params``: the slot each positional argument fills (None: an argument it ignores); a slot
+        named twice takes the first. ``constants``: a slot list (``new_values()`` with the initializers
+        filled in) whose non-None entries the other slots read; a slot neither reads as None. A kernel
+        with a ``choice`` attribute (If), ``choice() -> (test, on_true, on_false)``, is called as the
+        branch it picks, ``(on_true if test(c) else on_false)(*rest)``, which is what it computes. Releases
+        happen as in :meth:`replay` (the local is cleared), and a failing kernel raises the KernelError
+        :meth:`replay` raises. Thread-safe: the function holds no state. None when a node writes the slot
+        of an argument or a constant (not valid ONNX; :meth:`replay` runs it)."""
+        names: dict[int, str] = {NONE_SLOT: "None"}
+        args = []
+        for j, s in enumerate(params):
+            if s is None or s in names:
+                args.append(f"_{j}")
+            else:
+                names[s] = f"p{j}"
+                args.append(names[s])
+        glob: dict = {"_failed": self._failed_in, "_names": names}
+        for s, v in enumerate(constants):
+            if v is not None and s not in names:
+                names[s] = f"c{s}"
+                glob[names[s]] = v
+        if any(o in names and o != NONE_SLOT for a in self.actions for o in a.outputs):
+            return None  # a node writes an argument's or a constant's slot: replay() keeps that case
+        lines = [f"def body({', '.join(args)}):", "  try:"]
+        for i, a in enumerate(self.actions):
+            ins = [names.get(j, "None") for j in a.inputs]
+            choice = getattr(a.kernel.call, "choice", None)
+            if choice is not None and ins:  # call(c, *rest) is (on_true if test(c) else on_false)(*rest)
+                glob[f"q{i}"], glob[f"t{i}"], glob[f"f{i}"] = choice()
+                call = f"(t{i} if q{i}({ins[0]}) else f{i})({', '.join(ins[1:])})"
+            else:
+                glob[f"k{i}"] = a.kernel.call
+                call = f"k{i}({', '.join(ins)})"
+            outs = [o for o in a.outputs]
+            for o in outs:
+                if o not in names:
+                    names[o] = f"v{o}"
+            if len(outs) == 1:
+                stmts = [f"{names[outs[0]]} = {call}[0]" if outs[0] != NONE_SLOT else call]
+            else:
+                stmts = [f"r = {call}"] + [f"{names[o]} = r[{k}] if len(r) > {k} else None"
+                                           for k, o in enumerate(outs) if o != NONE_SLOT]
+            stmts += [f"{names[r]} = None" for r in a.release if names.get(r, "").startswith("v")]
+            lines.append("    " + "; ".join(stmts))
+        lines += ["  except Exception as e:", "    _failed(body, e, locals(), _names)",
+                  f"  return ({''.join(names.get(s, 'None') + ', ' for s in self.output_slots)})"]
+        code = _replay_code("\n".join(lines) + "\n", "body").__code__
+        fn = glob["body"] = type(_compile)(code, glob, "body")
+        return fn
+
+    def _failed_in(self, fn: Callable, e: BaseException, local: dict, names: dict[int, str]) -> None:
+        """Raise the KernelError of the action a :meth:`function` raised in (line ``i + 3`` of its code
+        is action ``i``), with the inputs it was called with, from the function's variables."""
+        act = self.actions[_failed_action(fn, e) - 1]
+        glob = fn.__globals__
+        args = [local[n] if n in local else glob.get(n) for n in (names.get(j, "None") for j in act.inputs)]
+        raise self.kernel_error(act, args, e) from e
+
     def kernel_error(self, act: ExecuteAction, args: Sequence, e: BaseException) -> KernelError:
         """The user-facing error for a failed kernel: node, op, kernel and every input's dtype/shape."""
         sig = ", ".join(_describe(a) for a in args)
@@ -191,10 +254,10 @@ def _store(values: list, slots: tuple[int, ...], res: Sequence) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _replay_code(source: str) -> Callable[[list], None]:
+def _replay_code(source: str, name: str = "replay") -> Callable[[list], None]:
     namespace: dict = {}
     exec(compile(source, "<onnx_prepared replay>", "exec"), namespace)
-    return namespace["replay"]
+    return namespace[name]
 
 
 def _failed_action(fn: Callable, e: BaseException) -> int:
