@@ -34,6 +34,7 @@ THREADS = 2
 MERGE_GAP = 64 << 10
 #: descriptors the read-ahead keeps open at once (a model with one file per tensor opens each in turn)
 FD_BOUND = 4
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
 def read_ahead_threads() -> int:
@@ -117,7 +118,9 @@ class ReadAhead:
     ones before; a range given before is not read again); the threads wait for more until a batch is
     marked ``final``, then exit when everything is read. :meth:`stop` makes them finish their current
     piece and exit; :meth:`join` waits for them. An error (a file gone, unreadable) ends the read-ahead
-    quietly: the session's own reads report it. ``bytes_read`` counts what the threads read.
+    quietly: the session's own reads report it. Until a piece misses the page cache, a piece whose last
+    byte is in it already is skipped (a warm start reads nothing). ``bytes_read`` counts what the threads
+    read, ``bytes_skipped`` what they skipped.
     """
 
     def __init__(self, ranges: Iterable[tuple[str, int, int]], *, final: bool = False, threads: int = THREADS,
@@ -130,6 +133,9 @@ class ReadAhead:
         self._fds = FdPool(_open, FD_BOUND)
         self._piece = piece
         self.bytes_read = 0
+        self.bytes_skipped = 0  # pieces found in the page cache already (their last byte), not read
+        self._probe = _NOWAIT is not None
+        self._byte = bytearray(1)
         self.extend(ranges, final=final)
         self._threads = [threading.Thread(target=self._work, name=f"onnx-prepared-read-ahead-{i}", daemon=True)
                          for i in range(threads)]
@@ -166,19 +172,40 @@ class ReadAhead:
                 try:
                     fd = self._fds.acquire(path)
                     try:
+                        if self._resident(fd, off + n - 1):
+                            with self._cond:
+                                self.bytes_skipped += n
+                            continue
                         got = os.preadv(fd, [view[:n]], off)
+                        with self._cond:
+                            self.bytes_read += got
                     finally:
                         self._fds.release(fd)
                 except OSError:
                     self.stop()
                     return
-                self.bytes_read += got  # (a racy sum across threads: a statistic only)
         finally:
             with self._cond:
                 self._live -= 1
                 last = self._live == 0
             if last:
                 self._fds.close()
+
+    def _resident(self, fd: int, last: int) -> bool:
+        """Whether the byte at ``last`` (a piece's last) is in the page cache: a 1-byte ``preadv`` with
+        ``RWF_NOWAIT``, which fails with EAGAIN instead of reading. A warm start then costs a syscall per
+        piece, not a copy of every byte. The first miss ends the probing: skipped pieces would not advance
+        the kernel's readahead, and a cold file streamed that way read 134 MB in 70-95 ms instead of 60-74
+        (2 threads, 6 runs each); where the flag is not supported, every piece is read."""
+        if not self._probe:
+            return False
+        try:
+            if os.preadv(fd, [self._byte], last, _NOWAIT) == 1:
+                return True
+        except OSError:  # EAGAIN: not cached; EOPNOTSUPP / EINVAL: no RWF_NOWAIT here
+            pass
+        self._probe = False
+        return False
 
     def stop(self) -> None:
         """No piece starts after this (idempotent, thread-safe)."""

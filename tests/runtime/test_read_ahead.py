@@ -68,7 +68,7 @@ def test_a_session_streams_its_plan_ranges_and_the_threads_end(model):
         ahead.join(30)
         assert ahead.done
         ranges = ra.plan_ranges(s.plan, s.resolved.manifest)
-        assert ahead.bytes_read == sum(n for _, _, n in ra.spans(ranges))
+        assert ahead.bytes_read + ahead.bytes_skipped == sum(n for _, _, n in ra.spans(ranges))
         with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as other:
             assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), other.run(feeds), strict=True))
 
@@ -101,7 +101,8 @@ def test_a_companion_hit_streams_its_payloads_first(model, tmp_path):
         ahead.join(30)
         assert ahead.done
         rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads)]
-        assert ahead.bytes_read == sum(n for _, _, n in ra.spans(payloads)) + sum(n for _, _, n in ra.spans(rest))
+        want = sum(n for _, _, n in ra.spans(payloads)) + sum(n for _, _, n in ra.spans(rest))
+        assert ahead.bytes_read + ahead.bytes_skipped == want
         s.run(feeds)
 
 
@@ -124,12 +125,34 @@ def test_read_ahead_reads_each_range_once_waits_for_the_final_batch_and_stops(tm
     assert not ahead.done  # waiting for the final batch
     ahead.extend([(path, 4096, 4096)], final=True)
     ahead.join(30)
-    assert ahead.done and ahead.bytes_read == 1024 + 4096
+    assert ahead.done and ahead.bytes_read + ahead.bytes_skipped == 1024 + 4096
     ahead = ra.ReadAhead([], threads=2)  # waiting for ranges: stop() ends the threads, no batch read after it
     ahead.stop()
     ahead.join(30)
     ahead.extend([(path, 0, 4096)])
     assert ahead.done and ahead.bytes_read == 0
+
+
+@pytest.mark.skipif(ra._NOWAIT is None, reason="no RWF_NOWAIT")
+def test_pieces_already_in_the_page_cache_are_skipped_until_one_misses(tmp_path, monkeypatch):
+    path = _file(tmp_path, 1 << 20)  # just written: in the page cache
+    ahead = ra.ReadAhead([(path, 0, 1 << 20)], final=True, piece=64 << 10)
+    ahead.join(30)
+    assert ahead.bytes_skipped == 1 << 20 and ahead.bytes_read == 0
+    calls = []
+    real = os.preadv
+
+    def cold(fd, buffers, offset, flags=0):  # every page missing: the first probe fails, then reads only
+        calls.append(flags)
+        if flags:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(ra.os, "preadv", cold)
+    ahead = ra.ReadAhead([(path, 0, 1 << 20)], final=True, piece=64 << 10, threads=1)
+    ahead.join(30)
+    assert ahead.bytes_read == 1 << 20 and ahead.bytes_skipped == 0
+    assert calls.count(ra._NOWAIT) == 1 and len(calls) == 1 + 16
 
 
 def test_a_missing_file_ends_the_read_ahead_quietly(tmp_path):
