@@ -153,6 +153,18 @@ class PackedConv:
             ext.sgemm_packed(packed, cols, y, b, gdims, lo, hi, act, alpha)
             return y
 
+        if (g == 1 and strides[1] <= 2 and out[1] >= _IMPLICIT_MIN_WIDTH and cgk > _NCOLS_MAXK
+                and hasattr(ext, "conv_implicit")):
+            cdims = np.array([n, c, h, w, m, *kshape, *out, *begins, *strides, *dilations], np.int64)
+
+            def implicit(packed, x, b):
+                x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+                y = np.empty(yshape, np.float32)
+                if ext.conv_implicit(x, packed, b, y, cdims, lo, hi, act, alpha):
+                    return y
+                return im2col(packed, x, b)  # below AVX-512
+
+            return ext, implicit
         return ext, im2col
 
 
@@ -192,6 +204,15 @@ class EpilogueConv:
         return conv_packed(packed, x, b, kshape=c.kshape, group=c.group, panel_rows=c.panel_rows, lo=self.lo,
                            hi=self.hi, act=self.act, alpha=self.alpha, **c.attrs)[0]
 
+
+#: output rows at least this wide run as ``conv_implicit`` at AVX-512 (one group, column strides 1-2, K past
+#: the column-vectorised task's SG_NCOLS_MAXK): the packed SGEMM's tile reading a zero-padded copy of the
+#: image, no column matrix; narrower rows keep im2col (the tile is up to 12 outputs of one row). Zen 5, one
+#: thread, thread CPU, same bits, load ~7: ResNet-18's 7x7/2 stem at 64x64, batch 2, 293 -> 232 us; 64 -> 64
+#: 3x3 at 16x16 245 -> 208; 128 -> 128 at 8x8 231 -> 194
+_IMPLICIT_MIN_WIDTH = 8
+#: sgemm.h's SG_NCOLS_MAXK: up to this K the column-vectorised SGEMM task (no transposing store) stays
+_NCOLS_MAXK = 32
 
 #: a batch of small planes runs merged (:func:`_merged`: one pass over the weights for every image) from
 #: this many weights (floats, 2 MB) on; below, the per-image columns and the SGEMM's batch cost less than

@@ -212,3 +212,50 @@ def test_isa_env_selects_the_sgemm_level():
     with native.forced_level(level):
         here = native.sgemm_packed(native.pack_panels(a), 40, x)
     np.testing.assert_array_equal(child, here)
+
+
+@pytest.mark.skipif("avx512vnni" not in native.supported_levels(), reason="needs AVX-512")
+@pytest.mark.parametrize("seed", range(4))
+def test_conv_implicit_gives_im2col_sgemm_bits(seed):
+    """``conv_implicit`` (the AVX-512 tile reading a zero-padded image at each k's offset) against im2col2d
+    + sgemm_packed on random one-group geometries (kernels 1-7, strides, dilations, pads, the epilogue),
+    bit for bit, on 1 and 2 threads; below AVX-512 it declines (False)."""
+    from onnx_prepared.kernels import _spatial as sp
+
+    ext, rng, before = native._ext, np.random.default_rng(seed), native.get_num_threads()
+    done = 0
+    try:
+        with native.forced_level("avx512vnni"):
+            while done < 12:
+                n, c, m = int(rng.integers(1, 3)), int(rng.integers(1, 24)), int(rng.integers(1, 70))
+                kh, kw = int(rng.integers(1, 8)), int(rng.integers(1, 8))
+                h, w = int(rng.integers(kh, 30)), int(rng.integers(kw, 40))
+                strides, dilations = [int(rng.integers(1, 4)), int(rng.integers(1, 3))], [int(v) for v in
+                                                                                        rng.integers(1, 3, 2)]
+                pads = [int(v) for v in rng.integers(0, 4, 4)]
+                if any((k - 1) * d + 1 > s + p0 + p1 for k, d, s, p0, p1 in
+                       zip((kh, kw), dilations, (h, w), pads[:2], pads[2:])):
+                    continue  # a window larger than the padded input
+                begins, _, out = sp.geometry("Conv", (h, w), (kh, kw), auto_pad="NOTSET", pads=pads,
+                                             strides=strides, dilations=dilations)
+                x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+                packed = native.pack_panels(rng.standard_normal((1, m, c * kh * kw), dtype=np.float32))
+                b = rng.standard_normal(m, dtype=np.float32) if done % 3 else None
+                lo, hi, act = (0.0, 6.0, 0) if done % 2 else (-np.inf, np.inf, int(rng.integers(0, 3)))
+                k, p = c * kh * kw, out[0] * out[1]
+                cols = np.empty((n, 1, k, p), np.float32)
+                ext.im2col2d(x, cols, np.array([n, c, h, w, 1, kh, kw, *out, *begins, *strides, *dilations, 0],
+                                               np.int64))
+                want = np.empty((n, m, *out), np.float32)
+                ext.sgemm_packed(packed, cols, want, b, np.array([1, m, k, p, n], np.int64), lo, hi, act, 0.1)
+                dims = np.array([n, c, h, w, m, kh, kw, *out, *begins, *strides, *dilations], np.int64)
+                for t in (1, 2):
+                    native.set_num_threads(t)
+                    got = np.empty_like(want)
+                    assert ext.conv_implicit(x, packed, b, got, dims, lo, hi, act, 0.1)
+                    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+                done += 1
+        with native.forced_level("avx2"):
+            assert not ext.conv_implicit(x, packed, b, got, dims, lo, hi, act, 0.1)
+    finally:
+        native.set_num_threads(before)

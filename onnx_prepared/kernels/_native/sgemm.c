@@ -140,3 +140,145 @@ done:
     return ret;
 }
 
+
+static void sgc_pool_task(void *ctx, int t) { sg_ctask_avx512((const sg_cjob *)ctx, t); }
+
+static _Thread_local float *tl_xpad;
+static _Thread_local size_t tl_xpad_n;
+
+/* conv_implicit(x, a, bias|None, y, dims int64[15] = N C H W M KH KW OH OW pt pl sh sw dh dw, lo, hi, act[,
+ * alpha]) -> True, or False below the AVX-512 level (the caller runs im2col + sgemm_packed). One group;
+ * column strides 1 or 2. The image is copied once into zeros [C][HP][WP] (HP, WP: the rows and columns
+ * the windows read), then tasks of (image, panel pairs, output rows) run sg_ctask_avx512: fixed by the
+ * shape, and each output's sum is the same chain whatever the task, so the bits do not depend on the
+ * thread count. */
+PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "conv_implicit takes 8 or 9 positional arguments");
+        return NULL;
+    }
+    if (ext_isa_level() < 3) Py_RETURN_FALSE;
+    const double lo = PyFloat_AsDouble(args[5]), hi = PyFloat_AsDouble(args[6]);
+    const long act = PyLong_AsLong(args[7]);
+    const double alpha = nargs > 8 ? PyFloat_AsDouble(args[8]) : 0.0;
+    if (PyErr_Occurred()) return NULL;
+    if (act < 0 || act > SG_ACT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "conv_implicit: act is 0, 1 or 2");
+        return NULL;
+    }
+    Py_buffer bd;
+    if (PyObject_GetBuffer(args[4], &bd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (bd.len != 15 * 8) {
+        PyBuffer_Release(&bd);
+        PyErr_SetString(PyExc_ValueError, "conv_implicit: dims needs 15 int64 values");
+        return NULL;
+    }
+    long long d[15];
+    memcpy(d, bd.buf, sizeof d);
+    PyBuffer_Release(&bd);
+    for (int i = 0; i < 15; i++)
+        if (d[i] < (i == 9 || i == 10 ? 0 : 1) || d[i] > (1LL << 24)) {
+            PyErr_SetString(PyExc_ValueError, "conv_implicit: bad dims");
+            return NULL;
+        }
+    const long N = (long)d[0], C = (long)d[1], H = (long)d[2], W = (long)d[3], M = (long)d[4], KH = (long)d[5];
+    const long KW = (long)d[6], OH = (long)d[7], OW = (long)d[8], pt = (long)d[9], pl = (long)d[10];
+    const long sh = (long)d[11], sw = (long)d[12], dh = (long)d[13], dw = (long)d[14];
+    if (sw > 2) {
+        PyErr_SetString(PyExc_ValueError, "conv_implicit: column stride 1 or 2");
+        return NULL;
+    }
+    const long K = C * KH * KW, P = ceil_div(M, SG_PANEL);
+    const long HP = (OH - 1) * sh + (KH - 1) * dh + 1, WP = (OW - 1) * sw + (KW - 1) * dw + 1;
+    Py_buffer bx, ba, bb, by;
+    memset(&bb, 0, sizeof bb);
+    int got = 0;
+    PyObject *ret = NULL;
+    long *off = NULL;
+    if (PyObject_GetBuffer(args[0], &bx, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    got = 1;
+    if (PyObject_GetBuffer(args[1], &ba, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    got = 2;
+    if (PyObject_GetBuffer(args[3], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+    got = 3;
+    if (args[2] != Py_None && PyObject_GetBuffer(args[2], &bb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (bx.len != 4 * (Py_ssize_t)N * C * H * W || ba.len != 4 * (Py_ssize_t)P * K * SG_PANEL ||
+        by.len != 4 * (Py_ssize_t)N * M * OH * OW || (bb.obj && bb.len != 4 * (Py_ssize_t)M)) {
+        PyErr_SetString(PyExc_ValueError, "conv_implicit: buffer sizes do not match dims");
+        goto done;
+    }
+    const size_t img = (size_t)C * HP * WP, need = (size_t)N * img + 16;
+    if (need > tl_xpad_n) {
+        float *p = (float *)malloc(need * sizeof(float));
+        if (!p) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        free(tl_xpad);
+        tl_xpad = p;
+        tl_xpad_n = need;
+    }
+    off = (long *)malloc((size_t)K * sizeof(long));
+    if (!off) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (long c = 0; c < C; c++)
+        for (long kh = 0; kh < KH; kh++)
+            for (long kw = 0; kw < KW; kw++) off[(c * KH + kh) * KW + kw] = c * HP * WP + kh * dh * WP + kw * dw;
+    sg_cjob j;
+    memset(&j, 0, sizeof j);
+    j.a = (const float *)ba.buf;
+    j.xp = tl_xpad;
+    j.y = (float *)by.buf;
+    j.bias = bb.obj ? (const float *)bb.buf : NULL;
+    j.off = off;
+    j.M = M, j.K = K, j.P = P, j.OH = OH, j.OW = OW, j.HP = HP, j.WP = WP, j.sh = sh, j.sw = sw;
+    j.img_stride = (long)img;
+    j.lo = (float)lo, j.hi = (float)hi, j.act = (int)act, j.alpha = (float)alpha;
+    /* tasks of about SG_TASK_MACS * 2: whole panel pairs, then blocks of output rows (fixed by the shape) */
+    const double row_macs = (double)OW * K * (M < 32 ? M : 32);
+    long rpt = (long)((double)(2 * SG_TASK_MACS) / (row_macs > 1 ? row_macs : 1));
+    j.rows_per_task = rpt < 1 ? 1 : rpt > OH ? OH : rpt;
+    j.nrb = ceil_div(OH, j.rows_per_task);
+    j.mchunk = 2;
+    j.nmc = ceil_div(P, 2);
+    const long ntasks = N * j.nmc * j.nrb;
+    const float *x = (const float *)bx.buf;
+    const double work = (double)N * M * K * OH * OW;
+    Py_BEGIN_ALLOW_THREADS
+    float *xp = tl_xpad;
+    const long nx = W < WP - pl ? W : WP - pl;
+    for (long b = 0; b < N; b++)
+        for (long c = 0; c < C; c++) {
+            float *pl0 = xp + (size_t)b * img + (size_t)c * HP * WP;
+            const float *src = x + ((size_t)b * C + c) * H * W;
+            for (long r = 0; r < HP; r++) {
+                float *row = pl0 + r * WP;
+                const long ih = r - pt;
+                if (ih < 0 || ih >= H || nx <= 0) {
+                    memset(row, 0, (size_t)WP * sizeof(float));
+                    continue;
+                }
+                if (pl) memset(row, 0, (size_t)pl * sizeof(float));
+                memcpy(row + pl, src + ih * W, (size_t)nx * sizeof(float));
+                if (pl + nx < WP) memset(row + pl + nx, 0, (size_t)(WP - pl - nx) * sizeof(float));
+            }
+        }
+    if (ntasks > 1 && nb_pool_get_threads() > 1 && work >= (double)SG_POOL_MACS)
+        nb_pool_run(sgc_pool_task, &j, (int)ntasks);
+    else
+        for (long t = 0; t < ntasks; t++) sgc_pool_task(&j, (int)t);
+    Py_END_ALLOW_THREADS
+    ret = Py_True;
+    Py_INCREF(ret);
+done:
+    free(off);
+    if (bb.obj) PyBuffer_Release(&bb);
+    if (got >= 3) PyBuffer_Release(&by);
+    if (got >= 2) PyBuffer_Release(&ba);
+    PyBuffer_Release(&bx);
+    return ret;
+}

@@ -41,9 +41,29 @@ enum { SG_NCOLS_MIN = 32, SG_NCOLS_MAXK = 32 };
 void sg_ntask_avx2(const sg_job *j, int t);
 enum { SG_NCOLS2_MAXM = 8 };
 
+/* A 2-D Conv (one group) on the packed panels without a column matrix, AVX-512 (sgemm_isa.c): the same
+ * micro tile as sg_task_avx512, its column k read from a zero-padded copy of the image at off[k] (k = (c,
+ * kh, kw), im2col's order), a tile being up to 12 outputs of one row at column stride SW (1 or 2): the
+ * same FMA chains as im2col + sg_task_avx512, so the same bits. */
+typedef struct {
+    const float *a;    /* [P][K][16] */
+    const float *xp;   /* [B][C][HP][WP], zeros around the image */
+    float *y;          /* [B][M][OH][OW] */
+    const float *bias; /* [M] or NULL */
+    const long *off;   /* [K]: c * HP * WP + kh * dh * WP + kw * dw */
+    long M, K, P, OH, OW, HP, WP, sh, sw, mchunk, nmc, rows_per_task, nrb, img_stride;
+    float lo, hi;
+    int act;
+    float alpha;
+} sg_cjob;
+void sg_ctask_avx512(const sg_cjob *j, int t);
+
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define SGEMM_METHODS \
-    {"sgemm_packed", (PyCFunction)(void (*)(void))py_sgemm_packed, METH_FASTCALL, "Conv GEMM on prepacked weights"},
+    {"sgemm_packed", (PyCFunction)(void (*)(void))py_sgemm_packed, METH_FASTCALL, "Conv GEMM on prepacked weights"}, \
+    {"conv_implicit", (PyCFunction)(void (*)(void))py_conv_implicit, METH_FASTCALL,                   \
+     "one-group 2-D Conv on prepacked weights without a column matrix (AVX-512; False below)"},
 
 #endif

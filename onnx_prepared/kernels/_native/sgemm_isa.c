@@ -333,10 +333,102 @@ void sg_ntask_avx512(const sg_job *j, int t)
                          bias ? bias + m0 : NULL, lo, hi, j->act, al);
         }
 }
+
+/* ---- AVX-512 implicit-GEMM convolution (sgemm.h: sg_cjob) ----
+ * sg_micro5 / sg_micro5h with column k of the tile read at xb + off[k] + jj * SW instead of b + k * ldb:
+ * the same operands in the same order, the same epilogue. */
+AI void sgc_micro(const float *a0, const float *a1, const float *xb, const long *off, long K, float *t,
+                  const sg_cjob *j, const float *bias, long rows, const int NRC, const int TWO, const int SW)
+{
+    __m512 c0[SG_NR], c1[SG_NR];
+    for (int jj = 0; jj < NRC; jj++) c0[jj] = c1[jj] = _mm512_setzero_ps();
+    for (long k = 0; k < K; k++) {
+        const __m512 x0 = _mm512_loadu_ps(a0 + k * 16), x1 = TWO ? _mm512_loadu_ps(a1 + k * 16) : x0;
+        const float *bk = xb + off[k];
+        for (int jj = 0; jj < NRC; jj++) {
+            const __m512 bv = _mm512_set1_ps(bk[jj * SW]);
+            c0[jj] = _mm512_fmadd_ps(x0, bv, c0[jj]);
+            if (TWO) c1[jj] = _mm512_fmadd_ps(x1, bv, c1[jj]);
+        }
+    }
+    const __m512 b0 = sg_bias16(bias, rows), b1 = sg_bias16(bias ? bias + 16 : NULL, rows - 16);
+    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi), al = _mm512_set1_ps(j->alpha);
+    const int act = j->act;
+    for (int jj = 0; jj < NRC; jj++) {
+        _mm512_storeu_ps(t + jj * 32, sgn_epilogue(_mm512_add_ps(c0[jj], b0), lo, hi, act, al));
+        if (TWO) _mm512_storeu_ps(t + jj * 32 + 16, sgn_epilogue(_mm512_add_ps(c1[jj], b1), lo, hi, act, al));
+    }
+}
+#define SGC_CASE(n) \
+    case n: \
+        if (a1 && sw == 1) \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 1, 1); \
+        else if (a1) \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 1, 2); \
+        else if (sw == 1) \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 0, 1); \
+        else \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 0, 2); \
+        break;
+static void sgc_micro_n(const float *a0, const float *a1, const float *xb, long sw, long K, int nr, float *t,
+                        const sg_cjob *j, const float *bias, long rows)
+{
+    switch (nr) {
+        SGC_CASE(1)
+        SGC_CASE(2)
+        SGC_CASE(3)
+        SGC_CASE(4)
+        SGC_CASE(5)
+        SGC_CASE(6)
+        SGC_CASE(7)
+        SGC_CASE(8)
+        SGC_CASE(9)
+        SGC_CASE(10)
+        SGC_CASE(11)
+    default:
+        SGC_CASE(12)
+    }
+}
+
+/* task t: one image, a chunk of panels (pairs), a block of output rows; tiles of up to 12 outputs of a
+ * row, the row split evenly (as sgemm_task.inc splits a column block) */
+void sg_ctask_avx512(const sg_cjob *j, int t)
+{
+    const long rb = t % j->nrb, r = t / j->nrb, mc = r % j->nmc, img = r / j->nmc;
+    const long p0 = mc * j->mchunk, p1 = p0 + j->mchunk < j->P ? p0 + j->mchunk : j->P;
+    const long oy0 = rb * j->rows_per_task, oy1 = oy0 + j->rows_per_task < j->OH ? oy0 + j->rows_per_task : j->OH;
+    if (p0 >= p1 || oy0 >= oy1) return;
+    const long K = j->K, M = j->M, OW = j->OW, PO = j->OH * OW;
+    const float *xi = j->xp + (size_t)img * j->img_stride;
+    float *y = j->y + (size_t)img * M * PO;
+    const long ntile = (OW + SG_NR - 1) / SG_NR, ncw = (OW + ntile - 1) / ntile;
+    float tile[SG_NR * 32] __attribute__((aligned(64)));
+    for (long p = p0; p < p1; p += 2) {
+        const int two = p + 1 < p1;
+        const long m0 = p * SG_PANEL, rows0 = M - m0 < (two ? 32 : 16) ? M - m0 : (two ? 32 : 16);
+        const float *a0 = j->a + (size_t)p * K * SG_PANEL, *a1 = two ? a0 + (size_t)K * SG_PANEL : NULL;
+        const float *bias = j->bias ? j->bias + m0 : NULL;
+        for (long oy = oy0; oy < oy1; oy++)
+            for (long c0 = 0; c0 < OW; c0 += ncw) {
+                const long nr = OW - c0 < ncw ? OW - c0 : ncw;
+                const float *xb = xi + oy * j->sh * j->WP + c0 * j->sw;
+                sgc_micro_n(a0, a1, xb, j->sw, K, (int)nr, tile, j, bias, rows0);
+                for (long i = 0; i < rows0; i++) {
+                    float *yr = y + (size_t)(m0 + i) * PO + oy * OW + c0;
+                    for (long jj = 0; jj < nr; jj++) yr[jj] = tile[jj * 32 + i];
+                }
+            }
+    }
+}
 #pragma GCC pop_options
 #else
 void sg_task_avx2(const sg_job *j, int t) { sg_task_portable(j, t); }
 void sg_task_avx512(const sg_job *j, int t) { sg_task_portable(j, t); }
 void sg_ntask_avx512(const sg_job *j, int t) { sg_task_portable(j, t); }
 void sg_ntask_avx2(const sg_job *j, int t) { sg_task_portable(j, t); }
+void sg_ctask_avx512(const sg_cjob *j, int t)
+{
+    (void)j;
+    (void)t;
+}
 #endif
