@@ -42,6 +42,13 @@ def _back(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 @kernel("Relu", since=6)
 def relu(x: np.ndarray) -> tuple[np.ndarray]:
+    """``maximum(x, 0)``; float32 in one native pass (act.c: numpy's bits, NaN kept, -0.0 to +0.0; numpy's
+    float32 maximum against a scalar ran at ~2.7 floats/ns here, ResNet-18's [2, 64, 16, 16] 12 us)."""
+    ext = native._ext
+    if ext is not None and x.dtype == np.float32 and x.flags.c_contiguous:
+        y = np.empty_like(x)
+        ext.relu(x, y)
+        return (y,)
     return (np.asarray(np.maximum(x, 0)),)
 
 

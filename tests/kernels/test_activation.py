@@ -235,3 +235,21 @@ def test_native_hardswish_is_the_numpy_kernel_bit_for_bit(shape):
     if x.ndim == 2:
         with np.errstate(invalid="ignore"):
             np.testing.assert_array_equal(hard_swish(x[:, ::2])[0], ref[:, ::2])
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 16, 16), (3, 37), (0,), ()])
+def test_native_relu_is_numpy_maximum_bit_for_bit(shape):
+    """float32 Relu runs in one native pass (act.c): np.maximum(x, 0)'s bits (NaN payloads kept, -0.0 to
+    +0.0, infinities), and a strided input takes the numpy path."""
+    from onnx_prepared.kernels.activation import relu
+
+    x = _rand(shape)
+    if x.size >= len(EDGES) + 1:
+        x.reshape(-1)[:len(EDGES)] = EDGES
+        x.reshape(-1)[len(EDGES)] = -np.float32(np.nan)
+    y = relu(x)[0]
+    ref = np.maximum(x, 0)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(y).view(np.int32), np.asarray(ref).view(np.int32))
+    if x.ndim == 2:
+        np.testing.assert_array_equal(relu(x[:, ::2])[0], ref[:, ::2])

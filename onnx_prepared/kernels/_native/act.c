@@ -205,3 +205,25 @@ PyObject *py_hardswish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&bx);
     Py_RETURN_TRUE;
 }
+
+/* relu(x, y) -> True: y = x > 0 || x is NaN ? x : +0 over float32 buffers of the same length (y may be x):
+ * numpy's maximum(x, 0) bit for bit (NaN kept with its payload, -0.0 to +0.0), one pass that GCC
+ * vectorizes (ResNet-18's [2, 64, 16, 16]: ~12 us in np.maximum) */
+PyObject *py_relu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    Py_buffer bx, by;
+    if (float_pair(args, nargs, "relu", &bx, &by) < 0) return NULL;
+    const float *x = (const float *)bx.buf;
+    float *y = (float *)by.buf;
+    const size_t n = (size_t)bx.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i];
+        y[i] = (v > 0.0f || v != v) ? v : 0.0f;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&by);
+    PyBuffer_Release(&bx);
+    Py_RETURN_TRUE;
+}

@@ -6,9 +6,11 @@
 
 PyObject *py_sigmoid(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_hardswish(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_relu(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #define ACT_METHODS                                                                                      \
     {"sigmoid", (PyCFunction)(void (*)(void))py_sigmoid, METH_FASTCALL, "y = 1 / (1 + exp(-x)), float32"}, \
-    {"hardswish", (PyCFunction)(void (*)(void))py_hardswish, METH_FASTCALL, "y = x * clip(x / 6 + 1 / 2, 0, 1), float32"},
+    {"hardswish", (PyCFunction)(void (*)(void))py_hardswish, METH_FASTCALL, "y = x * clip(x / 6 + 1 / 2, 0, 1), float32"}, \
+    {"relu", (PyCFunction)(void (*)(void))py_relu, METH_FASTCALL, "y = maximum(x, 0) as numpy, float32"},
 
 #endif
