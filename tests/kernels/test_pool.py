@@ -187,3 +187,32 @@ def test_bound_pools_follow_shape_dtype_layout_and_extension_changes(op, monkeyp
     monkeypatch.setattr(native, "_ext", None)
     for i, x in enumerate(cases[:3]):
         np.testing.assert_allclose(bound(x)[0], kernel(x, **attrs)[0], rtol=1e-6, atol=1e-6, err_msg=str(i))
+
+
+@pytest.mark.skipif("avx512vnni" not in __import__("onnx_prepared.kernels.native", fromlist=["x"]).supported_levels(),
+                    reason="needs AVX-512")
+@pytest.mark.parametrize("seed", range(3))
+def test_direct_avx512_max_pool_gives_the_scratch_path_bits(seed):
+    """The AVX-512 MaxPool straight from the input (winpool_isa.c: strides 1-2 along rows, no dilation)
+    against the scratch-plane path (its AVX2 build) bit for bit on random geometries with NaNs of both
+    signs, signed zeros and -inf, ceil mode and pads, wide rows (several 16-lane blocks), more than
+    WP_HZ_ROWS rows."""
+    from onnx_prepared.kernels import native, pool
+
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < 40:
+        kh, kw = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        h, w = (200, 9) if done == 0 else (int(rng.integers(kh, 40)), int(rng.integers(kw, 50)))
+        attrs = {"kernel_shape": [kh, kw], "strides": [int(rng.integers(1, 4)), int(rng.integers(1, 3))],
+                 "pads": [int(rng.integers(0, kh)), int(rng.integers(0, kw)), int(rng.integers(0, kh)),
+                          int(rng.integers(0, kw))], "ceil_mode": int(rng.integers(0, 2))}
+        x = rng.standard_normal((int(rng.integers(1, 3)), int(rng.integers(1, 4)), h, w)).astype(np.float32)
+        for v in (np.nan, -np.nan, -0.0, 0.0, -np.inf):
+            x.reshape(-1)[rng.integers(0, x.size, 4)] = v
+        with native.forced_level("avx512vnni"):
+            (fast,) = pool.max_pool(x, **attrs)
+        with native.forced_level("avx2"):
+            (slow,) = pool.max_pool(x, **attrs)
+        np.testing.assert_array_equal(fast.view(np.uint32), slow.view(np.uint32))
+        done += 1

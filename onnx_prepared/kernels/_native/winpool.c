@@ -65,7 +65,8 @@ PyObject *py_pool2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     j.planes_per_task = per_plane >= (1 << 15) ? 1 : (1 << 15) / (per_plane ? per_plane : 1);
     const int ntasks = (int)((total + j.planes_per_task - 1) / j.planes_per_task);
     const int level = ext_isa_level();
-    g_planes = level >= 3 ? wp_planes_avx512 : level >= 1 ? wp_planes_avx2 : wp_planes_portable;
+    g_planes = level >= 3 ? (wp_max_direct_ok(&j) ? wp_planes_max_avx512 : wp_planes_avx512)
+               : level >= 1 ? wp_planes_avx2 : wp_planes_portable;
     Py_BEGIN_ALLOW_THREADS
     /* below ~2^18 taps per call waking the pool costs more than it saves */
     if (ntasks > 1 && nb_pool_get_threads() > 1 && (double)total * (double)per_plane >= (double)(1 << 18))

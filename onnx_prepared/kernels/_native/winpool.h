@@ -39,6 +39,11 @@ static inline size_t wp_scratch_len(const wp_job *j)
 void wp_planes_portable(const wp_job *j, int t);
 void wp_planes_avx2(const wp_job *j, int t);
 void wp_planes_avx512(const wp_job *j, int t);
+/* MaxPool at AVX-512 straight from the input (no scratch copies) when wp_max_direct_ok: each output the
+ * same reduction as plane()'s (the horizontal taps in order, then the rows in order, padding skipped:
+ * reduce(-inf, v) is v and reduce(acc, -inf) is acc, bit for bit), so the same bits */
+int wp_max_direct_ok(const wp_job *j);
+void wp_planes_max_avx512(const wp_job *j, int t);
 
 
 PyObject *py_pool2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
