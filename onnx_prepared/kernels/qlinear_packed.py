@@ -32,6 +32,7 @@ from onnx_prepared.kernels.registry import kernel
 _MS = "com.microsoft"
 _Q8 = ("uint8", "int8")
 _YMODE = {"uint8": 0, "int8": 1, "float32": 2}
+_F32 = np.dtype(np.float32)
 
 
 class PackedQLinear:
@@ -474,17 +475,20 @@ def qlinear_gap_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | N
 class QuantizeF32:
     """Packed per-tensor QuantizeLinear of float32 into 8 bits: ``[scale, zero point]`` packed."""
 
-    __slots__ = ("dtype", "has_zp")
+    __slots__ = ("_args", "dtype", "has_zp")
 
     def __init__(self, dtype: str, has_zp: bool):
         self.dtype, self.has_zp = np.dtype(dtype), has_zp
+        self._args: tuple = (None,)  # (packed, zero point, signed, scale): the call's scalars, read once
 
     def __call__(self, packed: np.ndarray, x: np.ndarray, *omitted) -> tuple:
         ext = native._ext
-        if ext is not None and x.dtype == np.float32:
+        if ext is not None and x.dtype == _F32:
+            a = self._args
+            if a[0] is not packed:
+                a = self._args = (packed, int(packed[1]), int(self.dtype == np.int8), float(packed[0]))
             y = np.empty(x.shape, self.dtype)
-            ext.quantize_f32(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, int(packed[1]),
-                             int(self.dtype == np.int8), float(packed[0]))
+            ext.quantize_f32(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, a[1], a[2], a[3])
             return (y,)
         zp = np.array(packed[1], self.dtype) if self.has_zp else None
         return quantize_linear(x, np.array(packed[0], np.float32), zp,
@@ -514,17 +518,20 @@ def quantize_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None
 class DequantizeF32:
     """Packed per-tensor DequantizeLinear of 8 bits into float32: ``[scale, zero point]`` packed."""
 
-    __slots__ = ("dtype",)
+    __slots__ = ("_args", "dtype")
 
     def __init__(self, dtype: str):
         self.dtype = np.dtype(dtype)
+        self._args: tuple = (None,)  # (packed, zero point, signed, scale): the call's scalars, read once
 
     def __call__(self, packed: np.ndarray, x: np.ndarray, *omitted) -> tuple:
         ext = native._ext
         if ext is not None and x.dtype == self.dtype:
-            y = np.empty(x.shape, np.float32)
-            ext.dequantize_f32(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, int(packed[1]),
-                               int(self.dtype == np.int8), float(packed[0]))
+            a = self._args
+            if a[0] is not packed:
+                a = self._args = (packed, int(packed[1]), int(self.dtype == np.int8), float(packed[0]))
+            y = np.empty(x.shape, _F32)
+            ext.dequantize_f32(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, a[1], a[2], a[3])
             return (y,)
         return dequantize_linear(x, np.array(packed[0], np.float32), np.array(packed[1], self.dtype))
 

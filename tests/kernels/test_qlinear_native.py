@@ -274,3 +274,17 @@ def test_qconv_vnni_gives_qconv_bits(seed):
             assert ext.qconv_vnni(x, blocks, badj, scales, got, dims)
             np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
             done += 1
+
+
+@pytest.mark.parametrize("level", native.supported_levels())
+def test_qlookup_is_the_table_at_every_length(level):
+    """``qlookup`` (AVX-512 VBMI 64 bytes at a time where the level and the CPU allow, else byte by byte)
+    is ``table[x]`` for every length around its 64-byte blocks."""
+    ext, rng = native._ext, _rng("lookup", level)
+    table = _ints(rng, np.uint8, (256,))
+    with native.forced_level(level):
+        for n in (*range(0, 130), 4608):
+            x = _ints(rng, np.uint8, (n,))
+            y = np.empty_like(x)
+            ext.qlookup(x, table, y)
+            np.testing.assert_array_equal(y, table[x])
