@@ -126,7 +126,7 @@ NB_INLINE __m512 zs_vec(const nb_weights *w, int p, int b)
 /* the zero-point terms of rows m..m+nr-1 (nr <= 8) for panel p into zb[row][16]: the rows' chains side by
  * side (one chain alone is bound by the fma latency, 4 cycles per block) */
 #define ZROWS 32
-NB_INLINE void zterms(const nb_call *c, int m, int nr, int p, float *zb)
+NB_INLINE void zterms_n(const nb_call *c, int m, const int nr, int p, float *zb)
 {
     const int kb = c->w.kb;
     __m512 z[8];
@@ -138,6 +138,15 @@ NB_INLINE void zterms(const nb_call *c, int m, int nr, int p, float *zb)
     }
     UNROLL for (int i = 0; i < 8; i++)
         if (i < nr) _mm512_store_ps(zb + 16 * i, z[i]);
+}
+
+/* zterms_n with the row count a constant when it is 8 (no per-row test inside the block loop) */
+NB_INLINE void zterms(const nb_call *c, int m, int nr, int p, float *zb)
+{
+    if (nr == 8)
+        zterms_n(c, m, 8, p, zb);
+    else
+        zterms_n(c, m, nr, p, zb);
 }
 
 /* y (the dot part of 16 columns) + bias, + the zero-point term z, stored */
