@@ -179,6 +179,53 @@ class _Slots:
         function = getattr(self.plan, "function", None)
         return function((*inputs, *outer), self.constants) if function is not None else None
 
+    def loop(self, n_in: int, n_carried: int, empties: tuple[np.ndarray, ...]) -> Callable[..., tuple] | None:
+        """The whole Loop as one generated function, ``loop(trip, cond, *carried, *outer_values)``, its
+        body's lines inside the ``while`` over local variables (``ExecutionPlan.body_code``): what
+        :func:`_bind_function_loop` computes, without a call, an argument tuple and an output tuple
+        per iteration. None when the body's plan has no code of its own."""
+        body_code = getattr(self.plan, "body_code", None)
+        n_start = n_in - 2  # the carried inputs the node gives (the body takes n_carried of them)
+        if body_code is None or len(self.inputs) != 2 + n_carried or n_start < n_carried:
+            return None
+        args = [(self.inputs[0], "_i"), (self.inputs[1], "_cond")]
+        args += [(s, f"a{k}") for k, s in enumerate(self.inputs[2:])]
+        args += [(s, f"o{j}") for j, s in self.outer]
+        code = body_code(args, self.constants, "      ")
+        if code is None:
+            return None
+        lines, glob, names = code
+        outs = self.outputs
+        carried = [names.get(s, "None") for s in outs[1:1 + n_carried]]
+        scans = [names.get(s, "None") for s in outs[1 + n_carried:]]
+        glob.update(_start=_loop_start, _more=_loop_more, _array=np.array, _stack=_stack, checkpoint=checkpoint,
+                    **{f"_e{k}": e for k, e in enumerate(empties)})
+        params = ["trip", "cond", *(f"a{k}" for k in range(n_carried)), *(f"_x{k}" for k in range(n_start - n_carried)),
+                  *(f"o{j}" for j in range(self.n_outer))]
+        it = ["      _i = _array(_it, dtype=_dt)"] if names.get(self.inputs[0]) == "_i" else []
+        source = [
+            f"def loop({', '.join(params)}):",
+            "  _limit, _dt, _keep, _cond = _start(trip, cond)",
+            *(f"  _s{k} = []" for k in range(len(scans))),
+            "  _it = 0",
+            "  try:",
+            "    while _keep and (_limit is None or _it < _limit):",
+            "      checkpoint()  # once per body evaluation: a Loop with a huge trip count honours cancel()",
+            *it,
+            *lines,
+            *(f"      _s{k}.append({v})" for k, v in enumerate(scans)),
+            # one assignment: each output is read as the body left it (a carried input can be another's output)
+            f"      _cond, {''.join(f'a{k}, ' for k in range(n_carried))}= {names.get(outs[0], 'None')}, "
+            f"{''.join(v + ', ' for v in carried)}",
+            "      _keep = _more(_cond)",
+            "      _it += 1",
+            "  except Exception as e:",
+            f"    _failed(loop, e, locals(), _names, {7 + len(scans) + len(it)})",  # (the line of action 0)
+            f"  return ({''.join(f'a{k}, ' for k in range(n_carried))}"
+            f"{''.join(f'_stack(_s{k}, _e{k}), ' for k in range(len(scans)))})",
+        ]
+        return self.plan.make_function("loop", source, glob, names)
+
     def fresh(self, outer_values: Sequence) -> list:
         """A slot list holding the constants and this body's outer-scope values."""
         values = list(self.constants)
@@ -296,8 +343,11 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
 
     def loop(trip: Any, cond: Any, *args: Any) -> tuple:
         if not function:
-            fn = body.function(body.inputs)
-            function.append(_bind_function_loop(fn, n_in, n_carried, n_scan, empties) if fn is not None else None)
+            fn = body.loop(n_in, n_carried, empties)
+            if fn is None:
+                fn = body.function(body.inputs)
+                fn = _bind_function_loop(fn, n_in, n_carried, n_scan, empties) if fn is not None else None
+            function.append(fn)
         if function[0] is not None:
             return function[0](trip, cond, *args)
         carried, outer = args[:n_carried], args[n_in - 2:]
@@ -356,3 +406,22 @@ def _bind_function_loop(body: Callable[..., tuple], n_in: int, n_carried: int, n
         return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
 
     return loop
+
+
+def _loop_start(trip: Any, cond: Any) -> tuple:
+    """A Loop's (trip limit or None, iteration dtype, whether to run the first iteration, condition)."""
+    limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
+    it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
+    keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+    return limit, it_dtype, keep_going, np.array(True) if cond is None else cond
+
+
+def _loop_more(cond_value: Any) -> bool:
+    """Whether the Loop runs another iteration: the body's condition output, a single element."""
+    return bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
+                else np.asarray(cond_value).reshape(-1)[0])
+
+
+def _stack(values: list, empty: np.ndarray) -> np.ndarray:
+    """A scan output: the iterations' values stacked on a new axis 0, ``empty`` after none."""
+    return np.stack(values) if values else empty.copy()

@@ -141,25 +141,38 @@ class ExecutionPlan:
 
     def function(self, params: Sequence[int | None], constants: Sequence) -> Callable[..., tuple] | None:
         """The whole plan as one function ``fn(*values) -> outputs tuple`` over local variables (a body
-        a control-flow kernel calls per iteration or branch: no slot list to copy and fill, no replay
-        call, no outputs picked from a list).
+        a control-flow kernel calls per branch: no slot list to copy and fill, no replay call, no
+        outputs picked from a list).
 
         ``params``: the slot each positional argument fills (None: an argument it ignores); a slot
-        named twice takes the first. ``constants``: a slot list (``new_values()`` with the initializers
-        filled in) whose non-None entries the other slots read; a slot neither reads as None. A kernel
-        with a ``choice`` attribute (If), ``choice() -> (test, on_true, on_false)``, is called as the
-        branch it picks, ``(on_true if test(c) else on_false)(*rest)``, which is what it computes. Releases
-        happen as in :meth:`replay` (the local is cleared), and a failing kernel raises the KernelError
-        :meth:`replay` raises. Thread-safe: the function holds no state. None when a node writes the slot
-        of an argument or a constant (not valid ONNX; :meth:`replay` runs it)."""
+        named twice takes the first. ``constants``, the kernels' ``choice``, releases, errors and None:
+        as :meth:`body_code`. Thread-safe: the function holds no state."""
+        code = self.body_code([(s, f"p{j}") for j, s in enumerate(params)], constants, "    ")
+        if code is None:
+            return None
+        lines, glob, names = code
+        args = [f"p{j}" if s is not None and names.get(s) == f"p{j}" else f"_{j}" for j, s in enumerate(params)]
+        source = [f"def body({', '.join(args)}):", "  try:", *lines,
+                  "  except Exception as e:", "    _failed(body, e, locals(), _names, 3)",
+                  f"  return ({''.join(names.get(s, 'None') + ', ' for s in self.output_slots)})"]
+        return self.make_function("body", source, glob, names)
+
+    def body_code(self, args: Sequence[tuple[int | None, str]], constants: Sequence, indent: str
+                  ) -> tuple[list[str], dict, dict[int, str]] | None:
+        """The actions as Python lines over local variables, one line per action (its call, stores and
+        releases), for :meth:`make_function`: ``(lines, the globals they read, slot -> expression)``.
+
+        ``args``: (slot, variable) the caller binds (None: none; a slot named twice takes the first).
+        ``constants``: a slot list (``new_values()`` with the initializers filled in) whose non-None
+        entries the other slots read; a slot neither reads as None. A kernel with a ``choice``
+        attribute (If), ``choice() -> (test, on_true, on_false)``, is called as the branch it picks,
+        ``(on_true if test(c) else on_false)(*rest)``, which is what it computes. Releases clear the
+        local as :meth:`replay` clears the slot. None when a node writes the slot of an argument or a
+        constant (not valid ONNX; :meth:`replay` runs it)."""
         names: dict[int, str] = {NONE_SLOT: "None"}
-        args = []
-        for j, s in enumerate(params):
-            if s is None or s in names:
-                args.append(f"_{j}")
-            else:
-                names[s] = f"p{j}"
-                args.append(names[s])
+        for s, var in args:
+            if s is not None and s not in names:
+                names[s] = var
         glob: dict = {"_failed": self._failed_in, "_names": names}
         for s, v in enumerate(constants):
             if v is not None and s not in names:
@@ -167,7 +180,7 @@ class ExecutionPlan:
                 glob[names[s]] = v
         if any(o in names and o != NONE_SLOT for a in self.actions for o in a.outputs):
             return None  # a node writes an argument's or a constant's slot: replay() keeps that case
-        lines = [f"def body({', '.join(args)}):", "  try:"]
+        lines = []
         for i, a in enumerate(self.actions):
             ins = [names.get(j, "None") for j in a.inputs]
             choice = getattr(a.kernel.call, "choice", None)
@@ -177,7 +190,7 @@ class ExecutionPlan:
             else:
                 glob[f"k{i}"] = a.kernel.call
                 call = f"k{i}({', '.join(ins)})"
-            outs = [o for o in a.outputs]
+            outs = a.outputs
             for o in outs:
                 if o not in names:
                     names[o] = f"v{o}"
@@ -187,17 +200,25 @@ class ExecutionPlan:
                 stmts = [f"r = {call}"] + [f"{names[o]} = r[{k}] if len(r) > {k} else None"
                                            for k, o in enumerate(outs) if o != NONE_SLOT]
             stmts += [f"{names[r]} = None" for r in a.release if names.get(r, "").startswith("v")]
-            lines.append("    " + "; ".join(stmts))
-        lines += ["  except Exception as e:", "    _failed(body, e, locals(), _names)",
-                  f"  return ({''.join(names.get(s, 'None') + ', ' for s in self.output_slots)})"]
-        code = _replay_code("\n".join(lines) + "\n", "body").__code__
-        fn = glob["body"] = type(_compile)(code, glob, "body")
+            lines.append(indent + "; ".join(stmts))
+        return lines, glob, names
+
+    def make_function(self, name: str, source: list[str], glob: dict, names: dict[int, str]) -> Callable:
+        """Compile ``source`` (a ``def name(...)`` holding :meth:`body_code`'s lines; cached by its text)
+        with ``glob``. Its ``except Exception as e:`` calls ``_failed(name, e, locals(), _names, first)``,
+        ``first`` the line number of action 0: :meth:`_failed_in` raises the KernelError naming the node
+        (an error on another line propagates as it is)."""
+        code = _replay_code("\n".join(source) + "\n", name).__code__
+        fn = glob[name] = type(_compile)(code, glob, name)
         return fn
 
-    def _failed_in(self, fn: Callable, e: BaseException, local: dict, names: dict[int, str]) -> None:
-        """Raise the KernelError of the action a :meth:`function` raised in (line ``i + 3`` of its code
-        is action ``i``), with the inputs it was called with, from the function's variables."""
-        act = self.actions[_failed_action(fn, e) - 1]
+    def _failed_in(self, fn: Callable, e: BaseException, local: dict, names: dict[int, str], first: int) -> None:
+        """Raise the KernelError of the action a :meth:`make_function` function raised in (line
+        ``first + i`` of its code is action ``i``), with the inputs it was called with."""
+        i = _failed_action(fn, e) + 2 - first
+        if not 0 <= i < len(self.actions):
+            raise e
+        act = self.actions[i]
         glob = fn.__globals__
         args = [local[n] if n in local else glob.get(n) for n in (names.get(j, "None") for j in act.inputs)]
         raise self.kernel_error(act, args, e) from e

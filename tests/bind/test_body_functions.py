@@ -42,15 +42,17 @@ def _run_both(model, feeds):
 
 
 def _functions_built(monkeypatch) -> list:
+    """Every body function the runs build (a Loop's whole-loop function, a branch's function)."""
     built = []
-    real = control_flow._Slots.function
+    for method in ("function", "loop"):
+        real = getattr(control_flow._Slots, method)
 
-    def spy(self, inputs=()):
-        fn = real(self, inputs)
-        built.append(fn)
-        return fn
+        def spy(self, *args, _real=real):
+            fn = _real(self, *args)
+            built.append(fn)
+            return fn
 
-    monkeypatch.setattr(control_flow._Slots, "function", spy)
+        monkeypatch.setattr(control_flow._Slots, method, spy)
     return built
 
 
