@@ -294,9 +294,7 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
             others = [n for i, n in enumerate(node.input) if i not in np_.spec.source_inputs]
             del node.input[:]
             node.input.extend([slot, *others])
-        if slot not in names:
-            names.add(slot)
-            graph.initializer.append(onnx.TensorProto(name=slot))  # a placeholder slot
+        names.add(slot)  # a constant slot (the plan reads these names, not the graph's initializers)
     meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels,
                                 node_io=(node_ins, [o for _, o in io]) if io is not None else None,
