@@ -3,7 +3,9 @@
 A cold run's I/O workers read one tensor each (a populated mapping per transient source or companion
 payload), on the cores the run computes on, from the moment the run is submitted. :class:`ReadAhead`
 starts earlier, during construction: ``threads`` threads read the byte ranges in order, in pieces of
-``piece`` bytes, with ``os.preadv`` into one reused buffer each. Nothing read is kept or returned (the
+``piece`` bytes, each with one ``sendfile`` to /dev/null: the kernel reads the piece into the page cache
+(its readahead streams it) and copies nothing to user space, and the thread holds no GIL for the piece
+(``os.preadv`` into a reused buffer where ``sendfile`` cannot). Nothing read is kept or returned (the
 bytes only land in the page cache), so integrity is unchanged: the session's own reads still map,
 check and verify what they consume, and then find their pages resident. A piece in flight makes a
 session read of it wait for it, as two session reads of one page would.
@@ -18,6 +20,8 @@ then reads a window, not everything) and with ``$ONNX_PREPARED_READ_AHEAD=0``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import os
 import threading
@@ -27,8 +31,8 @@ from onnx_prepared.model.descriptors import ExternalPayload
 from onnx_prepared.model.safe_open import FdPool, open_regular
 
 READ_AHEAD_ENV = "ONNX_PREPARED_READ_AHEAD"
-#: bytes per read call (one reused buffer of this size per thread)
-PIECE = 1 << 20
+#: bytes per read call
+PIECE = 4 << 20
 THREADS = 2
 #: ranges of one file closer than this are read as one span
 MERGE_GAP = 64 << 10
@@ -136,6 +140,7 @@ class ReadAhead:
         self.bytes_skipped = 0  # pieces found in the page cache already (their last byte), not read
         self._probe = _NOWAIT is not None
         self._byte = bytearray(1)
+        self._null = self._null_fd = _dev_null()  # _null: None once sendfile failed here
         self.extend(ranges, final=final)
         self._threads = [threading.Thread(target=self._work, name=f"onnx-prepared-read-ahead-{i}", daemon=True)
                          for i in range(threads)]
@@ -164,8 +169,7 @@ class ReadAhead:
             return None
 
     def _work(self) -> None:
-        buf = bytearray(self._piece)
-        view = memoryview(buf)
+        view: memoryview | None = None  # the preadv buffer, where sendfile cannot be used
         try:
             while (job := self._next()) is not None:
                 path, off, n = job
@@ -176,7 +180,9 @@ class ReadAhead:
                             with self._cond:
                                 self.bytes_skipped += n
                             continue
-                        got = os.preadv(fd, [view[:n]], off)
+                        if self._null is None and view is None:
+                            view = memoryview(bytearray(self._piece))
+                        got = self._read(fd, off, n, view)
                         with self._cond:
                             self.bytes_read += got
                     finally:
@@ -190,6 +196,28 @@ class ReadAhead:
                 last = self._live == 0
             if last:
                 self._fds.close()
+                if self._null_fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(self._null_fd)
+
+    def _read(self, fd: int, off: int, n: int, view: memoryview | None) -> int:
+        """Read ``n`` bytes at ``off`` into the page cache: ``sendfile`` to /dev/null (no copy to user
+        space, one call per piece with the GIL released), else ``preadv`` into the thread's buffer."""
+        null = self._null
+        if null is not None:
+            try:
+                done = 0
+                while done < n:
+                    got = os.sendfile(null, fd, off + done, n - done)
+                    if got <= 0:
+                        break
+                    done += got
+                return done
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                self._null = None  # this filesystem cannot: copy
+        return os.preadv(fd, [(view if view is not None else memoryview(bytearray(n)))[:n]], off)
 
     def _resident(self, fd: int, last: int) -> bool:
         """Whether the byte at ``last`` (a piece's last) is in the page cache: a 1-byte ``preadv`` with
@@ -220,6 +248,16 @@ class ReadAhead:
     @property
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
+
+
+def _dev_null() -> int | None:
+    """A write descriptor of /dev/null for ``sendfile`` (None where there is none)."""
+    if not hasattr(os, "sendfile"):
+        return None
+    try:
+        return os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
 
 
 def _open(path: str) -> int:

@@ -139,12 +139,12 @@ def test_pieces_already_in_the_page_cache_are_skipped_until_one_misses(tmp_path,
     ahead = ra.ReadAhead([(path, 0, 1 << 20)], final=True, piece=64 << 10)
     ahead.join(30)
     assert ahead.bytes_skipped == 1 << 20 and ahead.bytes_read == 0
-    calls = []
+    probes = []
     real = os.preadv
 
     def cold(fd, buffers, offset, flags=0):  # every page missing: the first probe fails, then reads only
-        calls.append(flags)
         if flags:
+            probes.append(offset)
             raise BlockingIOError(11, "Resource temporarily unavailable")
         return real(fd, buffers, offset)
 
@@ -152,7 +152,19 @@ def test_pieces_already_in_the_page_cache_are_skipped_until_one_misses(tmp_path,
     ahead = ra.ReadAhead([(path, 0, 1 << 20)], final=True, piece=64 << 10, threads=1)
     ahead.join(30)
     assert ahead.bytes_read == 1 << 20 and ahead.bytes_skipped == 0
-    assert calls.count(ra._NOWAIT) == 1 and len(calls) == 1 + 16
+    assert probes == [(64 << 10) - 1]
+
+
+@pytest.mark.parametrize("how", ["sendfile", "preadv"])
+def test_pieces_are_read_whole_by_either_call(tmp_path, monkeypatch, how):
+    path = _file(tmp_path, 300_001)
+    if how == "preadv":  # no /dev/null for sendfile: copy into the thread's buffer
+        monkeypatch.setattr(ra, "_dev_null", lambda: None)
+    monkeypatch.setattr(ra, "_NOWAIT", None)  # no probe: read every piece
+    ahead = ra.ReadAhead([(path, 1, 300_000)], final=True, piece=64 << 10, threads=2)
+    ahead.join(30)
+    assert ahead.done and ahead.bytes_read == 300_000 and ahead.bytes_skipped == 0
+    assert (ahead._null is None) == (how == "preadv")
 
 
 def test_a_missing_file_ends_the_read_ahead_quietly(tmp_path):
