@@ -55,7 +55,7 @@ def _extensions() -> list[Extension]:
                                         "llm_gather.h",
                                         "im2col.h", "gap.h", "winpool.h", "winpool.inc", "se_block.h", "se_block.inc",
                                         "qgemm.h", "qlinear.h", "encoder_act.h", "encoder_norm.h", "encoder_gemm.h",
-                                        "resize.h", "resize.inc", "silu.h")],
+                                        "resize.h", "resize.inc", "silu.h", "logistic.h")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

@@ -15,22 +15,9 @@
 #include <stddef.h>
 
 #include "act.h"
+#include "logistic.h"
 #include "pool.h"
 #include "rnn_module.h" /* ext_isa_level */
-
-#define LG_LO (-18.0f)
-#define LG_HI 18.0f
-#define LG_A9 4.37031012579801e-11f
-#define LG_A7 1.15627324459942e-07f
-#define LG_A5 6.08574864600143e-05f
-#define LG_A3 8.51377133304701e-03f
-#define LG_A1 2.48287947061529e-01f
-#define LG_B10 6.10247389755681e-13f
-#define LG_B8 5.76102136993427e-09f
-#define LG_B6 6.29106785017040e-06f
-#define LG_B4 1.70198817374094e-03f
-#define LG_B2 1.16817656904453e-01f
-#define LG_B0 9.93151921023180e-01f
 
 typedef void sig_fn(const float *x, float *y, size_t n);
 
@@ -41,54 +28,15 @@ typedef struct {
     sig_fn *fn;
 } sig_job;
 
-/* SSE2 semantics: every product and sum rounded on its own (no FMA target here, so GCC cannot contract
- * them on x86-64) */
+/* compiled without an FMA target (logistic.h) */
 static void sigmoid_portable(const float *x, float *y, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        v = v < LG_LO ? LG_LO : v;
-        v = v > LG_HI ? LG_HI : v;
-        const float v2 = v * v;
-        float p = v2 * LG_A9 + LG_A7;
-        p = p * v2 + LG_A5;
-        p = p * v2 + LG_A3;
-        p = p * v2 + LG_A1;
-        p = p * v;
-        float q = v2 * LG_B10 + LG_B8;
-        q = q * v2 + LG_B6;
-        q = q * v2 + LG_B4;
-        q = q * v2 + LG_B2;
-        q = q * v2 + LG_B0;
-        float r = p / q + 0.5f;
-        r = r < 0.0f ? 0.0f : r;
-        y[i] = r > 1.0f ? 1.0f : r;
-    }
+    for (size_t i = 0; i < n; i++) y[i] = logistic1(x[i]);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define ACT_X86 1
-
-/* one vector of MLAS's FMA3 logistic */
-__attribute__((target("avx2,fma"))) static inline __m256 logistic8(__m256 v)
-{
-    v = _mm256_max_ps(_mm256_set1_ps(LG_LO), v);
-    v = _mm256_min_ps(_mm256_set1_ps(LG_HI), v);
-    const __m256 v2 = _mm256_mul_ps(v, v);
-    __m256 p = _mm256_fmadd_ps(v2, _mm256_set1_ps(LG_A9), _mm256_set1_ps(LG_A7));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A5));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A3));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(LG_A1));
-    __m256 q = _mm256_fmadd_ps(v2, _mm256_set1_ps(LG_B10), _mm256_set1_ps(LG_B8));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B6));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B4));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B2));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(LG_B0));
-    p = _mm256_mul_ps(v, p);
-    const __m256 r = _mm256_add_ps(_mm256_div_ps(p, q), _mm256_set1_ps(0.5f));
-    return _mm256_max_ps(_mm256_setzero_ps(), r);
-}
 
 __attribute__((target("avx2,fma"))) static void sigmoid_avx2(const float *x, float *y, size_t n)
 {
@@ -102,24 +50,9 @@ __attribute__((target("avx2,fma"))) static void sigmoid_avx2(const float *x, flo
 
 __attribute__((target("avx512f"))) static void sigmoid_avx512(const float *x, float *y, size_t n)
 {
-    const __m512 lo = _mm512_set1_ps(LG_LO), hi = _mm512_set1_ps(LG_HI);
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-        const __m512 v2 = _mm512_mul_ps(v, v);
-        __m512 p = _mm512_fmadd_ps(v2, _mm512_set1_ps(LG_A9), _mm512_set1_ps(LG_A7));
-        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A5));
-        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A3));
-        p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(LG_A1));
-        __m512 q = _mm512_fmadd_ps(v2, _mm512_set1_ps(LG_B10), _mm512_set1_ps(LG_B8));
-        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B6));
-        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B4));
-        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B2));
-        q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(LG_B0));
-        p = _mm512_mul_ps(v, p);
-        const __m512 r = _mm512_add_ps(_mm512_div_ps(p, q), _mm512_set1_ps(0.5f));
-        _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(_mm512_setzero_ps(), r));
+        _mm512_mask_storeu_ps(y + i, m, logistic16(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 #endif

@@ -1,8 +1,8 @@
 /* SiLU of the LLM MLP in one pass: y = (x * sigmoid(x)) [* u] over float32 rows (onnx_prepared::SiLU,
  * resolve/fusions_silu.py), in place of Sigmoid, Mul and the gate Mul.
  *
- * The bits are the unfused graph's: the Sigmoid is act.c's (MLAS's logistic, repeated per dispatch level:
- * the FMA3 kernel at avx2 and above, the SSE2 one at portable; see act.c for why), then the two products
+ * The bits are the unfused graph's: the Sigmoid is logistic.h's, which act.c's Sigmoid calls too (MLAS's
+ * logistic per dispatch level: the FMA3 kernel at avx2 and above, the SSE2 one at portable), then the two products
  * each rounded once, as numpy's multiply rounds them (t = x * s, y = t * u). Each element is computed
  * alone, so neither the vector tail nor the split over threads changes a bit.
  *
@@ -16,50 +16,19 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "logistic.h"
 #include "pool.h"
 #include "rnn_module.h" /* ext_isa_level */
 #include "silu.h"
 
-/* MLAS's logistic (act.c) */
-#define SL_LO (-18.0f)
-#define SL_HI 18.0f
-#define SL_A9 4.37031012579801e-11f
-#define SL_A7 1.15627324459942e-07f
-#define SL_A5 6.08574864600143e-05f
-#define SL_A3 8.51377133304701e-03f
-#define SL_A1 2.48287947061529e-01f
-#define SL_B10 6.10247389755681e-13f
-#define SL_B8 5.76102136993427e-09f
-#define SL_B6 6.29106785017040e-06f
-#define SL_B4 1.70198817374094e-03f
-#define SL_B2 1.16817656904453e-01f
-#define SL_B0 9.93151921023180e-01f
-
 /* one row: y[i] = x[i] * sigmoid(x[i]) (* u[i] when u) */
 typedef void silu_row_fn(const float *x, const float *u, float *y, size_t n);
 
-/* SSE2 semantics: every product and sum rounded on its own (no FMA target here) */
+/* compiled without an FMA target (logistic.h) */
 static void silu_portable(const float *x, const float *u, float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        const float x0 = x[i];
-        float v = x0 < SL_LO ? SL_LO : x0;
-        v = v > SL_HI ? SL_HI : v;
-        const float v2 = v * v;
-        float p = v2 * SL_A9 + SL_A7;
-        p = p * v2 + SL_A5;
-        p = p * v2 + SL_A3;
-        p = p * v2 + SL_A1;
-        p = p * v;
-        float q = v2 * SL_B10 + SL_B8;
-        q = q * v2 + SL_B6;
-        q = q * v2 + SL_B4;
-        q = q * v2 + SL_B2;
-        q = q * v2 + SL_B0;
-        float r = p / q + 0.5f;
-        r = r < 0.0f ? 0.0f : r;
-        r = r > 1.0f ? 1.0f : r;
-        const float t = x0 * r;
+        const float t = x[i] * logistic1(x[i]);
         y[i] = u ? t * u[i] : t;
     }
 }
@@ -70,21 +39,7 @@ static void silu_portable(const float *x, const float *u, float *y, size_t n)
 
 __attribute__((target("avx2,fma"))) static inline __m256 silu8(__m256 x0)
 {
-    __m256 v = _mm256_max_ps(_mm256_set1_ps(SL_LO), x0);
-    v = _mm256_min_ps(_mm256_set1_ps(SL_HI), v);
-    const __m256 v2 = _mm256_mul_ps(v, v);
-    __m256 p = _mm256_fmadd_ps(v2, _mm256_set1_ps(SL_A9), _mm256_set1_ps(SL_A7));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(SL_A5));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(SL_A3));
-    p = _mm256_fmadd_ps(v2, p, _mm256_set1_ps(SL_A1));
-    __m256 q = _mm256_fmadd_ps(v2, _mm256_set1_ps(SL_B10), _mm256_set1_ps(SL_B8));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(SL_B6));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(SL_B4));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(SL_B2));
-    q = _mm256_fmadd_ps(v2, q, _mm256_set1_ps(SL_B0));
-    p = _mm256_mul_ps(v, p);
-    const __m256 r = _mm256_add_ps(_mm256_div_ps(p, q), _mm256_set1_ps(0.5f));
-    return _mm256_mul_ps(x0, _mm256_max_ps(_mm256_setzero_ps(), r));
+    return _mm256_mul_ps(x0, logistic8(x0));
 }
 
 __attribute__((target("avx2,fma"))) static void silu_avx2(const float *x, const float *u, float *y, size_t n)
@@ -106,20 +61,7 @@ __attribute__((target("avx2,fma"))) static void silu_avx2(const float *x, const 
 
 __attribute__((target("avx512f"))) static inline __m512 silu16(__m512 x0)
 {
-    const __m512 v = _mm512_min_ps(_mm512_set1_ps(SL_HI), _mm512_max_ps(_mm512_set1_ps(SL_LO), x0));
-    const __m512 v2 = _mm512_mul_ps(v, v);
-    __m512 p = _mm512_fmadd_ps(v2, _mm512_set1_ps(SL_A9), _mm512_set1_ps(SL_A7));
-    p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(SL_A5));
-    p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(SL_A3));
-    p = _mm512_fmadd_ps(v2, p, _mm512_set1_ps(SL_A1));
-    __m512 q = _mm512_fmadd_ps(v2, _mm512_set1_ps(SL_B10), _mm512_set1_ps(SL_B8));
-    q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(SL_B6));
-    q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(SL_B4));
-    q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(SL_B2));
-    q = _mm512_fmadd_ps(v2, q, _mm512_set1_ps(SL_B0));
-    p = _mm512_mul_ps(v, p);
-    const __m512 r = _mm512_add_ps(_mm512_div_ps(p, q), _mm512_set1_ps(0.5f));
-    return _mm512_mul_ps(x0, _mm512_max_ps(_mm512_setzero_ps(), r));
+    return _mm512_mul_ps(x0, logistic16(x0));
 }
 
 __attribute__((target("avx512f"))) static void silu_avx512(const float *x, const float *u, float *y, size_t n)
