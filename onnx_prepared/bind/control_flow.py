@@ -304,22 +304,18 @@ def _bind_loop(body: Callable, n_in: int, n_carried: int, empties: tuple[np.ndar
 
     def loop(trip: Any, cond: Any, *args: Any) -> tuple:
         carried, outer = list(args[:n_carried]), args[n_in - 2:]
-        limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
-        it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
-        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
-        cond_value = np.array(True) if cond is None else cond
+        limit, it_dtype, keep_going, cond_value = _loop_start(trip, cond)
         scans: list[list] = [[] for _ in range(n_scan)]
         it = 0
         while keep_going and (limit is None or it < limit):
             out = body((np.array(it, dtype=it_dtype), cond_value, *carried), outer)
             cond_value = out[0]
-            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
-                              else np.asarray(cond_value).reshape(-1)[0])
+            keep_going = _loop_more(cond_value)
             carried = out[1:1 + n_carried]
             for k in range(n_scan):
                 scans[k].append(out[1 + n_carried + k])
             it += 1
-        return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
+        return (*carried, *(_stack(s, e) for s, e in zip(scans, empties)))
 
     return loop
 
@@ -351,10 +347,7 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
         if function[0] is not None:
             return function[0](trip, cond, *args)
         carried, outer = args[:n_carried], args[n_in - 2:]
-        limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
-        it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
-        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
-        cond_value = np.array(True) if cond is None else cond
+        limit, it_dtype, keep_going, cond_value = _loop_start(trip, cond)
         scans: list[list] = [[] for _ in range(n_scan)]
         values = body.fresh(outer)
         it = 0
@@ -368,13 +361,12 @@ def _bind_slot_loop(body: _Slots, n_in: int, n_carried: int, empties: tuple[np.n
                 values[s] = carried[k]
             replay(values)
             cond_value = values[cond_out]
-            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
-                              else np.asarray(cond_value).reshape(-1)[0])
+            keep_going = _loop_more(cond_value)
             carried = carried_out(values)
             for k in range(n_scan):
                 scans[k].append(values[scan_out[k]])
             it += 1
-        return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
+        return (*carried, *(_stack(s, e) for s, e in zip(scans, empties)))
 
     return loop
 
@@ -387,29 +379,27 @@ def _bind_function_loop(body: Callable[..., tuple], n_in: int, n_carried: int, n
 
     def loop(trip: Any, cond: Any, *args: Any) -> tuple:
         carried, outer = args[:n_carried], args[n_in - 2:]
-        limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
-        it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
-        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
-        cond_value = np.array(True) if cond is None else cond
+        limit, it_dtype, keep_going, cond_value = _loop_start(trip, cond)
         scans: list[list] = [[] for _ in range(n_scan)]
         it = 0
         while keep_going and (limit is None or it < limit):
             checkpoint()  # once per body evaluation: a Loop with a huge trip count honours cancel()
             out = body(np.array(it, dtype=it_dtype), cond_value, *carried, *outer)
             cond_value = out[0]
-            keep_going = bool(cond_value.item() if type(cond_value) is np.ndarray and cond_value.size == 1
-                              else np.asarray(cond_value).reshape(-1)[0])
+            keep_going = _loop_more(cond_value)
             carried = out[1:carried_end]
             for k in range(n_scan):
                 scans[k].append(out[carried_end + k])
             it += 1
-        return (*carried, *(np.stack(s) if s else e.copy() for s, e in zip(scans, empties)))
+        return (*carried, *(_stack(s, e) for s, e in zip(scans, empties)))
 
     return loop
 
 
 def _loop_start(trip: Any, cond: Any) -> tuple:
-    """A Loop's (trip limit or None, iteration dtype, whether to run the first iteration, condition)."""
+    """A Loop's (trip limit or None, iteration dtype, whether to run the first iteration, condition):
+    shared by the three drivers and the generated loop, so they agree on ONNX's optional trip count
+    and condition."""
     limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
     it_dtype = np.int64 if trip is None else np.asarray(trip).dtype
     keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
