@@ -372,7 +372,7 @@ class PreparedModelStore:
                 raise ValueError(f"out holds {out.size} bytes, entry {entry.key_name!r} needs {entry.length}")
             buf = out[: entry.length]
         else:
-            buf = np.empty(entry.length, dtype=np.uint8)
+            buf = io.aligned_empty(entry.length)
         record = bytearray(ID_SIZE)
         hasher = payload_hash.hasher() if not self._was_verified(ident, entry) else None
         try:

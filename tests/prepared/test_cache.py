@@ -679,3 +679,17 @@ def test_payload_is_hashed_piece_by_piece_as_it_is_read(tmp_path, monkeypatch, a
     with pytest.raises(CacheError, match="checksum mismatch"):
         r2.read_payload(r2.lookup(a), out=np.empty(12_000, np.uint8))
     assert verify(path) and "checksum mismatch" in verify(path)[0]
+
+
+def test_a_copied_payload_starts_on_a_cache_line(tmp_path, monkeypatch):
+    # without a mapping (ONNX_PREPARED_CACHE_MMAP=0) a payload is copied into a fresh buffer: it must start
+    # on a 64-byte line as packed weights do (np.empty's large buffers start 16 bytes into a page)
+    monkeypatch.setenv("ONNX_PREPARED_CACHE_MMAP", "0")
+    path = tmp_path / "m.prepared.onnx"
+    pa = payload(3, 300_000)
+    build(path, {key("W"): pa}).close()
+    r = PreparedModelStore(path, source_digest=SRC, policy=RO)
+    assert not r.mapping
+    got = r.read_payload(r.lookup(key("W")))
+    assert got.ctypes.data % 64 == 0 and got.flags.c_contiguous and got.size == 300_000
+    np.testing.assert_array_equal(got, pa)
