@@ -29,6 +29,7 @@ import numpy as np
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
+from onnx_prepared.memory.aligned import aligned_empty
 
 #: bumped whenever the bytes of this layout change (part of every layout key)
 LAYOUT_VERSION = 2
@@ -102,21 +103,6 @@ class PackedQ4:
         elif self.zp_kind == ZP_F32:
             zp = self.data[nq + ns: nq + ns + nz].view(np.float32).reshape(P, kb, 16)
         return qw, sc, zp
-
-
-#: the packed weights' alignment in bytes: whole cache lines, so that no 64-byte load of a weight chunk
-#: is split over two (numpy's large buffers start 16 bytes into a page). 1 thread, thread CPU, the same
-#: weights at offsets 0 and 16 in one process: M=16 2816x1024 level 4 -4.7 %, M=128 1024x3072 -2.3 %,
-#: M=1 1024x1024 (weights in cache) -22 %
-ALIGN = 64
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """A new uint8 buffer of ``nbytes`` starting on an :data:`ALIGN`-byte boundary (a view of one
-    ``ALIGN`` bytes larger)."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    off = -raw.ctypes.data % ALIGN
-    return raw[off: off + nbytes]
 
 
 def pack_q4(B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, K: int, N: int,

@@ -58,6 +58,7 @@ from onnx_prepared.kernels._q4_panels import PackedQ4
 from onnx_prepared.kernels._q8_split import PackedQ8Split, pack_q8_split
 from onnx_prepared.kernels.prepack import PrepackSpec, SourceForm, prepack_rule
 from onnx_prepared.kernels.registry import kernel
+from onnx_prepared.memory.aligned import aligned_empty
 
 #: bytes of one dequantized fp32 panel of B in the BLAS path
 PANEL_BYTES = 8 << 20
@@ -228,7 +229,7 @@ def thread_scratch(nbytes: int) -> np.ndarray:
     costs ~1-2 ms/MB on the cold path)."""
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.size < nbytes:
-        buf = _SCRATCH.buf = q4.aligned_empty(nbytes)
+        buf = _SCRATCH.buf = aligned_empty(nbytes)
     return buf[:nbytes]
 
 

@@ -47,6 +47,7 @@ import numpy as np
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import CacheError, CacheWarning
 from onnx_prepared.kernels.prepack import KERNEL_ABI
+from onnx_prepared.memory.aligned import aligned_empty
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.model.safe_open import read_regular
 from onnx_prepared.options import PreparedModelPolicy  # its one home: the option's values
@@ -372,7 +373,7 @@ class PreparedModelStore:
                 raise ValueError(f"out holds {out.size} bytes, entry {entry.key_name!r} needs {entry.length}")
             buf = out[: entry.length]
         else:
-            buf = io.aligned_empty(entry.length)
+            buf = aligned_empty(entry.length)
         record = bytearray(ID_SIZE)
         hasher = payload_hash.hasher() if not self._was_verified(ident, entry) else None
         try:

@@ -279,22 +279,6 @@ def _preadv_all(fd: int, views: list[memoryview], offset: int) -> int:
 MAP_ENV = "ONNX_PREPARED_CACHE_MMAP"
 
 
-#: where a payload copied into a fresh buffer starts (packed weights are read in 64-byte chunks)
-BUFFER_ALIGN = 64
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """A new uint8 buffer of ``nbytes`` starting on a :data:`BUFFER_ALIGN`-byte boundary.
-
-    NOTE: numpy's large buffers start 16 bytes into a page, so a payload copied into ``np.empty`` had
-    every 64-byte chunk of its packed weights straddle two cache lines (kernels/_q4_panels.aligned_empty
-    does the same for packs; a mapped payload starts at its file offset, aligned by the writer).
-    """
-    raw = np.empty(nbytes + BUFFER_ALIGN, np.uint8)
-    off = -raw.ctypes.data % BUFFER_ALIGN
-    return raw[off: off + nbytes]
-
-
 def mapping_from_env() -> bool:
     """False when ``$ONNX_PREPARED_CACHE_MMAP`` disables mapped payloads, or the platform has no
     ``MAP_POPULATE``; True otherwise (the default on Linux)."""

@@ -5,6 +5,7 @@ import pytest
 
 from onnx_prepared.kernels import _q4_panels as q4
 from onnx_prepared.kernels import native
+from onnx_prepared.memory import aligned
 
 
 @pytest.mark.skipif(not native.available(), reason="native extension not built")
@@ -48,8 +49,8 @@ def test_packed_weights_and_pack_scratch_start_on_a_cache_line(K, N):
     B = rng.integers(0, 256, (N, kb, 16), dtype=np.uint8)
     S = rng.random((N, kb), dtype=np.float32)
     p = q4.pack_q4(B, S, None, K=K, N=N, block_size=32)
-    assert p.data.ctypes.data % q4.ALIGN == 0 and p.data.nbytes == sum(q4.section_sizes(K, N, 32, q4.ZP_NONE))
+    assert p.data.ctypes.data % aligned.ALIGN == 0 and p.data.nbytes == sum(q4.section_sizes(K, N, 32, q4.ZP_NONE))
     assert p.data.flags.c_contiguous and p.data.dtype == np.uint8
-    assert mm.thread_scratch(p.data.nbytes + 1000).ctypes.data % q4.ALIGN == 0
+    assert mm.thread_scratch(p.data.nbytes + 1000).ctypes.data % aligned.ALIGN == 0
     for n in (1, 63, 64, 1 << 20):
-        assert q4.aligned_empty(n).ctypes.data % q4.ALIGN == 0 and q4.aligned_empty(n).nbytes == n
+        assert aligned.aligned_empty(n).ctypes.data % aligned.ALIGN == 0 and aligned.aligned_empty(n).nbytes == n
