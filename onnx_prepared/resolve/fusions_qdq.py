@@ -41,10 +41,6 @@ _MS = "com.microsoft"
 _LOOKUP = {"Relu": (), "HardSigmoid": ("alpha", "beta")}
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.get_attribute_value(a) for a in node.attribute}
-
-
 def _size(weights: Mapping, name: str) -> int | None:
     w = weights.get(name)
     if w is None:
@@ -55,179 +51,205 @@ def _size(weights: Mapping, name: str) -> int | None:
     return n
 
 
-def _qdq_params(node: onnx.NodeProto, weights: Mapping, op: str) -> str | None:
-    """The 8-bit type of a per-tensor QuantizeLinear/DequantizeLinear (``op``) whose scale (float32) and
-    zero point are initializers, else None."""
-    if node.op_type != op or node.domain not in _DEFAULT or len(node.input) != 3 or not all(node.input):
+class _View:
+    """The index's facts of the graph's nodes, as the selectors read them (op type, domain, inputs,
+    outputs, attribute names and values): the protobuf nodes are read only for what a new node copies."""
+
+    __slots__ = ("attributes", "domains", "inputs", "op_types", "outputs")
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.op_types, self.domains = index.op_types, index.domains
+        self.inputs, self.outputs = index.inputs, index.outputs
+        self.attributes = index.attributes
+
+    def is_op(self, i: int, op: str) -> bool:
+        return self.op_types[i] == op and self.domains[i] in _DEFAULT
+
+
+def _qdq_params(v: _View, i: int, weights: Mapping, op: str) -> str | None:
+    """The 8-bit type of a per-tensor QuantizeLinear/DequantizeLinear (``op``) node ``i`` whose scale
+    (float32) and zero point are initializers, else None."""
+    ins = v.inputs[i]
+    if not v.is_op(i, op) or len(ins) != 3 or not all(ins):
         return None
-    a = _attrs(node)
-    if set(a) - {"axis", "saturate"} or _size(weights, node.input[1]) != 1 or _size(weights, node.input[2]) != 1:
+    a = v.attributes(i)
+    if a is None or set(a) - {"axis", "saturate"} or _size(weights, ins[1]) != 1 or _size(weights, ins[2]) != 1:
         return None
-    if weights[node.input[1]].dtype != "float32":
+    if weights[ins[1]].dtype != "float32":
         return None
-    dtype = weights[node.input[2]].dtype
+    dtype = weights[ins[2]].dtype
     return dtype if dtype in _Q8 else None
 
 
-def _weight_dq(node: onnx.NodeProto, weights: Mapping, channels: int, axis: int) -> str | None:
-    """The type of a DequantizeLinear of an 8-bit initializer, per tensor or per ``axis`` channel."""
-    if node.op_type != "DequantizeLinear" or node.domain not in _DEFAULT or len(node.input) != 3:
+def _weight_dq(v: _View, i: int, weights: Mapping, channels: int, axis: int) -> str | None:
+    """The type of a DequantizeLinear ``i`` of an 8-bit initializer, per tensor or per ``axis`` channel."""
+    ins = v.inputs[i]
+    if not v.is_op(i, "DequantizeLinear") or len(ins) != 3:
         return None
-    if not all(n in weights for n in node.input):
+    if not all(n in weights for n in ins):
         return None
-    a = _attrs(node)
-    if set(a) - {"axis"} or weights[node.input[1]].dtype != "float32":
+    a = v.attributes(i)
+    if a is None or set(a) - {"axis"} or weights[ins[1]].dtype != "float32":
         return None
-    ns, nz = _size(weights, node.input[1]), _size(weights, node.input[2])
+    ns, nz = _size(weights, ins[1]), _size(weights, ins[2])
     if ns != nz or ns not in (1, channels) or (ns > 1 and int(a.get("axis", 1)) != axis):
         return None
-    dtype = weights[node.input[0]].dtype
-    return dtype if dtype in _Q8 and weights[node.input[2]].dtype == dtype else None
+    dtype = weights[ins[0]].dtype
+    return dtype if dtype in _Q8 and weights[ins[2]].dtype == dtype else None
 
 
-def _bias_dq(node: onnx.NodeProto, weights: Mapping) -> str | None:
-    """The int32 initializer a bias DequantizeLinear reads (onnxruntime uses it as is), else None."""
-    if node.op_type != "DequantizeLinear" or node.domain not in _DEFAULT or not node.input:
+def _bias_dq(v: _View, i: int, weights: Mapping) -> str | None:
+    """The int32 initializer a bias DequantizeLinear ``i`` reads (onnxruntime uses it as is), else None."""
+    ins = v.inputs[i]
+    if not v.is_op(i, "DequantizeLinear") or not ins:
         return None
-    x = weights.get(node.input[0])
-    return node.input[0] if x is not None and x.dtype == "int32" and len(x.dims) == 1 else None
+    x = weights.get(ins[0])
+    return ins[0] if x is not None and x.dtype == "int32" and len(x.dims) == 1 else None
 
 
 def fuse_qdq(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
     """Rewrite ``graph``'s QDQ groups in place as onnxruntime's CPU QDQ transformer does; the count.
-    ``index``: the resolver's :class:`GraphIndex` of ``graph``, read for the gating test and rescanned
-    after a rewrite."""
-    if not (index.has("QuantizeLinear") if index is not None else any(n.op_type == "QuantizeLinear"
-                                                                        for n in graph.node)):
+    ``index``: the resolver's :class:`GraphIndex` of ``graph`` (one is built when None): the selectors
+    read its lists and maps, and a rewrite updates it from the nodes written."""
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("QuantizeLinear"):
         return 0
-    n = _fuse_qdq(graph, weights)
-    if n and index is not None:
-        index.rescan()
-    return n
+    return _fuse_qdq(graph, weights, index)
 
 
-def _fuse_qdq(graph: onnx.GraphProto, weights: Mapping) -> int:
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(graph.node):
-        for name in n.input:
-            if name:
-                consumers.setdefault(name, []).append(i)
-    outputs = {o.name for o in graph.output}
+def _fuse_qdq(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex) -> int:
+    v = _View(index)
+    producer, consumers, outputs = index.producer, index.consumers, index.graph_outputs
+    op_types, domains, inputs_of, outputs_of = v.op_types, v.domains, v.inputs, v.outputs
     nodes = graph.node
 
-    def dq_of(name: str) -> onnx.NodeProto | None:
+    def dq_of(name: str) -> int | None:
         i = producer.get(name)
-        return nodes[i] if i is not None and nodes[i].op_type == "DequantizeLinear" else None
+        return i if i is not None and op_types[i] == "DequantizeLinear" else None
 
     fused: dict[int, onnx.NodeProto] = {}  # the Q's index (or the float QGemm's) -> the new node
     gone: set[int] = set()  # the targets (and their Qs' absorbed indices) removed
     taken: set[int] = set()
-    for idx, node in enumerate(nodes):
-        if node.domain not in _DEFAULT or node.op_type not in _TARGETS or len(node.output) != 1:
+    for idx, op in enumerate(op_types):
+        if op not in _TARGETS or domains[idx] not in _DEFAULT or len(outputs_of[idx]) != 1:
             continue
-        if node.output[0] in outputs:
+        out = outputs_of[idx][0]
+        if out in outputs:
             continue
-        ins = [n for n in node.input if n]
+        ins = [n for n in inputs_of[idx] if n]
         dqs = [dq_of(n) for n in ins]
-        if not ins or any(d is None for d in dqs):
+        if not ins or None in dqs:
             continue
-        users = consumers.get(node.output[0], [])
-        q = nodes[users[0]] if len(users) == 1 else None
-        qtype = _qdq_params(q, weights, "QuantizeLinear") if q is not None else None
-        if qtype is None or users[0] in taken:
-            if node.op_type != "Gemm" or any(nodes[u].op_type == "QuantizeLinear" for u in users):
+        users = consumers.get(out, [])
+        q = users[0] if len(users) == 1 else None
+        qtype = _qdq_params(v, q, weights, "QuantizeLinear") if q is not None else None
+        if qtype is None or q in taken:
+            if op != "Gemm" or any(op_types[u] == "QuantizeLinear" for u in users):
                 continue
             q = None
-        new = _group(node, dqs, q, qtype, weights)
+        new = _group(v, nodes, idx, dqs, q, qtype, weights)
         if new is None:
             continue
         if q is not None:
-            taken.add(users[0])
-            fused[users[0]] = new
+            taken.add(q)
+            fused[q] = new
             gone.add(idx)
         else:
             fused[idx] = new
-    for idx, node in enumerate(nodes):  # DequantizeLinear -> Relu|HardSigmoid -> QuantizeLinear: one table
-        if idx in taken or idx in fused or _qdq_params(node, weights, "QuantizeLinear") is None:
+    for idx, op in enumerate(op_types):  # DequantizeLinear -> Relu|HardSigmoid -> QuantizeLinear: one table
+        if op != "QuantizeLinear" or idx in taken or idx in fused:
             continue
-        u = producer.get(node.input[0])
-        if u is None or u in gone or nodes[u].domain not in _DEFAULT or nodes[u].op_type not in _LOOKUP:
+        if _qdq_params(v, idx, weights, "QuantizeLinear") is None:
             continue
-        f = nodes[u]
-        if len(f.input) != 1 or consumers.get(f.output[0]) != [idx] or f.output[0] in outputs:
+        u = producer.get(inputs_of[idx][0])
+        if u is None or u in gone or domains[u] not in _DEFAULT or op_types[u] not in _LOOKUP:
             continue
-        if {a.name for a in f.attribute} - set(_LOOKUP[f.op_type]):
+        f_in, f_out = inputs_of[u], outputs_of[u]
+        if len(f_in) != 1 or consumers.get(f_out[0]) != [idx] or f_out[0] in outputs:
             continue
-        d = dq_of(f.input[0])
-        if d is None or _qdq_params(d, weights, "DequantizeLinear") is None:
+        f_attrs = v.attributes(u)
+        if f_attrs is None or set(f_attrs) - set(_LOOKUP[op_types[u]]):
             continue
-        new = _node("QLookup", [*d.input, *node.input[1:]], node.output, node.name, "onnx_prepared", f.attribute)
-        new.attribute.add(name="function", type=onnx.AttributeProto.STRING, s=f.op_type.encode())
+        d = dq_of(f_in[0])
+        if d is None or _qdq_params(v, d, weights, "DequantizeLinear") is None:
+            continue
+        new = _node("QLookup", [*inputs_of[d], *inputs_of[idx][1:]], outputs_of[idx], index.names[idx],
+                    "onnx_prepared", nodes[u].attribute)
+        new.attribute.add(name="function", type=onnx.AttributeProto.STRING, s=op_types[u].encode())
         fused[idx] = new
         gone.add(u)
     if not fused:
         return 0
+    fused_ins = {i: tuple(n.input) for i, n in fused.items()}
+    live = [i for i in range(len(op_types)) if i not in gone]
+    read = {name for i in live for name in fused_ins.get(i, inputs_of[i])}
+    dead = {i for i in live if i not in fused and op_types[i] == "DequantizeLinear" and domains[i] in _DEFAULT
+            and outputs_of[i][0] not in read and outputs_of[i][0] not in outputs}
     for i, n in fused.items():
         nodes[i].CopyFrom(n)
-    live = [i for i in range(len(nodes)) if i not in gone]
-    read = {name for i in live for name in nodes[i].input}
-    dead = {i for i in live if nodes[i].op_type == "DequantizeLinear" and nodes[i].domain in _DEFAULT
-            and nodes[i].output[0] not in read and nodes[i].output[0] not in outputs}
-    for i in sorted(gone | dead, reverse=True):
+    drop = gone | dead
+    for i in sorted(drop, reverse=True):
         del nodes[i]
+    index.rewritten(fused, drop)
     return len(fused)
 
 
-def _group(node, dqs, q, qtype, weights) -> onnx.NodeProto | None:
-    """The node replacing ``node`` with its DequantizeLinears ``dqs`` and QuantizeLinear ``q``, or None."""
-    op = node.op_type
-    out = [q.output[0]] if q is not None else list(node.output)
-    a = _attrs(node)
+def _group(v: _View, nodes, idx: int, dqs: list[int], q: int | None, qtype, weights) -> onnx.NodeProto | None:
+    """The node replacing node ``idx`` with its DequantizeLinears ``dqs`` and QuantizeLinear ``q`` (node
+    indices), or None."""
+    op = v.op_types[idx]
+    ins_of = v.inputs
+    out = [v.outputs[q][0]] if q is not None else list(v.outputs[idx])
+    q_params = list(ins_of[q][1:]) if q is not None else []
+    a = v.attributes(idx)
+    if a is None:
+        return None
     if op in ("Add", "Mul"):
-        if len(dqs) != 2 or any(_qdq_params(d, weights, "DequantizeLinear") != qtype for d in dqs):
+        if len(dqs) != 2 or any(_qdq_params(v, d, weights, "DequantizeLinear") != qtype for d in dqs):
             return None
-        ins = [*dqs[0].input, *dqs[1].input, *q.input[1:]]
-        return _node(f"QLinear{op}", ins, out, node.name, _MS)
+        return _node(f"QLinear{op}", [*ins_of[dqs[0]], *ins_of[dqs[1]], *q_params], out, nodes[idx].name, _MS)
     if op in ("GlobalAveragePool", "Flatten"):
-        if len(dqs) != 1 or _qdq_params(dqs[0], weights, "DequantizeLinear") != qtype:
+        if len(dqs) != 1 or _qdq_params(v, dqs[0], weights, "DequantizeLinear") != qtype:
             return None
+        d_ins = ins_of[dqs[0]]
         if op == "Flatten":
-            if list(dqs[0].input[1:]) != list(q.input[1:]):  # the same scale and zero point initializers
+            if list(d_ins[1:]) != q_params:  # the same scale and zero point initializers
                 return None
-            return _node("Flatten", [dqs[0].input[0]], out, node.name, "", node.attribute)
-        return _node("QLinearGlobalAveragePool", [*dqs[0].input, *q.input[1:]], out, node.name, _MS)
+            return _node("Flatten", [d_ins[0]], out, nodes[idx].name, "", nodes[idx].attribute)
+        return _node("QLinearGlobalAveragePool", [*d_ins, *q_params], out, nodes[idx].name, _MS)
     if op == "Conv":
-        if len(dqs) not in (2, 3) or qtype != "uint8" or _qdq_params(dqs[0], weights, "DequantizeLinear") != qtype:
+        if len(dqs) not in (2, 3) or qtype != "uint8" or _qdq_params(v, dqs[0], weights, "DequantizeLinear") != qtype:
             return None
-        w = weights.get(dqs[1].input[0]) if dqs[1].input else None
-        if w is None or len(w.dims) < 3 or _weight_dq(dqs[1], weights, int(w.dims[0]), 0) is None:
+        w_ins = ins_of[dqs[1]]
+        w = weights.get(w_ins[0]) if w_ins else None
+        if w is None or len(w.dims) < 3 or _weight_dq(v, dqs[1], weights, int(w.dims[0]), 0) is None:
             return None
-        bias = _bias_dq(dqs[2], weights) if len(dqs) == 3 else ""
+        bias = _bias_dq(v, dqs[2], weights) if len(dqs) == 3 else ""
         if bias is None or set(a) - {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}:
             return None
-        ins = [*dqs[0].input, *dqs[1].input, *q.input[1:]] + ([bias] if bias else [])
-        return _node("QLinearConv", ins, out, node.name, "", node.attribute)
+        ins = [*ins_of[dqs[0]], *w_ins, *q_params] + ([bias] if bias else [])
+        return _node("QLinearConv", ins, out, nodes[idx].name, "", nodes[idx].attribute)
     # Gemm
     if len(dqs) not in (2, 3) or set(a) - {"alpha", "beta", "transA", "transB"}:
         return None
-    atype = _qdq_params(dqs[0], weights, "DequantizeLinear")
-    b = weights.get(dqs[1].input[0]) if dqs[1].input else None
+    atype = _qdq_params(v, dqs[0], weights, "DequantizeLinear")
+    b_ins = ins_of[dqs[1]]
+    b = weights.get(b_ins[0]) if b_ins else None
     if atype is None or b is None or len(b.dims) != 2 or (q is not None and qtype != atype):
         return None
     n = int(b.dims[0] if a.get("transB", 0) else b.dims[1])
-    btype = _weight_dq(dqs[1], weights, n, 1 if not a.get("transB", 0) else 0)
+    btype = _weight_dq(v, dqs[1], weights, n, 1 if not a.get("transB", 0) else 0)
     if btype is None or (atype == "int8" and btype != "int8"):
         return None
     bias = ""
     if len(dqs) == 3:
-        bias = _bias_dq(dqs[2], weights)
+        bias = _bias_dq(v, dqs[2], weights)
         if bias is None or float(a.get("beta", 1.0)) != 1.0:
             return None
-    ins = [*dqs[0].input, *dqs[1].input, bias] + (list(q.input[1:]) if q is not None else [])
+    ins = [*ins_of[dqs[0]], *b_ins, bias] + q_params
     while ins and not ins[-1]:
         ins.pop()
-    return _node("QGemm", ins, out, node.name, _MS, [x for x in node.attribute if x.name != "beta"])
+    return _node("QGemm", ins, out, nodes[idx].name, _MS, [x for x in nodes[idx].attribute if x.name != "beta"])
 
 
 def _node(op: str, inputs, outputs, name: str, domain: str, attrs=()) -> onnx.NodeProto:

@@ -130,6 +130,32 @@ def test_a_graph_without_quantize_linear_is_untouched():
     assert fuse_qdq(g, {}) == 0 and len(g.node) == 1
 
 
+@pytest.mark.parametrize("case", ["groups", "lookup"])
+def test_fusion_reads_and_updates_the_resolver_index_without_a_rescan(monkeypatch, case):
+    """The selectors read the resolver's GraphIndex (not a rescan of the nodes), and the rewrite updates it
+    from the nodes it wrote: afterwards it describes the graph as a fresh index of it does."""
+    from onnx_prepared.model import load_model_bytes
+    from onnx_prepared.resolve.graph_index import GraphIndex
+
+    data, n, ops = {
+        "groups": (_qdq_model(), 5, ["QuantizeLinear", "QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool",
+                                     "Flatten", "QGemm", "DequantizeLinear"]),  # Conv, Add, GAP, Flatten, Gemm
+        "lookup": (_chain_model("HardSigmoid", np.uint8, alpha=0.25), 1, ["QuantizeLinear", "QLookup"]),
+    }[case]
+    model = load_model_bytes(data, ".")
+    g = onnx_proto.GraphProto()
+    g.CopyFrom(model.graph)
+    index = GraphIndex(g)
+    monkeypatch.setattr(GraphIndex, "rescan", lambda self: pytest.fail("fuse_qdq rescanned the graph"))
+    assert fuse_qdq(g, model.weights, index) == n
+    monkeypatch.undo()
+    fresh = GraphIndex(g)
+    for lst in ("op_types", "domains", "names", "keys", "inputs", "outputs"):
+        assert getattr(index, lst) == getattr(fresh, lst), lst
+    assert [index.attributes(i) for i in range(len(g.node))] == [fresh.attributes(i) for i in range(len(g.node))]
+    assert index.op_types == ops
+
+
 def _chain_model(op: str, dtype, **attrs) -> bytes:
     z_in, z_out = (dtype(-5), dtype(-128)) if dtype == np.int8 else (dtype(120), dtype(0))
     inits = [_init("s", np.float32(0.04)), _init("z", z_in), _init("s2", np.float32(1 / 255)), _init("z2", z_out)]
