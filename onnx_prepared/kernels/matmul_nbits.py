@@ -33,9 +33,10 @@ fp16 inputs are widened to fp32 and the output narrowed back.
 ``[k_blocks, N]``; B is dequantized to fp32 in panels of K (at most ``PANEL_BYTES``) and multiplied with
 BLAS, always in fp32.
 
-The registered kernel (unprepacked B) prepacks on every call: no hidden cache (4 bits: into a reused
-per-thread scratch, in column chunks, :func:`matmul_nbits_source`, which also runs a prepacked node's
-source form while its prepared object is not resident yet). A session's first run and
+The registered kernel (unprepacked B) prepacks on every call: no hidden cache (4 bits:
+:func:`matmul_nbits_source`, which also runs a prepacked node's source form while its prepared object is
+not resident yet: the native pool's tasks each pack a few panels into their thread's scratch and multiply
+them; without the extension, column chunks packed into a reused per-thread scratch). A session's first run and
 later runs give bit-identical outputs (nothing warms up). Figures: ``benchmarks/kernels_nbits.py``.
 """
 
@@ -359,10 +360,15 @@ def matmul_nbits(
 def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
                         bias: np.ndarray | None = None, *, K: int, N: int, block_size: int,
                         accuracy_level: int = 0) -> tuple[np.ndarray]:
-    """4-bit MatMulNBits from the source arrays, with the bits of ``matmul_nbits_packed(A, prepack(...))``:
-    N in column chunks of at most :data:`SOURCE_CHUNK_BYTES` packed, each packed into this thread's
-    reused scratch (faulted in once, not per call) and multiplied (an output column's sums do not depend
-    on the other columns: same bits, tests/runtime/test_source_forms.py)."""
+    """4-bit MatMulNBits from the source arrays, with the bits of ``matmul_nbits_packed(A, prepack(...))``.
+
+    With the extension, :func:`native.matmul_q4_source`: the pool's tasks pack a few panels each into their
+    thread's scratch and multiply them, so packing runs on every intra-op thread, beside the multiply
+    (it ran on the calling thread alone before, up to half of a cold first run's MatMulNBits time).
+    Without it, N in column chunks of at most :data:`SOURCE_CHUNK_BYTES` packed, each packed into this
+    thread's reused scratch (faulted in once, not per call) and multiplied. An output column's sums do not
+    depend on the other columns: same bits either way (tests/runtime/test_source_forms.py,
+    tests/kernels/test_matmul_nbits_source.py)."""
     _check_attrs(K, N, 4, block_size)
     kb = -(-K // block_size)
     B = np.asarray(B)
@@ -374,11 +380,15 @@ def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_p
         zero_points = np.asarray(zero_points)
         zero_points = _as_blocks(zero_points, N, -(-kb // 2) if zero_points.dtype == np.uint8 else kb, "zero_points")
     zk = q4.ZP_NONE if zero_points is None else (q4.ZP_U4 if zero_points.dtype == np.uint8 else q4.ZP_F32)
-    cols = max(16, SOURCE_CHUNK_BYTES // sum(q4.section_sizes(K, 16, block_size, zk)) * 16)
-    B2 = B.reshape(N, -1)
     b = None if bias is None else np.asarray(bias).reshape(-1)
     if b is not None and b.size != N:
         raise KernelError(f"MatMulNBits bias has {b.size} values, expected N={N}")
+    y = _source_native(A, B, scales, zero_points, b, K=K, N=N, block_size=block_size, zk=zk,
+                       accuracy_level=accuracy_level) if native.available() else None
+    if y is not None:
+        return y
+    cols = max(16, SOURCE_CHUNK_BYTES // sum(q4.section_sizes(K, 16, block_size, zk)) * 16)
+    B2 = B.reshape(N, -1)
     y = None
     for n0 in range(0, N, cols):
         n = min(N, n0 + cols) - n0
@@ -392,6 +402,28 @@ def matmul_nbits_source(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_p
             y = np.empty(part.shape[:-1] + (N,), part.dtype)
         y[..., n0:n0 + n] = part
     return (y,)
+
+
+def _source_native(A: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                   bias: np.ndarray | None, *, K: int, N: int, block_size: int, zk: int,
+                   accuracy_level: int) -> tuple[np.ndarray] | None:
+    """:func:`matmul_nbits_source` on the extension: :func:`matmul_nbits_packed`'s conversions, then
+    :func:`native.matmul_q4_source` on the source arrays (validated by the caller); None when the
+    extension lacks it (an older build)."""
+    if A.shape[-1] != K:
+        raise KernelError(f"MatMulNBits A has {A.shape[-1]} columns, expected K={K}")
+    out_dtype = A.dtype if A.dtype in (np.float16, np.float32) else np.float32
+    a2 = np.ascontiguousarray(A.reshape(-1, K), dtype=np.float32)
+    b32 = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    int8 = INT8_ORDERS[int8_order()] if accuracy_level == 4 and zk != q4.ZP_F32 else 0
+    zp = None
+    if zero_points is not None:
+        zp = np.ascontiguousarray(zero_points, dtype=np.uint8 if zk == q4.ZP_U4 else np.float32)
+    y = native.matmul_q4_source(a2, np.ascontiguousarray(B), np.ascontiguousarray(scales, dtype=np.float32), zp, b32,
+                                int8, K=K, N=N, block_size=block_size, zp_kind=zk)
+    if y is None:
+        return None
+    return (y.reshape(A.shape[:-1] + (N,)).astype(out_dtype, copy=False),)
 
 
 # **** prepack rule (prepared execution) ****

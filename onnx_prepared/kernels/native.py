@@ -156,6 +156,24 @@ def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool | int) 
     return y
 
 
+def matmul_q4_source(a: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                     bias: np.ndarray | None, int8: int, *, K: int, N: int, block_size: int, zp_kind: int
+                     ) -> np.ndarray | None:
+    """:func:`matmul_q4` of ``a`` on the weights ``pack_q4(B, scales, zero_points)`` would make, with its bits,
+    without packing them whole: the pool's tasks each pack a few panels (16 output columns each) into
+    their thread's scratch, L2-sized, and multiply every row of ``a`` by them. The cold path of a node
+    whose prepack is not resident: packing runs on every intra-op thread and the packed bytes never go to
+    memory. Arrays C-contiguous: ``B`` uint8 ``[N, kb, bs/2]``, ``scales`` float32 ``[N, kb]``, zero points
+    uint8 ``[N, ceil(kb/2)]`` or float32 ``[N, kb]``. None without the extension."""
+    if _ext is None or not hasattr(_ext, "matmul_q4_source"):
+        return None
+    M = a.shape[0]
+    y = np.empty((M, N), np.float32)
+    scratch = _scratch(_ext.scratch_bytes(M, K, block_size, int8))
+    _ext.matmul_q4_source(a, B, scales, zero_points, y, bias, scratch, M, K, N, block_size, zp_kind, int8)
+    return y
+
+
 def sigmoid_f32(x: np.ndarray) -> np.ndarray | None:
     """Sigmoid of a float32 array in one native pass, as onnxruntime's MLAS logistic computes it (see
     ``_native/act.c``); None without the extension."""

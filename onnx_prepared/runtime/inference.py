@@ -13,7 +13,8 @@ ahead of it.
 
 Source forms: a requirement whose PrepackSpec has ``source_form`` (4-bit MatMulNBits) is not waited for.
 While it is not resident, the run hands its consumers a SourceForm of its source reads (waiting only for
-those reads), and the kernel packs them into a reused scratch per call, with the prepared path's bits.
+those reads), and the kernel packs them per call (a few panels per intra-op task, into per-thread
+scratch: kernels/matmul_nbits.py matmul_nbits_source), with the prepared path's bits.
 A cold run starts only the source reads of such objects; their prepacks start when it ends, so the first
 run does not share its cores with them (``$ONNX_PREPARED_SOURCE_FORMS=0``: wait for the prepacks instead).
 

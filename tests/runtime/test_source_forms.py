@@ -1,5 +1,6 @@
-"""Source forms: a cold run computes a 4-bit MatMulNBits from its source bytes (packed into a reused
-per-thread scratch) while its prepared object is not resident, instead of waiting for its prepack.
+"""Source forms: a cold run computes a 4-bit MatMulNBits from its source bytes (packed a few panels per
+pool task by the native source kernel, or, without it, into a reused per-thread scratch) while its
+prepared object is not resident, instead of waiting for its prepack.
 Structure is proven with gates (prepacks held until the test lets them go), never sleeps; outputs are
 compared bit for bit with the prepared path."""
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from onnx_prepared.kernels import matmul_nbits as mnb
+from onnx_prepared.kernels import native
 from onnx_prepared.prepared import EntryState
 from onnx_prepared.runtime import RuntimeSession
 from onnx_prepared.runtime.inference import SOURCE_FORMS_ENV
@@ -34,12 +36,15 @@ def _prepared_outputs(path, feeds) -> list:
         return s.run(feeds)
 
 
-def test_first_run_computes_from_source_forms_before_any_prepack(model):
+def test_first_run_computes_from_source_forms_before_any_prepack(model, monkeypatch):
     """Every MatMulNBits prepack is held back by a gate: the first run still completes, from its source
-    reads alone, with the prepared path's bits; released, the prepacks publish and a later (hot) run
-    gives the same bits again."""
+    reads alone (through the native source kernel when there is one), with the prepared path's bits;
+    released, the prepacks publish and a later (hot) run gives the same bits again."""
     path, feeds = model
     want = _prepared_outputs(path, feeds)
+    source_calls = []
+    kernel = native.matmul_q4_source
+    monkeypatch.setattr(native, "matmul_q4_source", lambda *a, **k: (source_calls.append(1), kernel(*a, **k))[1])
     gate, packed = threading.Event(), []
     with RuntimeSession(path) as s:
         forms = {s.plan.requirements[b].key for b in s.inference._transient}
@@ -55,6 +60,7 @@ def test_first_run_computes_from_source_forms_before_any_prepack(model):
         try:
             first = s.run_async(feeds).result(timeout=20)
             assert packed == []  # no prepack ran before the first output
+            assert len(source_calls) == (len(forms) if native.available() else 0)
             assert all(s.store.state(k) is not EntryState.RESIDENT for k in forms)
         finally:
             gate.set()
@@ -97,13 +103,17 @@ def test_source_forms_off_waits_for_the_prepacks(model, monkeypatch):
         assert packed  # the run waited for (at least) the prepacks it read
 
 
-@pytest.mark.parametrize("chunk", [None, 1 << 12], ids=["one-chunk", "column-chunks"])
-def test_source_kernel_gives_the_prepacked_bits(monkeypatch, chunk):
-    """matmul_nbits_source (the unprepacked kernel and the source form) packs into this thread's reused
-    scratch, in column chunks when N is large: after larger and smaller packs in it, every call gives the
-    prepacked kernel's bits (zero points none, uint8, float; bias; N not a multiple of 16; level 0 and 4)."""
+@pytest.mark.parametrize(("chunk", "native_source"), [(None, True), (None, False), (1 << 12, False)],
+                         ids=["native", "one-chunk", "column-chunks"])
+def test_source_kernel_gives_the_prepacked_bits(monkeypatch, chunk, native_source):
+    """matmul_nbits_source (the unprepacked kernel and the source form) runs the native source kernel, or
+    without it packs into this thread's reused scratch, in column chunks when N is large: after larger and
+    smaller packs in it, every call gives the prepacked kernel's bits (zero points none, uint8, float;
+    bias; N not a multiple of 16; level 0 and 4)."""
     if chunk is not None:
         monkeypatch.setattr(mnb, "SOURCE_CHUNK_BYTES", chunk)  # 4 KB: 16-32 columns a chunk here
+    if not native_source:
+        monkeypatch.setattr(native, "matmul_q4_source", lambda *a, **k: None)  # as without the extension
     rng = np.random.default_rng(0)
     cases = []
     for K, N, zp in ((256, 96, None), (64, 32, "u8"), (128, 40, "f32"), (256, 100, "u8")):

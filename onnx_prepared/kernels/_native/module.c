@@ -5,6 +5,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "nbits.h"
@@ -120,6 +122,98 @@ static long arg_long(PyObject *o, int *ok)
     return v;
 }
 
+/* A call's shapes and buffers (both entry points): a, y, bias (None or N floats) and the A scratch */
+typedef struct {
+    Py_buffer buf[4]; /* a, y, bias, scratch */
+    int held[4];
+} call_bufs;
+
+static void release_bufs(call_bufs *v)
+{
+    for (int i = 0; i < 4; i++)
+        if (v->held[i]) {
+            PyBuffer_Release(&v->buf[i]);
+            v->held[i] = 0;
+        }
+}
+
+/* Check (M, K, N, block size, zero-point kind, mode), bind a, y, bias and scratch and fill j except the
+ * weights' pointers; -1 with an exception set (nothing held) on error. */
+static int bind_call(job *j, call_bufs *v, PyObject *a, PyObject *y, PyObject *bias, PyObject *scratch,
+                     PyObject *const *dims)
+{
+    int ok = 1;
+    const long M = arg_long(dims[0], &ok), K = arg_long(dims[1], &ok), N = arg_long(dims[2], &ok);
+    const long bs = arg_long(dims[3], &ok), zk = arg_long(dims[4], &ok), mode = arg_long(dims[5], &ok);
+    if (!ok) return -1;
+    if (M < 0 || K <= 0 || N <= 0 || bs < 16 || bs > 256 || (bs & (bs - 1)) || zk < 0 || zk > 2 || mode < 0 ||
+        mode > NB_MODE_I8_FAST || (mode != NB_MODE_F32 && zk == NB_ZP_F32) || M > (1L << 30) || K > (1L << 30) || N > (1L << 30)) {
+        PyErr_SetString(PyExc_ValueError, "matmul_q4: bad shape, block size, zero-point kind or mode");
+        return -1;
+    }
+    memset(j, 0, sizeof *j);
+    memset(v, 0, sizeof *v);
+    nb_weights *w = &j->c.w;
+    w->K = (int)K;
+    w->N = (int)N;
+    w->bs = (int)bs;
+    w->kb = (int)((K + bs - 1) / bs);
+    w->kc = w->kb * (int)bs / 8;
+    w->P = (int)((N + 15) / 16);
+    w->zp_kind = (int)zk;
+    const int have_bias = bias != Py_None;
+    PyObject *objs[4] = {a, y, bias, scratch};
+    const Py_ssize_t need[4] = {(Py_ssize_t)M * K * 4, (Py_ssize_t)M * N * 4, (Py_ssize_t)N * 4,
+                                (Py_ssize_t)nb_scratch_bytes((int)M, (int)K, (int)bs, (int)mode)};
+    static const char *const names[4] = {"a", "y", "bias", "scratch"};
+    for (int i = 0; i < 4; i++) {
+        if (i == 2 && !have_bias) continue;
+        if (get_buf(objs[i], &v->buf[i], i == 1 || i == 3, need[i], names[i]) < 0) {
+            release_bufs(v);
+            return -1;
+        }
+        v->held[i] = 1;
+    }
+    j->c.M = (int)M;
+    j->c.mode = (int)mode;
+    j->c.kpad = w->kb * (int)bs;
+    j->c.a = (const float *)v->buf[0].buf;
+    j->c.y = (float *)v->buf[1].buf;
+    j->c.bias = have_bias ? (const float *)v->buf[2].buf : NULL;
+    nb_layout_scratch(&j->c, v->buf[3].buf);
+    j->isa = g_isa;
+    if (mode == NB_MODE_F32 && K == j->c.kpad && !(j->isa->f32_tiles_from && M >= j->isa->f32_tiles_from))
+        j->c.af = (float *)v->buf[0].buf; /* no padding and no tiles: read A in place */
+    return 0;
+}
+
+/* Bytes of the packed weights' sections for P panels (nbits.h) */
+static void section_bytes(const nb_weights *w, int P, size_t out[3])
+{
+    out[0] = (size_t)P * w->kc * 64;
+    out[1] = (size_t)P * w->kb * 64;
+    out[2] = w->zp_kind == NB_ZP_U4 ? (size_t)P * w->kb * 8 : w->zp_kind == NB_ZP_F32 ? out[1] : 0;
+}
+
+/* Phase 1 of a call without the GIL: prepare A, split over the pool only when there is a lot of it (about
+ * 1-2 % of the call: a small pooled job would only wake the workers late and make the pool's back-off
+ * judge them). Returns whether phase 2 is worth the pool; sets j->rc to phase 2's rows per task (32 rows,
+ * or the ISA's i8_rows in NB_MODE_I8). */
+static int prepare_a(job *j)
+{
+    const long M = j->c.M;
+    const int T = nb_pool_get_threads();
+    const double work = (double)M * (double)j->c.w.K * (double)j->c.w.N;
+    const int par = T > 1 && work >= (double)(1 << 18);
+    j->rc = M * j->c.w.K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
+    j->nrc = (int)((M + j->rc - 1) / j->rc);
+    nb_pool_run(prep_task, j, j->nrc);
+    const int rmax = j->c.mode == NB_MODE_I8 && j->isa->i8_rows ? j->isa->i8_rows : 32;
+    j->rc = M <= rmax ? (int)M : rmax;
+    j->nrc = (int)((M + j->rc - 1) / j->rc);
+    return par;
+}
+
 /* matmul_q4(a, w, y, bias_or_None, scratch, M, K, N, block_size, zp_kind, mode) -> None */
 static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -128,65 +222,27 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "matmul_q4 takes 11 positional arguments");
         return NULL;
     }
-    int ok = 1;
-    const long M = arg_long(args[5], &ok), K = arg_long(args[6], &ok), N = arg_long(args[7], &ok);
-    const long bs = arg_long(args[8], &ok), zk = arg_long(args[9], &ok), mode = arg_long(args[10], &ok);
-    if (!ok) return NULL;
-    if (M < 0 || K <= 0 || N <= 0 || bs < 16 || bs > 256 || (bs & (bs - 1)) || zk < 0 || zk > 2 || mode < 0 ||
-        mode > NB_MODE_I8_FAST || (mode != NB_MODE_F32 && zk == NB_ZP_F32) || M > (1L << 30) || K > (1L << 30) || N > (1L << 30)) {
-        PyErr_SetString(PyExc_ValueError, "matmul_q4: bad shape, block size, zero-point kind or mode");
+    job j;
+    call_bufs v;
+    if (bind_call(&j, &v, args[0], args[2], args[3], args[4], args + 5) < 0) return NULL;
+    nb_weights *w = &j.c.w;
+    size_t sz[3];
+    section_bytes(w, w->P, sz);
+    Py_buffer bw;
+    if (get_buf(args[1], &bw, 0, (Py_ssize_t)(sz[0] + sz[1] + sz[2]), "packed weights") < 0) {
+        release_bufs(&v);
         return NULL;
     }
-    job j;
-    memset(&j, 0, sizeof j);
-    nb_weights *w = &j.c.w;
-    w->K = (int)K;
-    w->N = (int)N;
-    w->bs = (int)bs;
-    w->kb = (int)((K + bs - 1) / bs);
-    w->kc = w->kb * (int)bs / 8;
-    w->P = (int)((N + 15) / 16);
-    w->zp_kind = (int)zk;
-    const Py_ssize_t qw_bytes = (Py_ssize_t)w->P * w->kc * 64, sc_bytes = (Py_ssize_t)w->P * w->kb * 64;
-    const Py_ssize_t zp_bytes = zk == NB_ZP_U4 ? (Py_ssize_t)w->P * w->kb * 8 : zk == NB_ZP_F32 ? sc_bytes : 0;
-    Py_buffer ba, bw, by, bb, bsr;
-    int have_bias = args[3] != Py_None;
-    if (get_buf(args[0], &ba, 0, (Py_ssize_t)M * K * 4, "a") < 0) return NULL;
-    if (get_buf(args[1], &bw, 0, qw_bytes + sc_bytes + zp_bytes, "packed weights") < 0) goto fail_a;
-    if (get_buf(args[2], &by, 1, (Py_ssize_t)M * N * 4, "y") < 0) goto fail_w;
-    if (have_bias && get_buf(args[3], &bb, 0, (Py_ssize_t)N * 4, "bias") < 0) goto fail_y;
-    if (get_buf(args[4], &bsr, 1, (Py_ssize_t)nb_scratch_bytes((int)M, (int)K, (int)bs, (int)mode), "scratch") < 0)
-        goto fail_b;
     const uint8_t *wb = (const uint8_t *)bw.buf;
     w->qw = wb;
-    w->sc = (const float *)(wb + qw_bytes);
-    w->zpn = zk == NB_ZP_U4 ? wb + qw_bytes + sc_bytes : NULL;
-    w->zpf = zk == NB_ZP_F32 ? (const float *)(wb + qw_bytes + sc_bytes) : NULL;
-    j.c.M = (int)M;
-    j.c.mode = (int)mode;
-    j.c.kpad = w->kb * (int)bs;
-    j.c.a = (const float *)ba.buf;
-    j.c.y = (float *)by.buf;
-    j.c.bias = have_bias ? (const float *)bb.buf : NULL;
-    nb_layout_scratch(&j.c, bsr.buf);
-    j.isa = g_isa;
-    if (mode == NB_MODE_F32 && K == j.c.kpad && !(j.isa->f32_tiles_from && M >= j.isa->f32_tiles_from))
-        j.c.af = (float *)ba.buf; /* no padding and no tiles: read A in place */
-    if (M > 0) {
+    w->sc = (const float *)(wb + sz[0]);
+    w->zpn = w->zp_kind == NB_ZP_U4 ? wb + sz[0] + sz[1] : NULL;
+    w->zpf = w->zp_kind == NB_ZP_F32 ? (const float *)(wb + sz[0] + sz[1]) : NULL;
+    if (j.c.M > 0) {
         Py_BEGIN_ALLOW_THREADS
-        const int T = nb_pool_get_threads();
-        const double work = (double)M * (double)K * (double)N;
-        const int par = T > 1 && work >= (double)(1 << 18);
-        /* phase 1: prepare A, split over the pool only when there is a lot of it (about 1-2 % of the call:
-         * a small pooled job would only wake the workers late and make the pool's back-off judge them) */
-        j.rc = M * K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
-        j.nrc = (int)((M + j.rc - 1) / j.rc);
-        nb_pool_run(prep_task, &j, j.nrc);
-        /* phase 2: row chunks (32 rows, or the ISA's i8_rows in NB_MODE_I8) x panel chunks */
-        const int rmax = mode == NB_MODE_I8 && j.isa->i8_rows ? j.isa->i8_rows : 32;
-        j.rc = M <= rmax ? (int)M : rmax;
-        j.nrc = (int)((M + j.rc - 1) / j.rc);
-        int target = par ? 4 * T : 1;
+        const int par = prepare_a(&j);
+        /* phase 2: row chunks x panel chunks */
+        int target = par ? 4 * nb_pool_get_threads() : 1;
         int npc = target / j.nrc;
         if (npc < 1) npc = 1;
         if (npc > w->P) npc = w->P;
@@ -198,20 +254,115 @@ static PyObject *py_matmul_q4(PyObject *self, PyObject *const *args, Py_ssize_t 
             for (int t = 0; t < j.nrc * j.npc; t++) gemm_task(&j, t);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&bsr);
-    if (have_bias) PyBuffer_Release(&bb);
-    PyBuffer_Release(&by);
     PyBuffer_Release(&bw);
-    PyBuffer_Release(&ba);
+    release_bufs(&v);
     Py_RETURN_NONE;
+}
+
+/* ---- from the source arrays: each task packs a few panels into its thread's scratch, then multiplies them ---- */
+
+typedef struct {
+    job j;
+    nb_src src;
+    int ppt;             /* panels per task */
+    _Atomic int failed;  /* a task's scratch could not be allocated */
+} source_job;
+
+/* Bytes of one task's packed panels in its thread's scratch: about this much stays in the core's L2 while
+ * every row chunk reads it */
+#define SOURCE_TASK_BYTES (192 << 10)
+
+static void source_task(void *ctx, int t)
+{
+    source_job *s = (source_job *)ctx;
+    const nb_weights *w = &s->j.c.w;
+    const int p0 = t * s->ppt, p1 = p0 + s->ppt < w->P ? p0 + s->ppt : w->P;
+    size_t sz[3];
+    section_bytes(w, p1 - p0, sz);
+    float *buf = nb_scratch((sz[0] + sz[1] + sz[2] + 64) / sizeof(float) + 1);
+    if (!buf) {
+        s->failed = 1;
+        return;
+    }
+    uint8_t *qw = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* 64-byte lines, as packed weights */
+    nb_pack_panels(&s->src, p0, p1, qw, (float *)(qw + sz[0]), qw + sz[0] + sz[1]);
+    /* the call on the whole N, its weights' pointers placed so that panels p0..p1-1 are these: the kernels
+     * see the same N, panels and rows as matmul_q4's, hence its bits */
+    nb_call c = s->j.c;
+    size_t off[3];
+    section_bytes(w, p0, off);
+    c.w.qw = (const uint8_t *)((uintptr_t)qw - off[0]);
+    c.w.sc = (const float *)((uintptr_t)(qw + sz[0]) - off[1]);
+    c.w.zpn = w->zp_kind == NB_ZP_U4 ? (const uint8_t *)((uintptr_t)(qw + sz[0] + sz[1]) - off[2]) : NULL;
+    c.w.zpf = w->zp_kind == NB_ZP_F32 ? (const float *)((uintptr_t)(qw + sz[0] + sz[1]) - off[2]) : NULL;
+    for (int m0 = 0; m0 < c.M; m0 += s->j.rc) s->j.isa->gemm(&c, m0, m0 + s->j.rc < c.M ? m0 + s->j.rc : c.M, p0, p1);
+}
+
+/* matmul_q4_source(a, b, scales, zp_or_None, y, bias_or_None, scratch, M, K, N, block_size, zp_kind, mode)
+ *   -> number of tasks: matmul_q4's result on the weights pack_q4 makes of (b, scales, zp), which are
+ *   never packed whole (b uint8 [N][kb][bs/2], scales float [N][kb], zp uint8 [N][ceil(kb/2)] or float
+ *   [N][kb], all C-contiguous) */
+static PyObject *py_matmul_q4_source(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "matmul_q4_source takes 13 positional arguments");
+        return NULL;
+    }
+    source_job s;
+    call_bufs v;
+    if (bind_call(&s.j, &v, args[0], args[4], args[5], args[6], args + 7) < 0) return NULL;
+    const nb_weights *w = &s.j.c.w;
+    const int zk = w->zp_kind, has_zp = args[3] != Py_None;
+    if (has_zp != (zk != NB_ZP_NONE)) {
+        release_bufs(&v);
+        PyErr_SetString(PyExc_ValueError, "matmul_q4_source: zero points and zp_kind disagree");
+        return NULL;
+    }
+    Py_buffer bb, bsc, bz;
+    const Py_ssize_t zbytes = zk == NB_ZP_U4 ? (Py_ssize_t)w->N * ((w->kb + 1) / 2) : (Py_ssize_t)w->N * w->kb * 4;
+    if (get_buf(args[1], &bb, 0, (Py_ssize_t)w->N * w->kc * 4, "b") < 0) goto fail_v;
+    if (get_buf(args[2], &bsc, 0, (Py_ssize_t)w->N * w->kb * 4, "scales") < 0) goto fail_b;
+    if (has_zp && get_buf(args[3], &bz, 0, zbytes, "zero points") < 0) goto fail_s;
+    s.src.b = (const uint8_t *)bb.buf;
+    s.src.sc = (const float *)bsc.buf;
+    s.src.zpn = zk == NB_ZP_U4 ? (const uint8_t *)bz.buf : NULL;
+    s.src.zpf = zk == NB_ZP_F32 ? (const float *)bz.buf : NULL;
+    s.src.N = w->N;
+    s.src.kb = w->kb;
+    s.src.kc = w->kc;
+    s.src.zp_kind = zk;
+    s.failed = 0;
+    size_t one[3];
+    section_bytes(w, 1, one);
+    const size_t panel = one[0] + one[1] + one[2];
+    s.ppt = panel >= SOURCE_TASK_BYTES ? 1 : (int)(SOURCE_TASK_BYTES / panel);
+    int ntasks = 0;
+    if (s.j.c.M > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        const int par = prepare_a(&s.j);
+        /* at least 4 tasks per thread when there are panels enough (the pool balances them) */
+        const int T = nb_pool_get_threads(), want = par ? 4 * T : 1;
+        if (par && (w->P + s.ppt - 1) / s.ppt < want) s.ppt = (w->P + want - 1) / want;
+        ntasks = (w->P + s.ppt - 1) / s.ppt;
+        if (par)
+            nb_pool_run(source_task, &s, ntasks);
+        else
+            for (int t = 0; t < ntasks; t++) source_task(&s, t);
+        Py_END_ALLOW_THREADS
+    }
+    if (has_zp) PyBuffer_Release(&bz);
+    PyBuffer_Release(&bsc);
+    PyBuffer_Release(&bb);
+    release_bufs(&v);
+    if (s.failed) return PyErr_NoMemory();
+    return PyLong_FromLong(ntasks);
+fail_s:
+    PyBuffer_Release(&bsc);
 fail_b:
-    if (have_bias) PyBuffer_Release(&bb);
-fail_y:
-    PyBuffer_Release(&by);
-fail_w:
-    PyBuffer_Release(&bw);
-fail_a:
-    PyBuffer_Release(&ba);
+    PyBuffer_Release(&bb);
+fail_v:
+    release_bufs(&v);
     return NULL;
 }
 
@@ -404,6 +555,8 @@ static PyObject *py_pool_stalls(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"matmul_q4", (PyCFunction)(void (*)(void))py_matmul_q4, METH_FASTCALL, "MatMulNBits (4-bit) on panel16 weights"},
+    {"matmul_q4_source", (PyCFunction)(void (*)(void))py_matmul_q4_source, METH_FASTCALL,
+     "MatMulNBits (4-bit) from the source arrays, packed a few panels at a time per task"},
     {"scratch_bytes", (PyCFunction)(void (*)(void))py_scratch_bytes, METH_FASTCALL, "scratch bytes for matmul_q4"},
     {"read_sum", py_read_sum, METH_O, "sum of a buffer's uint64 words over the pool (bandwidth probe)"},
     {"isa", py_isa, METH_NOARGS, "the active dispatch level"},
