@@ -203,7 +203,8 @@ def test_orders_differ_and_the_variable_is_checked(monkeypatch):
 @needs_native
 @pytest.mark.parametrize(("M", "K", "bs"), [(3, 4100, 32), (6, 3500, 16), (5, 4160, 64), (129, 3100, 32)])
 def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
-    """K past one slice of the several-rows kernel's unpacked weights (48 groups of 64 k): chains carried
+    """K past one slice of the several-rows kernels' unpacked weights (16 groups of 64 k without AVX-VNNI, 48
+    with it): chains carried
     over slices, trailing blocks after them, the one-row kernel's row beside it (M = 129)."""
     A, B, scales, zp, bias = _case(np.random.default_rng(K), K, 37, M, bs, "packed", True)
     want = mlas_avx2_reference(A, B, scales, zp, bias, N=37, block_size=bs)
@@ -214,6 +215,23 @@ def test_long_k_rows_kernel_slices_keep_the_order(M, K, bs):
         _force(mp, "avx2")
         for level in native.supported_levels():
             np.testing.assert_array_equal(_run(A, B, scales, zp, bias, K, 37, level, bs), want)
+
+
+@needs_native
+@_SETTINGS
+@given(K=st.integers(900, 2300), N=st.integers(1, 40), M=st.integers(2, 40),
+       block_size=st.sampled_from([16, 32, 64, 128, 256]), zp_kind=st.sampled_from(["none", "packed"]),
+       with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_rows_kernel_tiles_keep_the_order(monkeypatch, K, N, M, block_size, zp_kind, with_bias, seed):
+    """The AVX2 several-rows kernel's tiles (4 rows and a remainder of 1-3, both panel halves, one chain at a
+    time over slices of 16 groups of 64 k): every chain keeps its order across tiles, slices and row blocks
+    of 32, beside the one-row kernel's last row (M % 128 == 1 only at M = 1 here: not that row)."""
+    _force(monkeypatch, "avx2")
+    A, B, scales, zp, bias = _case(np.random.default_rng(seed), K, N, M, block_size, zp_kind, with_bias)
+    want = mlas_avx2_reference(A, B, scales, zp, bias, N=N, block_size=block_size)
+    for level in native.supported_levels():
+        got = _run(A, B, scales, zp, bias, K, N, level, block_size)
+        assert np.array_equal(got, want), (level, int((got != want).sum()), float(np.abs(got - want).max()))
 
 
 @needs_native
