@@ -2,7 +2,9 @@
 
 A rule is registered next to the kernel that consumes its layout (``@prepack_rule("Gemm")``). At
 resolution time the rule sees a node, its parsed attributes and the set of input positions that are
-constant initializers, and returns a :class:`PrepackSpec` or None. The spec's ``layout`` string holds
+constant initializers, and returns a :class:`PrepackSpec` or None. The node is what a rule may read of
+it: ``op_type``, ``domain``, ``name``, ``input`` and ``output`` (the resolver passes a view of its index,
+input names as a tuple; a NodeProto works too). The spec's ``layout`` string holds
 every parameter that changes the packed bytes (transB, alpha, block size, dtype ...), so two nodes
 asking for the same (sources, layout) share one prepared object and two that differ get two.
 

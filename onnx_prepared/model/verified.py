@@ -32,8 +32,18 @@ _LIMIT = 16 << 20  # a record is a few dozen bytes per tensor
 
 
 def default_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnx-prepared", "verified")
+    """``$XDG_CACHE_HOME/onnx-prepared/verified`` (``~/.cache`` when unset), for the environment as it is
+    now (every session asks: the answer is kept per value of the two variables it depends on)."""
+    env = os.environ
+    key = (env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    folder = _DIRS.get(key)
+    if folder is None:
+        base = key[0] or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = _DIRS[key] = os.path.join(base, "onnx-prepared", "verified")
+    return folder
+
+
+_DIRS: dict[tuple[str | None, str | None], str] = {}
 
 
 def _path(folder: str, file: str) -> str:

@@ -78,9 +78,10 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                 _not_in_opset(node, dom, version, what)
             if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
                 # the check saw every attribute's set fields: the subgraphs come back from it
-                subgraphs = _check_signature(node, schema, what, attributes, parsed)
+                ins = tuple(node.input)  # (read once: each access of a repeated field builds a wrapper)
+                subgraphs = _check_signature(node, schema, what, attributes, parsed, len(ins))
                 if parsed is not None:
-                    facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output),
+                    facts.append((op_type, domain, node.name, ins, tuple(node.output),
                                   None if _UNPARSED in parsed else parsed, schema))
                 stack.extend(iter(g.node) for g in subgraphs)
                 continue
@@ -137,7 +138,7 @@ def _not_in_opset(node: onnx.NodeProto, domain: str, version: int, what: str) ->
 
 
 def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, attributes=None,
-                     parsed: dict | None = None) -> list:
+                     parsed: dict | None = None, n_inputs: int | None = None) -> list:
     """Refuse a node whose input count or attribute types its schema does not allow.
 
     onnxruntime refuses such models; we would otherwise bind the inputs positionally and run something
@@ -149,9 +150,11 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
     gets each plain attribute's value as ``parse_attributes`` returns it (and the key ``_UNPARSED`` when
     an attribute is not one of those: a tensor, a graph, a reference, or a value left at its default).
 
+    ``n_inputs``: ``len(node.input)`` when the caller read the inputs already.
+
     Returns the subgraphs the node's attributes hold (``g`` and ``graphs``, whatever their declared type).
     """
-    n = len(node.input)  # omitted optional inputs are empty names and count, as in onnx's checker
+    n = len(node.input) if n_inputs is None else n_inputs  # omitted optional inputs count, as in onnx's checker
     if n < schema.min_input or n > schema.max_input:
         name = short(node.name or node.op_type)
         allowed = (f"at least {schema.min_input}" if schema.max_input >= 2**31 - 1
@@ -161,6 +164,29 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
     declared_attrs = schema.attributes
     subgraphs: list = []
     for a in (node.attribute if attributes is None else attributes):
+        # the common case from the set fields alone (one ListFields instead of reading name, type and
+        # ref_attr_name one by one, each a wrapper): exactly name (1), the value field the declared type
+        # uses, type (20); anything else (a reference, a doc string, a missing or foreign value field, an
+        # undeclared name or another type) takes the general path below, which names what is wrong
+        fields = a.ListFields()
+        if len(fields) == 3:
+            (name_fd, a_name), (value_fd, value), (type_fd, a_type) = fields
+            declared = declared_attrs.get(a_name) if name_fd is _NAME_FD and type_fd is _TYPE_FD else None
+            if declared is not None and declared[0] == a_type and value_fd is _VALUE_FD.get(a_type):
+                if parsed is not None:
+                    convert = _PLAIN.get(a_type)
+                    try:
+                        if convert is None:  # a tensor or a graph: the node is asked
+                            parsed[_UNPARSED] = None
+                        else:
+                            parsed[a_name] = convert(value)
+                    except UnicodeDecodeError:  # left to parse_attributes, as before
+                        parsed[_UNPARSED] = None
+                if a_type == _A.GRAPH:
+                    subgraphs.append(value)
+                elif a_type == _A.GRAPHS:
+                    subgraphs.extend(value)
+                continue
         a_name = a.name
         declared = declared_attrs.get(a_name)
         if declared is None:
@@ -183,9 +209,8 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
             have = onnx.AttributeProto.AttributeType.Name(a_type) if a_type in _ATTR_TYPES else str(a_type)
             raise ModelLoadError(f"{what}: node {name!r} ({node.op_type}) attribute {short(a_name)!r} has type "
                                  f"{have}; its schema declares {want_name}")
-        # the set fields, read once (one ListFields instead of a HasField/len per value field), in field
-        # number order: name (1), the value, type (20) is the common case and needs no more checking
-        fields = a.ListFields()
+        # the set fields (read above), in field number order: name (1), the value, type (20) is the
+        # common case and needs no more checking
         if len(fields) == 3 and fields[1][0] is _VALUE_FD.get(want):
             if parsed is not None:
                 convert = _PLAIN.get(want)
@@ -229,6 +254,7 @@ _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
 _VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}
 _G_FD, _GRAPHS_FD = _VALUE_FD[_A.GRAPH], _VALUE_FD[_A.GRAPHS]
 _TYPE_FD = onnx.AttributeProto.DESCRIPTOR.fields_by_name["type"]
+_NAME_FD = onnx.AttributeProto.DESCRIPTOR.fields_by_name["name"]
 
 #: parsed's marker key (no attribute name is None): an attribute the walk did not convert
 _UNPARSED = None

@@ -162,7 +162,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
         raise PlanError(f"prepared_model_policy=require_complete: the companion model has no compatible entry "
                         f"for {len(missing)} prepared object(s): {', '.join(str(k) for k in missing[:10])}"
                         f"{' ...' if len(missing) > 10 else ''}")
-    graph = resolved.graph()
+    graph = resolved.graph(initializers=False)  # (the names: resolved.initializer_names)
     execution = _build_actions(resolved, graph)
     reqs = resolved.requirements
     slot_of = {n: i for i, n in enumerate(execution.slot_names)}

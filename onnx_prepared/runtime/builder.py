@@ -115,8 +115,10 @@ def start_read_ahead(companion: Any, options: SessionOptions) -> ReadAhead | Non
     """Start streaming a companion hit's payloads into the page cache while resolution and planning run
     (runtime/read_ahead.py); None without a companion entry to read, when switched off, or under a
     residency budget (the cold path then reads a window, not everything)."""
+    if companion is None or options.prepared_memory_limit is not None:  # (the common case: no env read)
+        return None
     n = read_ahead_threads()
-    if companion is None or options.prepared_memory_limit is not None or not n:
+    if not n:
         return None
     ranges = companion_ranges(companion)
     return ReadAhead(ranges, threads=n) if ranges else None

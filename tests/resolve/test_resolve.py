@@ -117,3 +117,23 @@ def test_resolved_graph_keeps_initializer_names_only(tmp_path):
         assert (d.elem_type, list(d.dims)) == (src[t.name].data_type, list(src[t.name].dims))
     assert [n.SerializeToString() for n in g.node] == [n.SerializeToString() for n in model.graph.node]
     assert len(r.graph_bytes) < sum(len(t.SerializeToString()) for t in src.values())
+
+
+def test_initializer_names_are_added_to_the_graph_copy_alone(tmp_path, monkeypatch):
+    """The serialized graph holds no initializer (the names are ``initializer_names``); ``graph()`` adds
+    them, and the plan asks for its copy without them (it reads the recorded names)."""
+    from onnx_prepared import onnx_proto
+    from onnx_prepared.plan.prepared_plan import build_prepared_plan
+    from onnx_prepared.resolve.resolver import ResolvedModel
+
+    r = resolve_model(load_model(gemm_mlp(tmp_path)))
+    stored = onnx_proto.GraphProto()
+    stored.ParseFromString(r.graph_bytes)
+    assert not stored.initializer and r.initializer_names
+    assert [t.name for t in r.graph().initializer] == list(r.initializer_names)
+    assert not r.graph(initializers=False).initializer
+    asked = []
+    graph = ResolvedModel.graph
+    monkeypatch.setattr(ResolvedModel, "graph", lambda self, **kw: asked.append(kw) or graph(self, **kw))
+    build_prepared_plan(r)
+    assert asked == [{"initializers": False}]
