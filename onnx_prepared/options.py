@@ -211,6 +211,8 @@ ORT_FIELDS: dict[str, tuple[Any, Callable[[str, Any], Any], bool, str]] = {
 }
 
 _ALL = {**{k: (d, v) for k, (d, v, _) in OWN_FIELDS.items()}, **{k: (d, v) for k, (d, v, _, _) in ORT_FIELDS.items()}}
+#: every field's default, set in one update (a setattr per field was ~0.4 us each, ~50 a session)
+_DEFAULTS = {name: default for name, (default, _v) in _ALL.items()}
 _warned: set[str] = set()
 
 
@@ -226,10 +228,7 @@ class SessionOptions:
     """
 
     def __init__(self, **fields: Any) -> None:
-        for name, (default, _v) in _ALL.items():
-            object.__setattr__(self, name, default)
-        object.__setattr__(self, "extra", {})
-        object.__setattr__(self, "_config", {})
+        self.__dict__.update(_DEFAULTS, extra={}, _config={})  # (defaults are valid: no check)
         for name, value in fields.items():
             setattr(self, name, value)
 

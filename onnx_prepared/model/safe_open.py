@@ -162,12 +162,21 @@ class FdPool:
 
     def __init__(self, opener: Callable[[str], int], bound: int | None = None) -> None:
         self._opener = opener
-        self.bound = bound or default_fd_bound()
+        self._bound = bound or None  # None: default_fd_bound() at the first use (a session that opens no
+        # data file, one with inline weights, asks no getrlimit)
         self._lru: OrderedDict[str, int] = OrderedDict()  # path -> fd, open and poolable
         self._users: dict[int, int] = {}  # fd -> readers holding it
         self._doomed: set[int] = set()  # evicted while in use: closed at last release
         self._lock = threading.Lock()
         self.opens = 0
+
+    @property
+    def bound(self) -> int:
+        """Descriptors the pool holds at most (the caller's, else :func:`default_fd_bound`)."""
+        b = self._bound
+        if b is None:
+            b = self._bound = default_fd_bound()
+        return b
 
     def acquire(self, path: str) -> int:
         with self._lock:

@@ -195,4 +195,8 @@ def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None
 
 
 def _policy(options: SessionOptions) -> PreparedModelPolicy:
-    return PreparedModelPolicy(options.prepared_model_policy)
+    p = options.prepared_model_policy  # a validated value ("disabled"): a dict read, not an enum call
+    return _POLICIES.get(p) or PreparedModelPolicy(p)
+
+
+_POLICIES = {p.value: p for p in PreparedModelPolicy}

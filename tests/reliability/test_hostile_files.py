@@ -199,6 +199,23 @@ def test_fd_pool_is_bounded_and_reuses_lru(tmp_path):
     pool.close()
 
 
+def test_a_pool_asks_its_default_bound_at_first_use(monkeypatch, tmp_path):
+    """A session's reader builds an FdPool even when the model has no data file: the default bound (a
+    getrlimit) is asked when the pool is first used, once."""
+    from onnx_prepared.model import safe_open
+
+    asked = []
+    monkeypatch.setattr(safe_open, "default_fd_bound", lambda: asked.append(1) or 8)
+    pool = FdPool(lambda p: open_regular(p, follow=False)[0])
+    assert asked == []
+    p = tmp_path / "f"
+    p.write_bytes(b"x")
+    pool.release(pool.acquire(str(p)))
+    assert pool.bound == 8 and asked == [1]
+    pool.close()
+    assert FdPool(lambda p: 0, bound=3).bound == 3 and asked == [1]
+
+
 def test_five_thousand_external_files_under_ulimit_1024(tmp_path):
     n = 5000
     inits = []
