@@ -275,11 +275,13 @@ def to_array(tensor: TensorProto) -> np.ndarray:
     dt = _NP.get(tensor.data_type)
     if (dt is not None and dt != np.object_ and sys.byteorder == "little" and tensor.data_location != _T.EXTERNAL
             and not tensor.HasField("segment")):
+        dims = tensor.dims
+        shape = tuple(dims) if dims else ()  # (a scalar's: tuple() of an empty container is ~1 us)
         if tensor.HasField("raw_data"):
-            return np.frombuffer(tensor.raw_data, dtype=dt).reshape(tuple(tensor.dims))
+            return np.frombuffer(tensor.raw_data, dtype=dt).reshape(shape)
         field = _FIELDS.get(tensor.data_type)
         if field is not None:
-            return np.asarray(getattr(tensor, field[0]), dtype=field[1]).astype(dt).reshape(tuple(tensor.dims))
+            return np.asarray(getattr(tensor, field[0]), dtype=field[1]).astype(dt).reshape(shape)
     from onnx import numpy_helper
 
     return numpy_helper.to_array(tensor)

@@ -218,7 +218,8 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
     ``t`` (which copies the bytes).
     """
     name = name or t.name
-    dims = tuple(t.dims)  # int64s: protobuf hands back Python ints
+    dims = t.dims  # int64s: protobuf hands back Python ints
+    dims = tuple(dims) if dims else ()  # (a scalar's: tuple() of an empty container is ~1 us)
     data_type = t.data_type
     if t.data_location == _EXTERNAL:
         payload = external_payload(t, resolver or LocationResolver(base_dir), name, data_type=data_type, dims=dims)

@@ -44,9 +44,11 @@ def check_types(model: onnx.ModelProto, what: str, facts: list | None = None) ->
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if tt is not None and tt.elem_type:
             types[vi.name] = _NAMES[tt.elem_type]
+    names = _NAMES
     for t in g.initializer:
-        if t.data_type in _NAMES:
-            types[t.name] = _NAMES[t.data_type]
+        tn = names.get(t.data_type)  # (each field read builds a wrapper: once)
+        if tn is not None:
+            types[t.name] = tn
     for t in g.sparse_initializer:
         if t.values.data_type in _NAMES:
             types[t.values.name] = _NAMES[t.values.data_type]

@@ -78,7 +78,8 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                 _not_in_opset(node, dom, version, what)
             if schema is not None:  # None: not an onnx op at all: reported as unsupported by kernel choice
                 # the check saw every attribute's set fields: the subgraphs come back from it
-                ins = tuple(node.input)  # (read once: each access of a repeated field builds a wrapper)
+                ins = node.input  # read once (each access builds a wrapper); tuple() of an empty one is ~1 us
+                ins = tuple(ins) if ins else ()  # (a Constant's)
                 subgraphs = _check_signature(node, schema, what, attributes, parsed, len(ins))
                 if parsed is not None:
                     facts.append((op_type, domain, node.name, ins, tuple(node.output),
