@@ -137,3 +137,26 @@ def test_initializer_names_are_added_to_the_graph_copy_alone(tmp_path, monkeypat
     monkeypatch.setattr(ResolvedModel, "graph", lambda self, **kw: asked.append(kw) or graph(self, **kw))
     build_prepared_plan(r)
     assert asked == [{"initializers": False}]
+
+
+def test_a_constants_payload_is_parsed_once(monkeypatch):
+    """A Constant's tensor is converted once, when resolution parses its attributes: the plan folds the bound
+    kernel's value (no second parse) and runs read the folded value."""
+    import onnx_prepared
+    from onnx_prepared import onnx_proto
+
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.float32([1, 2, 3]))),
+             helper.make_node("Constant", [], ["s"], value=numpy_helper.from_array(np.float32(2))),
+             helper.make_node("Add", ["x", "c"], ["a"]), helper.make_node("Mul", ["a", "s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    parsed = []
+    to_array = onnx_proto.to_array
+    monkeypatch.setattr(onnx_proto, "to_array", lambda t: parsed.append(t.dims) or to_array(t))
+    sess = onnx_prepared.InferenceSession(model)
+    assert len(parsed) == 2
+    for _ in range(2):
+        (y,) = sess.run(None, {"x": np.float32([1, 1, 1])})
+        np.testing.assert_array_equal(y, np.float32([4, 6, 8]))
+    assert len(parsed) == 2
