@@ -26,7 +26,7 @@ from onnx_prepared.runtime.builder import SessionParts, build_session, default_s
 from onnx_prepared.runtime.context import RuntimeContext
 from onnx_prepared.runtime.inference import Inference
 from onnx_prepared.runtime.producers import REFUSED
-from onnx_prepared.scheduler import ExecutionHandle, Priority, RuntimeScheduler
+from onnx_prepared.scheduler import ExecutionHandle, RuntimeScheduler
 
 __all__ = ["RuntimeSession", "default_scheduler"]
 
@@ -96,15 +96,18 @@ class RuntimeSession:
 
     # ---- public API ----
     def prepare_async(self) -> ExecutionHandle:
-        """Submit every session task not already resident (read -> prepack -> publish), eagerly.
+        """Submit every session task not already resident (read -> prepack -> publish), eagerly, in need
+        order with row tables last (``Inference.prepare_order``).
 
         Under a residency budget only what fits is prepared (the rest is restored on demand).
         """
         self._check_open("prepare")
         tasks = []
-        chains: list = []  # every chain is created before any starts, so a source shared by two
-        for b in self.plan.need_order:  # layouts is attached to both before its read can finish: read once
-            t = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH, defer=chains)
+        # Every chain is created before any starts, so a source shared by two layouts is attached to both
+        # before its read can finish: read once.
+        chains: list = []
+        for b, priority in self.inference.prepare_order():
+            t = self.producers.ensure(self.plan.requirements[b].key, priority, defer=chains)
             if t is REFUSED:
                 break
             if t is not None:

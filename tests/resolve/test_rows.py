@@ -312,3 +312,32 @@ def test_on_a_cache_hit_the_tied_table_is_read_by_rows_and_whole_only_after_the_
     out = capsys.readouterr().out
     assert f"{weight}: row-granular reads (32768 rows x 32 B)" in out
     assert "whole tensor at background priority (cached packed form for lm_head.MatMul.weight_Q4G16+" in out
+
+
+def test_prepare_submits_row_tables_last_and_gathered_only_ones_at_background_priority(tmp_path, monkeypatch):
+    """prepare_async beside a replica's first run: the run gathers rows, so the tables come after every
+    other requirement, as on the cold path; on a hit nothing needs the tied table whole (background)."""
+    import onnx_prepared.resolve.rows as rows_mod
+    from onnx_prepared.scheduler import Priority
+
+    monkeypatch.setattr(rows_mod, "MIN_TABLE_BYTES", 64 << 10)  # the scales (256 KiB) are a row table too
+    cfg = dict(SMALL, vocab=32768, embedding="tied")
+    path = generate_tiny_llm(tmp_path / "tied", **cfg)
+    opts = {"prepared_model_policy": "build_if_missing", "prepared_model_path": str(tmp_path / "tied.prepared.onnx")}
+    for hit in (False, True):
+        with RuntimeSession(path, opts) as sess:
+            plan, tables = sess.plan, sess.resolved.row_tables
+            rows = {b for b, r in enumerate(plan.requirements) if r.key.is_raw and r.sources[0] in tables}
+            order = sess.inference.prepare_order()
+            assert sorted(b for b, _ in order) == sorted(plan.need_order)  # each requirement once
+            assert [b for b, _ in order[:-len(rows)]] == [b for b in plan.need_order if b not in rows]
+            assert {b for b, _ in order[-len(rows):]} == rows and len(rows) == 2
+            assert all(p is Priority.PREFETCH for _, p in order[:-len(rows)])
+            # the miss reads the tied weight whole for the LM head's prepack; the hit only gathers from it
+            want = Priority.BACKGROUND if hit else Priority.PREFETCH
+            assert {p for b, p in order if b in rows and not tables[plan.requirements[b].sources[0]].whole_for} \
+                <= {Priority.BACKGROUND}
+            weight_bit = next(b for b in rows if plan.requirements[b].sources[0].endswith("_Q4G16"))
+            assert dict(order)[weight_bit] is want
+            sess.prepare()
+            sess.flush_cache()

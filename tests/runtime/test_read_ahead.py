@@ -181,3 +181,24 @@ def test_threads_from_the_environment(monkeypatch):
     for value, want in (("0", 0), ("1", 1), ("x", ra.THREADS)):
         monkeypatch.setenv(ra.READ_AHEAD_ENV, value)
         assert ra.read_ahead_threads() == want
+
+
+def test_a_batchs_small_ranges_are_asked_for_at_once(tmp_path, monkeypatch):
+    """posix_fadvise(WILLNEED) on each small range of a batch as it is queued (at most ADVISE_MAX per
+    batch); large ranges are only streamed, and a file that cannot be opened is skipped quietly."""
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise")
+    path = _file(tmp_path, 1 << 20)
+    asked = []
+    monkeypatch.setattr(ra.os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
+    small, big = (path, 8192, 4096), (path, 65536, ra.SMALL + 1)
+    assert ra.advise([big, small, (str(tmp_path / "gone"), 0, 4096), (path, 0, ra.SMALL)]) == 2
+    assert asked == [(8192, 4096, os.POSIX_FADV_WILLNEED), (0, ra.SMALL, os.POSIX_FADV_WILLNEED)]
+    asked.clear()
+    assert ra.advise([(path, 4096 * i, 4096) for i in range(10)], limit=3) == 3 and len(asked) == 3
+    asked.clear()
+    ahead = ra.ReadAhead([big], threads=1)
+    ahead.extend([small, big], final=True)  # big was queued before: neither read nor asked for again
+    ahead.join(30)
+    assert ahead.done and ahead.advised == 1 and asked == [(8192, 4096, os.POSIX_FADV_WILLNEED)]
+    assert ahead.bytes_read + ahead.bytes_skipped == 4096 + ra.SMALL + 1
