@@ -194,13 +194,33 @@ def set_cache(paths: list[str], cache: str) -> float | None:
 # **** child processes ****
 
 
+def package_root() -> str | None:
+    """The folder holding the ``onnx_prepared`` this process imports (a worktree's, when run from it).
+
+    NOTE: a child started as ``python benchmarks/X.py`` has the script's folder, not the working
+    directory, first on its path, so without this it imported the installed (editable) package, main's
+    tree, while the parent ran a worktree's: every child-process benchmark run from a worktree measured
+    main's code. The children get this folder first on ``PYTHONPATH``.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnx_prepared")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(next(iter(spec.submodule_search_locations))))
+
+
 def run_child(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900.0) -> dict:
-    """Run ``python *args --spawn T`` in a fresh process; returns the JSON object it printed last.
+    """Run ``python *args --spawn T`` in a fresh process (importing the parent's ``onnx_prepared``:
+    :func:`package_root`); returns the JSON object it printed last.
 
     ``T`` is ``time.perf_counter()`` just before the spawn: CLOCK_MONOTONIC is system-wide on Linux,
     so the child can time its phases from the moment its process was started.
     """
     full_env = dict(os.environ)
+    root = package_root()
+    if root is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH")) if p)
     full_env.update(env or {})
     t_spawn = time.perf_counter()
     p = subprocess.run([sys.executable, *args, "--spawn", repr(t_spawn)], capture_output=True, text=True,
