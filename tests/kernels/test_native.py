@@ -131,3 +131,26 @@ def test_inspect_prints_the_dispatch_line(capsys):
                         "model.onnx")
     assert main(["inspect", path]) == 0
     assert f"native kernels: {native.describe().split(': ', 1)[1]}" in capsys.readouterr().out
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+@needs_ext
+@pytest.mark.skipif(_cpu_flags() is None or "avx2" not in (_cpu_flags() or ()), reason="not an x86 CPU with AVX2")
+def test_avx2vnni_is_a_supported_level_only_where_the_cpu_has_avx_vnni():
+    """A CPU with AVX-512 VNNI but no AVX-VNNI (VEX; AMD Zen 4) runs neither avx2vnni's kernels nor a
+    forced avx2vnni: the level is not offered, and forcing it is refused instead of dying of SIGILL."""
+    has = "avx_vnni" in _cpu_flags()
+    assert ("avx2vnni" in native.supported_levels()) == has
+    if not has:
+        with pytest.raises(native.NativeConfigError, match="not supported by this CPU"):
+            native.set_dispatch_level("avx2vnni")

@@ -40,6 +40,10 @@ static const nb_isa *const LEVELS[] = {&nb_isa_portable};
 #define NLEVELS ((int)(sizeof(LEVELS) / sizeof(LEVELS[0])))
 
 static int g_max_level = 0;
+/* NOTE: the levels this CPU runs are not every level up to the highest: a CPU with AVX-512 VNNI may lack
+ * AVX-VNNI (VEX; Zen 4 has none), so avx2vnni is supported only where CPUID says so (a forced avx2vnni
+ * on such a CPU ran vpdpbusd {vex} and died of SIGILL). Bit i: LEVELS[i] runs here. */
+static unsigned g_supported = 1;
 static const nb_isa *g_isa = &nb_isa_portable;
 
 #ifdef NB_X86
@@ -72,8 +76,12 @@ static int detect_level(void)
         avxvnni = (a1 >> 4) & 1;
     }
     if (!avx2) return 0;
+    g_supported |= 2u | (avxvnni ? 4u : 0u);
     /* opmask, upper halves of ZMM0-15 and ZMM16-31 (XCR0 bits 5-7) */
-    if (f && dq && bw && vl && vnni512 && (xcr0 & 0xE6) == 0xE6) return 3;
+    if (f && dq && bw && vl && vnni512 && (xcr0 & 0xE6) == 0xE6) {
+        g_supported |= 8u;
+        return 3;
+    }
     return avxvnni ? 2 : 1;
 #else
     return 0;
@@ -447,10 +455,21 @@ static PyObject *py_levels(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    PyObject *t = PyTuple_New(g_max_level + 1);
+    PyObject *t = PyList_New(0);
     if (!t) return NULL;
-    for (int i = 0; i <= g_max_level; i++) PyTuple_SET_ITEM(t, i, PyUnicode_FromString(LEVELS[i]->name));
-    return t;
+    for (int i = 0; i <= g_max_level; i++) {
+        if (!(g_supported >> i & 1u)) continue;
+        PyObject *name = PyUnicode_FromString(LEVELS[i]->name);
+        if (!name || PyList_Append(t, name) < 0) {
+            Py_XDECREF(name);
+            Py_DECREF(t);
+            return NULL;
+        }
+        Py_DECREF(name);
+    }
+    PyObject *tup = PyList_AsTuple(t);
+    Py_DECREF(t);
+    return tup;
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *arg)
@@ -460,7 +479,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg)
     if (!name) return NULL;
     for (int i = 0; i < NLEVELS; i++) {
         if (strcmp(LEVELS[i]->name, name) == 0) {
-            if (i > g_max_level) {
+            if (i > g_max_level || !(g_supported >> i & 1u)) {
                 PyErr_Format(PyExc_ValueError, "dispatch level %s is not supported by this CPU (highest: %s)", name,
                              LEVELS[g_max_level]->name);
                 return NULL;
