@@ -207,6 +207,21 @@ static void section_bytes(const nb_weights *w, int P, size_t out[3])
  * 1-2 % of the call: a small pooled job would only wake the workers late and make the pool's back-off
  * judge them). Returns whether phase 2 is worth the pool; sets j->rc to phase 2's rows per task (32 rows,
  * or the ISA's i8_rows in NB_MODE_I8). */
+static int g_f32_digits = 1; /* NB_MODE_F32_DIGITS allowed (set_f32_digits: tests run both kernels) */
+
+/* Whether an fp32 call runs as NB_MODE_F32_DIGITS (nbits.h): few rows, block 16 or 32, integer zero points;
+ * then its phase 1 (inline: at most f32_digits_upto rows), and back to NB_MODE_F32 when A has a block the
+ * digits cannot hold. */
+static void try_digits(job *j)
+{
+    nb_call *c = &j->c;
+    if (c->mode != NB_MODE_F32 || !g_f32_digits || c->M > j->isa->f32_digits_upto || !j->isa->digits_prep ||
+        (c->w.bs != 16 && c->w.bs != 32) || c->w.zp_kind == NB_ZP_F32)
+        return;
+    c->mode = NB_MODE_F32_DIGITS;
+    if (!j->isa->digits_prep(c, 0, c->M)) c->mode = NB_MODE_F32;
+}
+
 static int prepare_a(job *j)
 {
     const long M = j->c.M;
@@ -215,7 +230,8 @@ static int prepare_a(job *j)
     const int par = T > 1 && work >= (double)(1 << 18);
     j->rc = M * j->c.w.K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
     j->nrc = (int)((M + j->rc - 1) / j->rc);
-    nb_pool_run(prep_task, j, j->nrc);
+    try_digits(j);
+    if (j->c.mode != NB_MODE_F32_DIGITS) nb_pool_run(prep_task, j, j->nrc);
     const int rmax = j->c.mode == NB_MODE_I8 && j->isa->i8_rows ? j->isa->i8_rows : 32;
     j->rc = M <= rmax ? (int)M : rmax;
     j->nrc = (int)((M + j->rc - 1) / j->rc);
@@ -372,6 +388,17 @@ fail_b:
 fail_v:
     release_bufs(&v);
     return NULL;
+}
+
+/* set_f32_digits(flag) -> the previous flag: whether fp32 calls of few rows may run by int8 digits */
+static PyObject *py_set_f32_digits(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    const int old = g_f32_digits;
+    g_f32_digits = on;
+    return PyBool_FromLong(old);
 }
 
 static PyObject *py_scratch_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -581,6 +608,7 @@ static PyMethodDef methods[] = {
     {"isa", py_isa, METH_NOARGS, "the active dispatch level"},
     {"levels", py_levels, METH_NOARGS, "the dispatch levels this CPU supports, lowest first"},
     {"set_isa", py_set_isa, METH_O, "select a supported dispatch level"},
+    {"set_f32_digits", py_set_f32_digits, METH_O, "allow fp32 MatMulNBits of few rows by int8 digits; the old flag"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads per call (caller included)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads per call"},
     {"set_spin_us", py_set_spin_us, METH_O, "how long idle workers spin before sleeping"},

@@ -60,6 +60,16 @@
  *   sums vpmaddubsw pairs in int16 across 32 k values, |pair| <= 2 * 15 * 127, eight pairs <= 30480, then
  *   one vpmaddwd per 32 k), and D_b as float is cvt(dot) - zero_point * sum(qa), exact in one fnmadd.
  *   Every dispatch level implements it (AVX-512 VNNI through the AVX2 kernels).
+ *
+ * fp32 (accuracy_level 0-3) by int8 digits (NB_MODE_F32_DIGITS, internal: chosen by module.c for M up to the
+ * ISA's f32_digits_upto (3: from 4 rows the fp32 kernels give onnxruntime's bits), weights without float zero
+ * points, never asked for by a caller): each block of A is written as three int8 digits, a = s3 * (16384 d1 + 128 d2 + d3) + r with s3 = (amax / 127) / 16384 and
+ * |r| <= s3 / 2 (~2.4e-7 amax: the rounding of an fp32 product is ~6e-8 of it), so the weights' nibbles meet A
+ * in vpdpbusd (exact int32: |sum (q - zp) (16384 d1 + 128 d2 + d3)| < 2^30 per block of 32) instead of one
+ * nibble-to-float conversion and fma per k value: y = sum_b fma((float)(X_b - zp Z_b), sb * s3_b, .) with X_b
+ * the block's combined digit dot and Z_b the sum of its combined digits. Not fp32's rounding: within ~1.5e-6
+ * of max|Y| of the exact product (the fp32 kernels ~6e-7; tests/kernels/test_matmul_nbits_digits.py). Block sizes 16 and 32 (the int32 bound). A row whose block maxima are not finite or below
+ * 2^-100 (s3 would be subnormal) leaves the whole call on the fp32 kernels (nb_isa.digits_prep returns 0).
  */
 #define NB_KPOS(j) (2 * ((j) & 3) + ((j) >> 2))
 
@@ -72,7 +82,8 @@
 enum { NB_ZP_NONE = 0, NB_ZP_U4 = 1, NB_ZP_F32 = 2 };
 /* NB_MODE_I8*: accuracy_level 4 in the summation order of onnxruntime's MLAS on one kind of CPU: I8 its
  * AVX-512 kernels (above), I8_AVX2 its AVX2 kernels, I8_AVX2VNNI its AVX-VNNI ones (below); I8_FAST ours */
-enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1, NB_MODE_I8_AVX2 = 2, NB_MODE_I8_AVX2VNNI = 3, NB_MODE_I8_FAST = 4 };
+enum { NB_MODE_F32 = 0, NB_MODE_I8 = 1, NB_MODE_I8_AVX2 = 2, NB_MODE_I8_AVX2VNNI = 3, NB_MODE_I8_FAST = 4,
+       NB_MODE_F32_DIGITS = 5 /* internal (above) */ };
 /* the modes in MLAS's AVX2 orders (they need the quad sums aqs, aqc of the last row) */
 #define NB_MLAS_AVX2(mode) ((mode) == NB_MODE_I8_AVX2 || (mode) == NB_MODE_I8_AVX2VNNI)
 /* the row MLAS's AVX2 path runs through its one-row kernel (a 128-row tile of one row; blocks >= 32) */
@@ -95,7 +106,9 @@ typedef struct {
     /* prepared A (scratch): NB_MODE_F32: af [M][kpad], asum [M][kb] (sum of a over the block)
      * NB_MODE_I8*: aq [M][kpad] (row-major, k in order), ascale [M][kb] (sa), asum [M][kb] = ablk
      * (sa * sum of the block's int8 values), times 8 for symmetric weights (exact: then
-     * ablk * (8 sb) = asum * sb, the zero-point term's product); NB_MODE_I8_FAST: asum = the sum itself */
+     * ablk * (8 sb) = asum * sb, the zero-point term's product); NB_MODE_I8_FAST: asum = the sum itself;
+     * NB_MODE_F32_DIGITS: aq [M][3][kpad] (digits d1, d2, d3), ascale [M][kb] = s3, asum [M][kb] holds the
+     * int32 Z_b (its bits) */
     float *af;
     int8_t *aq;
     float *ascale;
@@ -110,6 +123,8 @@ typedef struct {
     void (*gemm)(const nb_call *c, int m0, int m1, int p0, int p1);
     int f32_tiles_from; /* from this M on, fp32 A is copied into row tiles (0: never; else A may be read in place) */
     int i8_rows;        /* rows of a gemm task in NB_MODE_I8 (0: 32, as every mode) */
+    int f32_digits_upto; /* NB_MODE_F32_DIGITS for M up to this (0: never) */
+    int (*digits_prep)(const nb_call *c, int m0, int m1); /* its phase 1; 0: some block cannot be written so */
 } nb_isa;
 
 extern const nb_isa nb_isa_portable;

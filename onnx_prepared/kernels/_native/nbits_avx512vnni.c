@@ -622,8 +622,150 @@ static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
         }
 }
 
+/* fp32 by int8 digits (NB_MODE_F32_DIGITS, nbits.h), R <= 3 rows x one panel, block 16 or 32: per chunk the
+ * low and high nibble vectors meet each row's three digit quads in vpdpbusd (two int32 accumulators per digit
+ * and row, so a block's chains are 4 deep); per block X = (D1 << 14) + (D2 << 7) + D3, t = X - zp Z (exact),
+ * y = fma((float)t, sb * s3, y). 24 vpdpbusd per block, row and panel against f32_tile's 32 vpermps and 32
+ * fma (which share Zen 4's two 512-bit pipes with them, one each per cycle): M=1, one thread, the two
+ * interleaved in one process (set_f32_digits), AMD Zen 4, load ~2-3: K=1024 N=3072 106 -> 60 us, N=1024
+ * 42 -> 23, N=5632 191 -> 97, N=32000 1216 -> 548, K=2816 N=1024 97 -> 51; M=2 1.2-2.1x, M=3 1.0-1.2x.
+ * Not from M=4: there the dequantizing kernel (gemm_f32_dequant) gives onnxruntime's fp32 bits (its dequantize
+ * + SGEMM order; tests/generate/test_bit_exact_llm.py holds a level-0 prefill to them), which the digits do
+ * not, although they were faster there too (tiles of 4 rows, one thread, load ~5: M=4 1.8-2.0x, M=16
+ * 1.22-1.32x, M=128 1.19-1.20x over the five benchmark shapes). f32_tile (M <= 3) was not onnxruntime's bits
+ * either (up to ~2e-5 apart at K=1024). */
+NB_INLINE void f32d_tile(const nb_call *c, int m, int p, const int R, const int PF)
+{
+    const nb_weights *w = &c->w;
+    const int kb = w->kb, cpb = w->bs / 8;
+    const uint8_t *qp = w->qw + (size_t)p * w->kc * 64;
+    const float *sp = w->sc + (size_t)p * kb * 16;
+    const __m512i mask = _mm512_set1_epi8(15);
+    const int8_t *a[3];
+    const float *s3[3];
+    const int32_t *zs[3];
+    __m512 y[3];
+    UNROLL for (int r = 0; r < R; r++) {
+        a[r] = c->aq + (size_t)(m + r) * 3 * c->kpad;
+        s3[r] = c->ascale + (size_t)(m + r) * kb;
+        zs[r] = (const int32_t *)(const void *)(c->asum + (size_t)(m + r) * kb);
+        y[r] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < kb; b++) {
+        const uint8_t *q = qp + (size_t)b * cpb * 64;
+        if (PF) {
+            _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
+            for (int ci = 0; ci < cpb; ci++) _mm_prefetch((const char *)q + 64 * ci + PF_BYTES, PF_HINT);
+        }
+        __m512i acc[3][3][2];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int d = 0; d < 3; d++) {
+            acc[r][d][0] = _mm512_setzero_si512();
+            acc[r][d][1] = _mm512_setzero_si512();
+        }
+        for (int ci = 0; ci < cpb; ci++) {
+            __m512i lo, hi;
+            ld_chunk(q, ci, &lo, &hi);
+            const size_t k = (size_t)b * w->bs + 8 * (size_t)ci;
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int d = 0; d < 3; d++) {
+                const int8_t *ad = a[r] + (size_t)d * c->kpad + k;
+                acc[r][d][0] = dpm(acc[r][d][0], lo, ad);
+                acc[r][d][1] = dpm(acc[r][d][1], hi, ad + 4);
+            }
+        }
+        const __m512 sb = _mm512_loadu_ps(sp + (size_t)b * 16);
+        __m512i zpi = _mm512_setzero_si512();
+        if (w->zp_kind == NB_ZP_U4) {
+            const __m128i x = _mm_loadl_epi64((const __m128i *)(w->zpn + ((size_t)p * kb + b) * 8));
+            const __m128i m4 = _mm_set1_epi8(15);
+            zpi = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m512i d1 = _mm512_add_epi32(acc[r][0][0], acc[r][0][1]);
+            const __m512i d2 = _mm512_add_epi32(acc[r][1][0], acc[r][1][1]);
+            const __m512i d3 = _mm512_add_epi32(acc[r][2][0], acc[r][2][1]);
+            __m512i x = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(d1, 14), _mm512_slli_epi32(d2, 7)), d3);
+            x = _mm512_sub_epi32(x, w->zp_kind == NB_ZP_U4 ? _mm512_mullo_epi32(zpi, _mm512_set1_epi32(zs[r][b]))
+                                                          : _mm512_set1_epi32(8 * zs[r][b]));
+            y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_mul_ps(sb, _mm512_set1_ps(s3[r][b])), y[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) store_row(c, m + r, p, y[r]);
+}
+
+static void gemm_f32d(const nb_call *c, int m0, int m1, int p0, int p1)
+{
+    const int pf = c->M == 1;
+    for (int p = p0; p < p1; p++)
+        for (int m = m0; m < m1; m += 3) {
+            switch (m1 - m < 3 ? m1 - m : 3) {
+            case 3: f32d_tile(c, m, p, 3, 0); break;
+            case 2: f32d_tile(c, m, p, 2, 0); break;
+            default:
+                if (pf)
+                    f32d_tile(c, m, p, 1, 1);
+                else
+                    f32d_tile(c, m, p, 1, 0);
+                break;
+            }
+        }
+}
+
+/* Phase 1 of NB_MODE_F32_DIGITS: each block of rows m0..m1-1 as three int8 digits (nbits.h): d1 = rint(a * 127
+ * / amax), then d2 and d3 of the remainders (fnmadd, exact but for one rounding) at 128 and 16384 times that
+ * scale; |d2|, |d3| <= 64. Returns 0 when some block maximum is not finite or is in (0, 2^-100). */
+static int digits_prep_avx512(const nb_call *c, int m0, int m1)
+{
+    const int K = c->w.K, bs = c->w.bs, kb = c->w.kb, kpad = c->kpad, segs = bs / 16;
+    for (int m = m0; m < m1; m++) {
+        const float *a = c->a + (size_t)m * K;
+        int8_t *q1 = c->aq + (size_t)m * 3 * kpad, *q2 = q1 + kpad, *q3 = q2 + kpad;
+        float *s3 = c->ascale + (size_t)m * kb;
+        int32_t *zs = (int32_t *)(void *)(c->asum + (size_t)m * kb);
+        for (int b = 0; b < kb; b++) {
+            __m512 x[2];
+            __m512 mx = _mm512_setzero_ps();
+            for (int i = 0; i < segs; i++) {
+                const int k = b * bs + 16 * i;
+                const __mmask16 lm = k + 16 <= K ? (__mmask16)0xFFFF : k >= K ? 0 : (__mmask16)((1u << (K - k)) - 1u);
+                x[i] = _mm512_maskz_loadu_ps(lm, a + k);
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(x[i]));
+            }
+            /* max_ps returns its second operand when either is NaN: a NaN lane reaches amax through the sum */
+            const float amax = _mm512_reduce_max_ps(mx);
+            float nan_probe = 0.f;
+            for (int i = 0; i < segs; i++) nan_probe += _mm512_reduce_add_ps(_mm512_mul_ps(x[i], _mm512_setzero_ps()));
+            if (!(amax <= 3.4028235e38f) || nan_probe != 0.f || (amax > 0.f && amax < 0x1p-100f)) return 0;
+            const float s1 = amax / 127.f, inv = amax != 0.f ? 127.f / amax : 0.f;
+            s3[b] = s1 * 0x1p-14f;
+            const __m512 vs1 = _mm512_set1_ps(s1), vs2 = _mm512_set1_ps(s1 * 0x1p-7f);
+            const __m512 vi1 = _mm512_set1_ps(inv), vi2 = _mm512_set1_ps(inv * 128.f), vi3 = _mm512_set1_ps(inv * 16384.f);
+            __m512i zsum = _mm512_setzero_si512();
+            for (int i = 0; i < segs; i++) {
+                const int k = b * bs + 16 * i;
+                const __m512 f1 = _mm512_roundscale_ps(_mm512_mul_ps(x[i], vi1), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m512 r1 = _mm512_fnmadd_ps(f1, vs1, x[i]);
+                const __m512 f2 = _mm512_roundscale_ps(_mm512_mul_ps(r1, vi2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m512 r2 = _mm512_fnmadd_ps(f2, vs2, r1);
+                const __m512i d1 = _mm512_cvtps_epi32(f1), d2 = _mm512_cvtps_epi32(f2);
+                const __m512i d3 = _mm512_cvtps_epi32(_mm512_mul_ps(r2, vi3));
+                _mm_storeu_si128((__m128i *)(void *)(q1 + k), _mm512_cvtsepi32_epi8(d1));
+                _mm_storeu_si128((__m128i *)(void *)(q2 + k), _mm512_cvtsepi32_epi8(d2));
+                _mm_storeu_si128((__m128i *)(void *)(q3 + k), _mm512_cvtsepi32_epi8(d3));
+                zsum = _mm512_add_epi32(zsum, _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(d1, 14),
+                                                                                 _mm512_slli_epi32(d2, 7)), d3));
+            }
+            zs[b] = _mm512_reduce_add_epi32(zsum);
+        }
+    }
+    return 1;
+}
+
 static void gemm_avx512(const nb_call *c, int m0, int m1, int p0, int p1)
 {
+    if (c->mode == NB_MODE_F32_DIGITS) {
+        gemm_f32d(c, m0, m1, p0, p1);
+        return;
+    }
     if (c->mode >= NB_MODE_I8_AVX2) { /* MLAS's AVX2 order (forced on this CPU) or ours: the AVX2 kernels */
         nb_isa_avx2.gemm(c, m0, m1, p0, p1);
         return;
@@ -806,7 +948,7 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
 
 /* i8_rows 128: a panel's weights come from memory once for 128 rows (32-row tasks read each panel once per
  * chunk: 1 thread, K=1024 N=32000 M=128 24.0 -> 22.2 ms, N=3072 1877 -> 1855 us) */
-const nb_isa nb_isa_avx512vnni = {"avx512vnni", prep_avx512, gemm_avx512, 4, 128};
+const nb_isa nb_isa_avx512vnni = {"avx512vnni", prep_avx512, gemm_avx512, 4, 128, 3, digits_prep_avx512};
 
 #if defined(__clang__)
 #pragma clang attribute pop
