@@ -17,6 +17,7 @@
 #define PANEL_AVX512 1
 #endif
 
+
 /* 4 nibbles -> the low nibbles of 4 bytes */
 static inline uint32_t spread4(uint32_t x)
 {
@@ -129,6 +130,11 @@ static void panel16_one_avx512(const uint8_t *restrict s, uint32_t *restrict d, 
     size_t k0 = 0;
     __m512i r[16];
     for (; k0 + 16 <= kc; k0 += 16) {
+        /* the next panel's block (its 16 columns follow these): the source comes from memory on a cold run,
+         * and the hardware prefetchers do not run 16 streams 512+ bytes apart far enough ahead (thread CPU
+         * of matmul_q4_source, one layer and the LM head, weights from memory: M = 16 13566 -> 12330 us,
+         * M = 128 60191 -> 57573). Past the last panel it touches nothing: a prefetch never faults. */
+        for (int j = 0; j < 16; j++) _mm_prefetch((const char *)(s + ((size_t)(16 + j) * kc + k0) * 4), _MM_HINT_T0);
         for (int j = 0; j < 16; j++)
             r[j] = j < ncols ? interleave16(_mm512_loadu_si512((const void *)(s + ((size_t)j * kc + k0) * 4)))
                              : _mm512_setzero_si512();
