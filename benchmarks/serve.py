@@ -11,7 +11,9 @@ correctly:
 - ``cached``: one replica on a complete shared cache (built beforehand with ``onnx-prepared cache build``);
 - ``pair-empty``: 2 replicas started together on an empty shared cache (both build, both persist);
   afterwards ``cache verify`` must find nothing;
-- ``ort``: one replica running onnxruntime behind the same deployment (``runtime="onnxruntime"``).
+- ``ort``: one replica running onnxruntime behind the same deployment (``runtime="onnxruntime"``);
+- ``null``: one replica that loads nothing and answers at once (:func:`null_app`): Serve's own floor from a
+  replica's constructor to its first request, which the other cases' "1st request" includes.
 
 Requests are in flight from before the deployment exists (404 until Serve routes them), so one waits
 when a replica starts. Per replica: deploy -> first correct response (client side, from the
@@ -88,7 +90,7 @@ def mapped_read_ms(ranges: list[tuple[str, int, int]]) -> float:
         for fd in fds.values():
             os.close(fd)
 
-CASES = ("fresh", "cached", "pair-empty", "ort")
+CASES = ("fresh", "cached", "pair-empty", "ort", "null")
 REPLICAS = {"pair-empty": 2}
 GOAL_READ_FORWARD = 1.3
 NPZ = "application/x-npz"
@@ -148,7 +150,8 @@ def first_responses(url: str, body: bytes, n: int, runtime: str, check: Checker,
             status, data, headers = post(f"{url}/infer", body)
             pid = headers.get("x-replica-pid")
             if status == 200 and pid not in seen:
-                check.ok(data, runtime)  # a wrong first answer is counted, and still a first answer
+                if runtime != "null":
+                    check.ok(data, runtime)  # a wrong first answer is counted, and still a first answer
                 seen[pid] = time.perf_counter() - t0
             elif status != 200:
                 time.sleep(0.005)  # no route yet (404/503): poll again
@@ -193,6 +196,30 @@ def load(url: str, body: bytes, a: argparse.Namespace, runtime: str, check: Chec
             "rps": len(lat) / wall if wall else None}
 
 
+def null_app():
+    """A Serve application whose one replica loads nothing: its constructor returns at once and every
+    request is answered with an empty body, its status with the fields :func:`run_case` reads. Its "1st
+    request" is Serve's part of the others' (the controller noticing the replica, the proxy routing to it)."""
+    from ray import serve
+    from starlette.responses import Response
+
+    @serve.deployment(ray_actor_options={"num_cpus": 1})
+    class NullReplica:
+        def __init__(self) -> None:
+            self.started, self.t0, self.first = time.time(), time.perf_counter(), None
+
+        async def __call__(self, request) -> Response:
+            if self.first is None:
+                self.first = time.perf_counter() - self.t0
+            if request.url.path.endswith("/status"):
+                return Response(json.dumps({"pid": os.getpid(), "started": self.started, "import_s": 0.0,
+                                            "session_s": 0.0, "first_request_s": self.first,
+                                            "first_response_s": self.first, "prepared": True, "prepared_s": 0.0}))
+            return Response(b"", headers={"x-replica-pid": str(os.getpid())})
+
+    return NullReplica.bind()
+
+
 def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: bytes, check: Checker,
              with_load: bool) -> dict:
     from ray import serve
@@ -201,7 +228,7 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
     from onnx_prepared.serve import build_app
     from onnx_prepared.serve.replica import companion_path
 
-    runtime = "onnxruntime" if case == "ort" else "onnx_prepared"
+    runtime = {"ort": "onnxruntime", "null": "null"}.get(case, "onnx_prepared")
     cache = None
     if case == "cached":
         cache = paths["complete"]
@@ -212,8 +239,9 @@ def run_case(a, case: str, rep: int, model: str, paths: dict, url: str, body: by
     files = C.model_files(model) + (paths["companion_files"] if case == "cached" else [])
     resident = C.set_cache(files, "cold")
     n = REPLICAS.get(case, 1)
-    app = build_app({"model_path": model, "cache_path": cache, "runtime": runtime, "num_replicas": n,
-                     "options": {"intra_op_num_threads": a.threads}})
+    args = {"model_path": model, "cache_path": cache, "runtime": runtime, "num_replicas": n,
+            "options": {"intra_op_num_threads": a.threads}}
+    app = null_app() if case == "null" else build_app(args)
     name = f"bench-{case}-{rep}"
     wall0, t0 = time.time(), time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(1) as client:
@@ -426,6 +454,9 @@ def summarize(res: dict) -> dict:
             "cached_vs_ort_ctor": per["cached"]["ctor_first_ms"] / per["ort"]["ctor_first_ms"],
             "cached_vs_ort_deploy": per["cached"]["deploy_first_ms"] / per["ort"]["deploy_first_ms"],
             "cached_vs_fresh_ctor": per["cached"]["ctor_first_ms"] / per["fresh"]["ctor_first_ms"],
+            "serve_floor_ms": per["null"]["arrival_ms"],
+            "cached_ctor_to_arrival_ms": per["cached"]["arrival_ms"] - per["cached"]["import_ms"]
+            - per["cached"]["session_ms"],
             "goal_read_forward": GOAL_READ_FORWARD}
 
 
@@ -448,6 +479,9 @@ def print_table(res: dict) -> None:
           f"deploy->first / reference = {s['cached_deploy_vs_reference']:.2f}x")
     print(f"cached / onnxruntime: replica->first {s['cached_vs_ort_ctor']:.2f}x, deploy->first "
           f"{s['cached_vs_ort_deploy']:.2f}x; cached / fresh replica->first {s['cached_vs_fresh_ctor']:.2f}x")
+    print(f"Serve's floor (null: a replica that loads nothing): constructor -> 1st request "
+          f"{s['serve_floor_ms']:.0f} ms; cached: constructor end -> 1st request "
+          f"{s['cached_ctor_to_arrival_ms']:.0f} ms")
     pair = s["cases"]["pair-empty"]
     print(f"wrong results {res['wrong']}, corrupt entries after pair-empty {pair['corrupt']} "
           f"(entries {pair['entries']})")
