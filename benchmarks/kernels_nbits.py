@@ -19,6 +19,10 @@ reads about 1.0 or below. Measured on the 2-core EPYC at load 4.5-5.5, the same 
 caller's session; 1.17-1.96, median 1.77, in a session of its own with autogroup nice -19. In such a session
 the builds before the pool's wait policy (92756e8^) and before the several-rows kernel (5348fc5^) scaled as
 main does (4 shapes, 48 cells each: medians 1.88, 1.78 and 1.91 for main).
+The "queued" column shows it directly: the share of the "ours" batches' time our pool's workers waited on a
+run queue (their schedstat). Measured on the 2-vCPU Zen 4 at load 5-9 (level 0, M=1, 1024x3072, batches of 8
+calls of ~130 us): in batches where the worker joined every call (~1.8x) it had waited 0 us; in others it
+waited 1.0-1.8 ms, had run 0-0.5 ms and joined 0-5 of 8 calls (the calls then ran about as on one thread).
 ``--autogroup-nice`` runs the benchmark in a new session with that nice value (root for a negative one),
 which measures what the code does with the cores rather than how busy the machine is; the ratios against
 onnxruntime are measured in the same process either way.
@@ -79,8 +83,36 @@ SETTLE_S = 0.05
 WARM_CALLS = 3
 
 
-def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE_S) -> dict:
+#: the native pool's worker threads are named so (``_native/pool.c``)
+POOL_THREAD_NAME = "nb-pool"
+
+
+def pool_queue_wait_ns() -> int:
+    """Summed time the native pool's live workers waited on a run queue (/proc/self/task/*/schedstat, field 2;
+    0 where /proc is absent). Counted when a worker gets a CPU, so a wait still running is not in it yet."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().strip() != POOL_THREAD_NAME:
+                    continue
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE_S, waits: dict | None = None) -> dict:
     """Median microseconds per function; functions alternate in rounds of ``repeat // rounds`` calls.
+
+    ``waits`` (optional) receives, per function, the share of its timed calls' wall time that our pool's workers
+    spent waiting on a run queue (:func:`pool_queue_wait_ns`): near 0 when a second core was free for them, near
+    1 (per worker) when other processes held every core, which is when "thr x" reads about 1.0.
 
     ``fns`` maps a name to ``(setup, call)``; ``setup`` (e.g. a thread count) runs before each batch.
     NOTE: batches, not call-by-call alternation, and a pause of ``settle`` seconds before each batch:
@@ -92,6 +124,7 @@ def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE
     after 50 ms neither side's threads hold a core.
     """
     times: dict = {k: [] for k in fns}
+    queued: dict = {k: [0, 0.0] for k in fns}  # ns waited, s timed
     per = max(1, repeat // rounds)
     for _ in range(rounds):
         for k, (setup, f) in fns.items():
@@ -99,10 +132,15 @@ def _interleaved(fns: dict, repeat: int, rounds: int = 5, settle: float = SETTLE
             time.sleep(settle)
             for _ in range(WARM_CALLS):
                 f()
+            w0, t_batch = pool_queue_wait_ns(), time.perf_counter()
             for _ in range(per):
                 t0 = time.perf_counter()
                 f()
                 times[k].append(time.perf_counter() - t0)
+            queued[k][0] += pool_queue_wait_ns() - w0
+            queued[k][1] += time.perf_counter() - t_batch
+    if waits is not None:
+        waits.update({k: (ns * 1e-9 / s if s > 0 else 0.0) for k, (ns, s) in queued.items()})
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
@@ -208,7 +246,8 @@ def run(repeat: int, shapes, rows) -> dict:
                     "ort_1t": (noop, lambda A=A, s=sessions[level, 1]: s.run(None, {"A": A})),
                     "ort_2t": (noop, lambda A=A, s=sessions[level, 2]: s.run(None, {"A": A})),
                 }
-                t = _interleaved(fns, repeat)
+                waits: dict = {}
+                t = _interleaved(fns, repeat, waits=waits)
                 native.set_num_threads(all_threads)
                 ort_best = min(t["ort_1t"], t["ort_2t"])
                 ref = sessions[level, 1].run(None, {"A": A})[0]
@@ -218,7 +257,8 @@ def run(repeat: int, shapes, rows) -> dict:
                        "ratio": t["ours"] / ort_best, "threads_speedup": t["ours_1t"] / t["ours"],
                        "rel_err": err, "goal": GOALS.get((level, M)), "packed_bytes": packed.nbytes,
                        "fast_us": t.get("fast"), "fast_ratio": t["fast"] / ort_best if "fast" in t else None,
-                       "prepack_source_gbps": (B.nbytes + S.nbytes) / prepack_s / 1e9}
+                       "prepack_source_gbps": (B.nbytes + S.nbytes) / prepack_s / 1e9,
+                       "worker_queued": waits.get("ours", 0.0)}
                 if M == 1:
                     row["weight_gbps_warm"] = packed.nbytes / (t["ours"] * 1e-6) / 1e9
                 res["rows"].append(row)
@@ -274,7 +314,7 @@ def print_table(res: dict) -> None:
     print(f"memory read bandwidth: {res['read_gbps']:.1f} GB/s ({res['threads']} threads), "
           f"{res['read_gbps_1t']:.1f} GB/s (1 thread)")
     print(f"{'K':>5} {'N':>6} {'lvl':>3} {'M':>4} {'ours us':>9} {'1 thr us':>9} {'ort1 us':>9} {'ort2 us':>9} "
-          f"{'ours/ort':>8} {'goal':>5} {'thr x':>6} {'rel err':>8} {'GB/s':>6} {'fast/ort':>8}")
+          f"{'ours/ort':>8} {'goal':>5} {'thr x':>6} {'queued':>6} {'rel err':>8} {'GB/s':>6} {'fast/ort':>8}")
     for r in res["rows"]:
         goal = f"{r['goal']:.1f}" if r["goal"] is not None else "-"
         mark = "" if r["goal"] is None else (" ok" if r["ratio"] <= r["goal"] else " MISS")
@@ -282,7 +322,10 @@ def print_table(res: dict) -> None:
         fast = f"{r['fast_ratio']:>8.2f}" if r.get("fast_ratio") is not None else f"{'-':>8}"
         print(f"{r['K']:>5} {r['N']:>6} {r['level']:>3} {r['M']:>4} {r['ours_us']:>9.1f} {r['ours_1t_us']:>9.1f} "
               f"{r['ort_1t_us']:>9.1f} {r['ort_2t_us']:>9.1f} {r['ratio']:>8.2f} {goal:>5} "
-              f"{r['threads_speedup']:>6.2f} {r['rel_err']:>8.1e} {gbps} {fast}{mark}")
+              f"{r['threads_speedup']:>6.2f} {r.get('worker_queued', 0.0):>6.0%} {r['rel_err']:>8.1e} {gbps} "
+              f"{fast}{mark}")
+    print("queued = share of the 'ours' calls' wall time our pool's workers waited for a CPU (other processes "
+          "held it): where it is high, thr x says little")
     print("M=1, weights from memory: round robin over copies of the weights (code and data warm; the goal), and"
           " with every cache flushed before each call:")
     for c in res["cold"]:

@@ -3,10 +3,12 @@ the extension is off, the thread pool (thread counts give bit-identical results;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -61,6 +63,37 @@ def test_unknown_or_unsupported_level_is_refused():
     out = subprocess.run([sys.executable, "-c", "import onnx_prepared.kernels.native"], env=e, capture_output=True,
                          text=True, check=False)
     assert out.returncode != 0 and "ONNX_PREPARED_ISA='sse9'" in out.stderr
+
+
+@needs_ext
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc")
+def test_pool_workers_are_named_for_the_benchmarks():
+    """benchmarks/kernels_nbits.py finds the pool's workers by their name to read their run-queue waits"""
+    from benchmarks.kernels_nbits import POOL_THREAD_NAME, pool_queue_wait_ns
+
+    rng = np.random.default_rng(1)
+    packed = mm.prepack_matmul_nbits(rng.integers(0, 256, (256, 32, 16), dtype=np.uint8),
+                                     rng.random((256, 32), dtype=np.float32), None, K=1024, N=256, bits=4,
+                                     block_size=32)
+    before = native.get_num_threads()
+    native.set_num_threads(2)
+    A = rng.standard_normal((64, 1024)).astype(np.float32)
+
+    def names():
+        out = []
+        for t in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{t}/comm") as f:
+                out.append(f.read().strip())
+        return out
+
+    try:  # a worker names itself when it first runs, which may be after the call that started it
+        deadline = time.monotonic() + 10
+        while POOL_THREAD_NAME not in names() and time.monotonic() < deadline:
+            mm.matmul_nbits_packed(A, packed, accuracy_level=4)
+        assert POOL_THREAD_NAME in names()
+        assert pool_queue_wait_ns() >= 0
+    finally:
+        native.set_num_threads(before)
 
 
 def test_describe_names_kernels_and_level():
