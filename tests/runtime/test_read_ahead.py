@@ -197,8 +197,28 @@ def test_a_batchs_small_ranges_are_asked_for_at_once(tmp_path, monkeypatch):
     asked.clear()
     assert ra.advise([(path, 4096 * i, 4096) for i in range(10)], limit=3) == 3 and len(asked) == 3
     asked.clear()
+    other = str(tmp_path / "other.bin")  # the file a hit's source norms are in: nothing large streamed from it
+    with open(other, "wb") as f:
+        f.write(bytes(1 << 16))
     ahead = ra.ReadAhead([big], threads=1)
-    ahead.extend([small, big], final=True)  # big was queued before: neither read nor asked for again
+    ahead.extend([(other, 8192, 4096), big], final=True)  # big was queued before: neither read nor asked for again
     ahead.join(30)
     assert ahead.done and ahead.advised == 1 and asked == [(8192, 4096, os.POSIX_FADV_WILLNEED)]
     assert ahead.bytes_read + ahead.bytes_skipped == 4096 + ra.SMALL + 1
+
+
+def test_small_ranges_of_a_streamed_file_are_not_advised(tmp_path, monkeypatch):
+    """A cold start without a companion streams the source's data file in need order: its small ranges
+    (norm weights) come in their turn, and advising them up front scattered the device's queue ahead of
+    the stream. A file with a range larger than SMALL queued (in this batch or before) is not advised."""
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise")
+    path, other = _file(tmp_path, 1 << 20), str(tmp_path / "other.bin")
+    with open(other, "wb") as f:
+        f.write(bytes(1 << 16))
+    asked = []
+    monkeypatch.setattr(ra.os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, n)))
+    ahead = ra.ReadAhead([(path, 0, 4096), (path, 65536, ra.SMALL + 1), (other, 0, 4096)], threads=1)
+    ahead.extend([(path, 8192, 4096), (other, 8192, 4096)], final=True)  # path streamed before this batch
+    ahead.join(30)
+    assert ahead.done and ahead.advised == 2 and asked == [(0, 4096), (8192, 4096)]  # other's two ranges
