@@ -240,6 +240,27 @@ def test_channel_blocked_depthwise_is_the_same_at_every_level_and_matches_numpy(
     check_ort("Conv", [x, w, b], opset=11, group=c, pads=pads, strides=[s, s], dilations=[d, d])
 
 
+@pytest.mark.parametrize(("c", "hw", "k", "s"), [(64, 32, 3, 2), (72, 16, 3, 1), (16, 32, 3, 1), (21, 17, 5, 1)])
+def test_channel_blocked_depthwise_on_the_pool_is_the_same_for_every_thread_count(c, hw, k, s):
+    """The channel blocks run on the pool from 2^16 multiply-adds (MobileNetV3's early layers, a partial
+    last block): the same bits on 1, 2 and 3 threads."""
+    from onnx_prepared.kernels import native
+    from onnx_prepared.kernels.conv_fused import fused_conv
+
+    x = _r(1, c, hw, hw)
+    w, b = _r(c, 1, k, k), _r(c)
+    kw = {"group": c, "pads": [k // 2] * 4, "strides": [s, s], "activation_act": 1}
+    before, outs = native.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            native.set_num_threads(t)
+            outs += [fused_conv(x, w, b, **kw)[0] for _ in range(3)]
+    finally:
+        native.set_num_threads(before)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+
+
 @pytest.mark.parametrize(("xs", "ws", "attrs"), [
     ((1, 12, 7, 7), (20, 12, 1, 1), {}),  # pointwise SGEMM
     ((1, 6, 9, 8), (10, 6, 3, 3), {"pads": [1, 0, 1, 2], "strides": [2, 1]}),  # im2col + SGEMM

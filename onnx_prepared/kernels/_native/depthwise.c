@@ -21,6 +21,10 @@ static void dw_task(void *ctx, int t) { g_planes((const dw_job *)ctx, t); }
 
 /* pool the channels-last path from this many multiply-adds and copied floats on (~8 us on one thread) */
 enum { DW_CL_POOL_WORK = 1 << 17 };
+/* pool the channel blocks from this many multiply-adds on: ~2^16 is 8-12 us on one Zen 4 thread, and a
+ * worker that is polling takes a job within ~5 us (pool.c); MobileNetV3's early depthwise layers (64
+ * channels 32x32 -> 16x16 3x3, 147K multiply-adds, 24 us) ran on the caller alone below 2^18 */
+enum { DW_BLK_POOL_WORK = 1 << 16 };
 
 /* The channels-last task's tap lists (depthwise.h: cl_*) in one allocation, or NULL when out of memory. */
 static int *dw_cl_taps(dw_job *j)
@@ -149,8 +153,7 @@ PyObject *py_depthwise2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         const double work = (double)j.N * (double)j.C * (double)(j.OH * j.OW) * (double)(j.KH * j.KW);
         g_planes = blk;
         Py_BEGIN_ALLOW_THREADS
-        /* as below: the pool from ~2^18 multiply-adds on */
-        if (ntasks > 1 && nb_pool_get_threads() > 1 && work >= (double)(1 << 18))
+        if (ntasks > 1 && nb_pool_get_threads() > 1 && work >= (double)DW_BLK_POOL_WORK)
             nb_pool_run(dw_task, &j, (int)ntasks);
         else
             for (long t = 0; t < ntasks; t++) blk(&j, (int)t);
