@@ -30,7 +30,7 @@ import os
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -255,11 +255,16 @@ class Inference:
         served by the companion) at background priority. A replica submits ``prepare_async`` beside its
         first run, which gathers rows and needs no table whole: on a hit, the tied INT4 table (20 MB)
         read whole first held an I/O worker for the first 22-45 ms of the run's reads."""
-        rows, background = self._row_views, self._row_background
         order = self.plan.need_order
-        return ([(b, Priority.PREFETCH) for b in order if b not in rows]
-                + [(b, Priority.PREFETCH) for b in order if b in rows and b not in background]
-                + [(b, Priority.BACKGROUND) for b in order if b in background])
+        return ([(b, Priority.PREFETCH) for b in self._rows_last(order)]
+                + [(b, Priority.BACKGROUND) for b in order if b in self._row_background])
+
+    def _rows_last(self, order: Iterable[int]) -> list[int]:
+        """``order`` without the row tables read only by rows, and with those read whole for another
+        consumer moved to the end (both orders of :meth:`prepare_order` and :meth:`_submit_cold`)."""
+        order = list(order)
+        rows, background = self._row_views, self._row_background
+        return [b for b in order if b not in rows] + [b for b in order if b in rows and b not in background]
 
     # ---- the cold path ----
     def _submit_cold(self, frame: ExecutionFrame) -> ExecutionHandle:
@@ -276,8 +281,7 @@ class Inference:
             chains: list = []  # created first, started together: shared source reads stay shared
             # Row tables go last: whole for another consumer (after every other read), or after the run
             # (_release) when rows are all their consumers read.
-            late = [b for b in self._row_views if b not in self._row_background]
-            for b in [b for b in range(len(self.plan.requirements)) if b not in self._row_views] + late:
+            for b in self._rows_last(range(len(self.plan.requirements))):
                 if b not in frame.held:
                     p = self.producers.ensure(self.plan.requirements[b].key, Priority.PREFETCH, defer=chains)
                     if p is not None:

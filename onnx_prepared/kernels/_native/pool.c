@@ -349,11 +349,6 @@ void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
         return;
     }
     if (P.nthreads == 0) P.nthreads = nb_pool_default_threads();
-    if (P.nthreads == 1) { /* workers kept from a larger count sleep (see the NOTE on keeping the workers) */
-        for (int t = 0; t < ntasks; t++) fn(ctx, t);
-        atomic_store(&P.busy, 0);
-        return;
-    }
     int fresh = 0; /* this job starts the workers (see the NOTE on resizes) */
     if (P.nworkers == 0 && P.nthreads > 1) {
         start_workers();
@@ -361,7 +356,8 @@ void nb_pool_run(nb_task_fn fn, void *ctx, int ntasks)
         P.streak = 0;
         P.solo_until = 0;
     }
-    if (P.nworkers == 0) {
+    /* one thread: workers kept from a larger count sleep (see the NOTE on keeping the workers) */
+    if (P.nthreads == 1 || P.nworkers == 0) {
         for (int t = 0; t < ntasks; t++) fn(ctx, t);
         atomic_store(&P.busy, 0);
         return;
@@ -502,7 +498,7 @@ void nb_pool_set_threads(int n)
     if (n < 1) n = 1;
     acquire_idle_pool();
     if (n != P.nthreads) {
-        if (n > 1 && n - 1 != P.nworkers) stop_workers(); /* none started: the next job starts n - 1 */
+        if (n > 1 && n - 1 != P.nworkers) stop_workers(); /* kept for 1 thread or their own count */
         P.nthreads = n;
         P.streak = 0; /* the back-off judged another thread count */
         P.solo_until = 0;
