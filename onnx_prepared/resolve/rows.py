@@ -9,8 +9,9 @@ nodes is looked through when it keeps axis 0 (genai's tied embedding: GatherBloc
 Reshape of the LM head's INT4 weight); its call is wrapped by :func:`row_reshape`.
 
 While the table is not resident, the cold path (``runtime/inference.py``) puts a :class:`RowView` in
-its slot instead of waiting: the wrapped call reads the rows its indices touch, one positioned read per
-contiguous run of rows, on the critical path, and gathers from that compact block. The whole table is
+its slot instead of waiting: the wrapped call reads the rows its indices touch on the critical path
+(hinted together, then gathered from one mapping of their span, or one positioned read when they are
+one contiguous run: ``ExternalDataReader.read_rows``) and gathers from that compact block. The whole table is
 read at background priority behind the run's other reads (or never, under a residency budget) and, once
 resident, runs gather from it as before. A table whose source also feeds a consumer that needs all of it
 (a tied embedding that is also the MatMulNBits LM head's packed source) is still read whole for that
@@ -40,6 +41,10 @@ from onnx_prepared.records import record, replace
 
 #: Smaller tables are read whole: one read is cheaper than a few row reads.
 MIN_TABLE_BYTES = 1 << 20
+#: Row runs of one table closer than this are hinted as one range (reading the gap costs ~40 us here)
+HINT_GAP = 64 << 10
+#: ... of at most this many bytes (within the kernel's readahead maximum per WILLNEED call)
+HINT_PIECE = 1 << 20
 
 #: node (domain, op_type) -> (input positions holding row-aligned tables, indices position)
 _ROW_OPS = {("", "Gather"): ((0,), 1), ("com.microsoft", "GatherBlockQuantized"): ((0, 2, 3), 1)}
@@ -205,7 +210,10 @@ class RowView:
     def hint(self, rows: np.ndarray) -> None:
         """Ask the kernel to start reading rows ``rows`` (sorted, unique) now (``will_need``): scattered
         row reads then wait about one device latency in all instead of one each, in turn behind the
-        I/O workers' streaming reads. :func:`row_capable` hints every table of a node before it takes."""
+        I/O workers' streaming reads. :func:`row_capable` hints every table of a node before it takes.
+        Runs closer than :data:`HINT_GAP` bytes are asked for as one range of at most :data:`HINT_PIECE`
+        bytes (one call each: a call releases the GIL and must take it back, which on a cold start costs
+        more than reading the gap; 2 x 128 calls took 5-43 ms there)."""
         if len(rows) < 2:
             return
         starts, stops = self._runs(rows)
@@ -213,30 +221,41 @@ class RowView:
             return  # one run: one read, nothing to overlap
         d = self.desc
         row_bytes = d.payload.length // d.dims[0]
-        self.reader.will_need(d, [(d.payload.offset + int(rows[a]) * row_bytes, (b - a) * row_bytes)
-                                  for a, b in zip(starts, stops)])
+        self.reader.will_need(d, hint_ranges([(d.payload.offset + int(rows[a]) * row_bytes, (b - a) * row_bytes)
+                                              for a, b in zip(starts, stops)]))
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` (sorted, unique, in range) as one array; one read per contiguous run of rows."""
+        """Rows ``rows`` (sorted, unique, in range) as one array (``ExternalDataReader.read_rows``)."""
         d = self.desc
-        p = d.payload
         row_shape = tuple(d.dims[1:])
-        row_bytes = p.length // d.dims[0]
+        row_bytes = d.payload.length // d.dims[0]
         if not self._stats[2]:  # before the rows are used: the run's check_verified() then waits for it
             self._stats[2] = 1
             self.reader.verify_whole(d)
         out = np.empty(len(rows) * row_bytes, np.uint8)
         if len(rows):
-            starts, stops = self._runs(rows)
-            for a, b in zip(starts, stops):
-                first = int(rows[a])
-                sub = replace(p, offset=p.offset + first * row_bytes, length=(b - a) * row_bytes,
-                                          checksum=None)
-                part = WeightDescriptor(d.name, d.elem_type, (b - a, *row_shape), sub)
-                self.reader.read_bytes(part, out[a * row_bytes: b * row_bytes])
-                self._stats[1] += 1
+            self.reader.read_rows(d, rows, out)
+            self._stats[1] += len(self._runs(rows)[0])
         self._stats[0] += len(rows)
         return out.view(d.dtype).reshape((len(rows), *row_shape))
+
+
+def hint_ranges(ranges: list[tuple[int, int]], gap: int = HINT_GAP, piece: int = HINT_PIECE) -> list[tuple[int, int]]:
+    """(offset, length) ranges, ascending, with those closer than ``gap`` merged and none longer than
+    ``piece`` (a longer one is cut: the kernel reads at most its readahead maximum per WILLNEED call)."""
+    merged: list[list[int]] = []
+    for off, n in ranges:
+        if merged and off - (merged[-1][0] + merged[-1][1]) <= gap and off + n - merged[-1][0] <= piece:
+            merged[-1][1] = off + n - merged[-1][0]
+        else:
+            merged.append([off, n])
+    out = []
+    for off, n in merged:
+        while n > 0:
+            k = min(n, piece)
+            out.append((off, k))
+            off, n = off + k, n - k
+    return out
 
 
 def row_capable(call: Callable[..., tuple], tables: tuple[int, ...], indices: int = 1, *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 
@@ -12,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_prepared.cli import main
+from onnx_prepared.errors import ExternalDataError
 from onnx_prepared.generate import generate_tiny_llm
 from onnx_prepared.generate.config import TinyLlmConfig
 from onnx_prepared.generate.feeds import prefill_feeds
@@ -20,7 +22,7 @@ from onnx_prepared.kernels.shape_ops import gather
 from onnx_prepared.model import ExternalDataReader
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor
 from onnx_prepared.resolve import resolve_model
-from onnx_prepared.resolve.rows import MIN_TABLE_BYTES, RowView, row_capable, row_reshape
+from onnx_prepared.resolve.rows import MIN_TABLE_BYTES, RowView, hint_ranges, row_capable, row_reshape
 from onnx_prepared.runtime import RuntimeSession
 
 EMBED = "model.embed_tokens.weight"
@@ -55,10 +57,22 @@ class CountingReader(ExternalDataReader):
         if out is not None and desc.payload.length == STREAM:
             self.streamed.append((desc.name, desc.payload.length))
             return r
-        self.done.append((desc.name, desc.payload.offset, desc.payload.length))
-        if self.open_after_rows and desc.name in self.gated and out is not None:
-            self.gate.set()
+        self._record(desc.name, desc.payload.offset, desc.payload.length, rows=out is not None)
         return r
+
+    def _gather_rows(self, desc, p, rows, row_bytes, out):
+        """Scattered rows, gathered from one mapping: recorded as the runs of rows they are."""
+        done = super()._gather_rows(desc, p, rows, row_bytes, out)
+        if done:
+            breaks = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), len(rows)]
+            for a, b in itertools.pairwise(breaks):
+                self._record(desc.name, p.offset + int(rows[a]) * row_bytes, (b - a) * row_bytes, rows=True)
+        return done
+
+    def _record(self, name, offset, length, *, rows):
+        self.done.append((name, offset, length))
+        if self.open_after_rows and name in self.gated and rows:
+            self.gate.set()
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +192,8 @@ def test_row_capable_gather_block_quantized_matches_the_kernel(tmp_path):
 
 def test_scattered_rows_of_every_table_are_hinted_before_the_first_row_read(tmp_path):
     """A cold node's scattered row reads are requested together (will_need), so they wait about one
-    device latency in all instead of one each behind the streaming reads; contiguous rows are one run."""
+    device latency in all instead of one each behind the streaming reads; runs closer than HINT_GAP are
+    one hint; the scattered rows are then gathered from one mapping per table, contiguous ones read."""
     rng = np.random.default_rng(3)
     data = rng.integers(0, 256, (40, 32), dtype=np.uint8)
     scales = rng.random((40, 4), dtype=np.float32)
@@ -190,6 +205,10 @@ def test_scattered_rows_of_every_table_are_hinted_before_the_first_row_read(tmp_
             events.append(("hint", desc.name, list(ranges)))
             super().will_need(desc, ranges)
 
+        def _gather_rows(self, desc, p, rows, row_bytes, out):
+            events.append(("gather", desc.name, rows.tolist()))
+            return super()._gather_rows(desc, p, rows, row_bytes, out)
+
         def read_bytes(self, desc, out=None):
             events.append(("read", desc.name, [(desc.payload.offset, desc.payload.length)]))
             return super().read_bytes(desc, out)
@@ -199,15 +218,38 @@ def test_scattered_rows_of_every_table_are_hinted_before_the_first_row_read(tmp_
     idx = np.array([7, 3, 4, 30])  # rows 3-4 contiguous: three runs per table
     got = call(RowView(d["d"], r), idx, RowView(d["s"], r))[0]
     np.testing.assert_array_equal(got, gather_block_quantized(data, idx, scales, bits=4, block_size=16)[0])
-    kinds = [(k, n) for k, n, _ in events]
-    assert kinds[:2] == [("hint", "d"), ("hint", "s")] and {k for k, _ in kinds[2:]} == {"read"}
     s_off = d["s"].payload.offset
-    assert events[0][2] == [(3 * 32, 2 * 32), (7 * 32, 32), (30 * 32, 32)]
-    assert events[1][2] == [(s_off + 3 * 16, 2 * 16), (s_off + 7 * 16, 16), (s_off + 30 * 16, 16)]
-    assert sorted(x for k, _, rs in events if k == "read" for x in rs) == sorted(events[0][2] + events[1][2])
+    assert events == [("hint", "d", [(3 * 32, 28 * 32)]), ("hint", "s", [(s_off + 3 * 16, 28 * 16)]),
+                      ("gather", "d", [3, 4, 7, 30]), ("gather", "s", [3, 4, 7, 30])]
     events.clear()
-    call(RowView(d["d"], r), np.array([5, 6]), RowView(d["s"], r))  # one run each: nothing to hint
-    assert [k for k, _, _ in events] == ["read", "read"]
+    call(RowView(d["d"], r), np.array([5, 6]), RowView(d["s"], r))  # one run each: one read, nothing to hint
+    assert [(k, rs) for k, _, rs in events] == [("read", [(5 * 32, 64)]), ("read", [(s_off + 5 * 16, 32)])]
+
+
+def test_hint_ranges_merge_close_runs_and_cut_long_ones():
+    assert hint_ranges([(0, 10), (100, 10), (1000, 10)], gap=100, piece=1 << 20) == [(0, 110), (1000, 10)]
+    assert hint_ranges([(0, 10), (50, 10)], gap=100, piece=40) == [(0, 10), (50, 10)]  # merged would exceed piece
+    assert hint_ranges([(0, 100)], gap=0, piece=40) == [(0, 40), (40, 40), (80, 20)]
+
+
+@pytest.mark.parametrize("mapped", ["1", "0"])
+def test_scattered_rows_read_mapped_or_run_by_run_are_the_same(tmp_path, monkeypatch, mapped):
+    monkeypatch.setenv("ONNX_PREPARED_SOURCE_MMAP", mapped)
+    x = np.random.default_rng(1).standard_normal((3000, 5)).astype(np.float32)  # rows span several pages
+    view = RowView(_table_file(tmp_path, {"x": x})["x"], ExternalDataReader())
+    rows = np.array([0, 1, 2, 700, 2998, 2999])
+    np.testing.assert_array_equal(view.take(rows), x[rows])
+    assert view.reads == 3 and view.rows_read == 6 and view.reader.bytes_read == 6 * 20
+
+
+def test_scattered_rows_of_a_file_that_shrank_raise(tmp_path):
+    x = np.arange(4096 * 4, dtype=np.float32).reshape(4096, 4)
+    desc = _table_file(tmp_path, {"x": x})["x"]
+    view = RowView(desc, ExternalDataReader())
+    with open(desc.payload.file, "r+b") as f:
+        f.truncate(1000 * 16)
+    with pytest.raises(ExternalDataError, match="shrank"):
+        view.take(np.array([1, 3000]))
 
 
 def test_table_shared_with_a_packed_consumer_is_read_whole_for_it(tmp_path):
