@@ -203,10 +203,15 @@ static void section_bytes(const nb_weights *w, int P, size_t out[3])
     out[2] = w->zp_kind == NB_ZP_U4 ? (size_t)P * w->kb * 8 : w->zp_kind == NB_ZP_F32 ? out[1] : 0;
 }
 
-/* Phase 1 of a call without the GIL: prepare A, split over the pool only when there is a lot of it (about
- * 1-2 % of the call: a small pooled job would only wake the workers late and make the pool's back-off
- * judge them). Returns whether phase 2 is worth the pool; sets j->rc to phase 2's rows per task (32 rows,
- * or the ISA's i8_rows in NB_MODE_I8). */
+/* Phase 1 of a call without the GIL: prepare A, split over the pool from PREP_POOL_FROM values of A (below
+ * that it is a few microseconds, less than a hand-off). Returns whether phase 2 is worth the pool; sets
+ * j->rc to phase 2's rows per task (32 rows, or the ISA's i8_rows in NB_MODE_I8).
+ * NOTE: from 2^20 values before: a prefill of 128 tokens through the medium tiny-llm (K = 1024 and 2816)
+ * quantized its A on the caller alone, 4.3-5.5 ms of a 155-255 ms forward (65 calls, traced per pool call,
+ * load ~1.5-2.5). Pooled from 2^16 (M = 128, 2 threads, level 4, two settings interleaved in one process,
+ * autogroup nice -19, load ~3, 10th percentiles of 120 calls): 1024x1024 721 -> 706 us, 1024x5632 3891 ->
+ * 3858, 2816x1024 1785 -> 1770. Each row is quantized alone, so the split does not change a bit. */
+#define PREP_POOL_FROM (1L << 16)
 static int g_f32_digits = 1; /* NB_MODE_F32_DIGITS allowed (set_f32_digits: tests run both kernels) */
 
 /* Whether an fp32 call runs as NB_MODE_F32_DIGITS (nbits.h): few rows, block 16 or 32, integer zero points;
@@ -228,7 +233,7 @@ static int prepare_a(job *j)
     const int T = nb_pool_get_threads();
     const double work = (double)M * (double)j->c.w.K * (double)j->c.w.N;
     const int par = T > 1 && work >= (double)(1 << 18);
-    j->rc = M * j->c.w.K >= (1 << 20) && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
+    j->rc = M * j->c.w.K >= PREP_POOL_FROM && par ? (int)((M + 2 * T - 1) / (2 * T)) : (int)M;
     j->nrc = (int)((M + j->rc - 1) / j->rc);
     try_digits(j);
     if (j->c.mode != NB_MODE_F32_DIGITS) nb_pool_run(prep_task, j, j->nrc);
