@@ -14,9 +14,11 @@ a class ``record`` hands over: declare fields with this module's :func:`field` a
 
 Supported: positional fields with plain defaults or ``field(default=..., default_factory=...,
 init=..., compare=..., repr=..., hash=...)``, ``frozen``, ``eq``, ``slots``, ``__post_init__``, no
-base class with fields. Anything else (``kw_only``, ``order``, ``InitVar``, ``ClassVar``, field
-metadata, inheritance) is handed to ``dataclasses.dataclass`` unchanged, so a record is never a
-different thing.
+base class with fields. ``cache_hash=True`` (frozen, slotted records of hashable fields only; not a
+``dataclass`` argument) computes the hash once at construction and keeps it in a hidden slot (pickle and
+copy recompute it): for keys hashed many times over (a PreparedKey ~9 times a session construction).
+Anything else (``kw_only``, ``order``, ``InitVar``, ``ClassVar``, field metadata, inheritance) is
+handed to ``dataclasses.dataclass`` unchanged, so a record is never a different thing.
 """
 
 from __future__ import annotations
@@ -172,8 +174,11 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise _frozen()(f"cannot delete field {name!r}")
 
 
-def _state_of(names: tuple[str, ...]) -> tuple[Callable, Callable]:
+def _state_of(names: tuple[str, ...], hashed: list[str] | None = None) -> tuple[Callable, Callable]:
+    """``__getstate__``/``__setstate__`` over the fields; with ``hashed`` (a cache_hash record), the
+    restored object's hash is computed again (str hashes differ between processes)."""
     get = _tuple_getter(list(names))
+    rehash = _tuple_getter(hashed) if hashed is not None else None
 
     def __getstate__(self: Any) -> list:
         return list(get(self))
@@ -181,14 +186,31 @@ def _state_of(names: tuple[str, ...]) -> tuple[Callable, Callable]:
     def __setstate__(self: Any, state: list) -> None:
         for n, v in zip(names, state):
             object.__setattr__(self, n, v)
+        if rehash is not None:
+            object.__setattr__(self, _HASH_SLOT, hash(rehash(self)))
 
     return __getstate__, __setstate__
+
+
+#: the hidden slot of a ``cache_hash`` record (not a field: not compared, shown, pickled or replaced)
+_HASH_SLOT = "_record_hash"
+
+
+def _cached_hash_of() -> Callable[[Any], int]:
+    def __hash__(self: Any) -> int:
+        return self._record_hash
+
+    return __hash__
 
 
 def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     """``@record(frozen=True, slots=True)``: as ``@dataclass(...)`` with the same arguments."""
     if cls is None:
         return lambda c: record(c, **kwargs)
+    cache_hash = kwargs.pop("cache_hash", False)
+    if cache_hash and not (kwargs.get("frozen") and kwargs.get("slots") and kwargs.get("eq", True)
+                           and _plain(cls, kwargs)):
+        raise TypeError("cache_hash needs a plain frozen, slotted record with eq")
     if not _plain(cls, kwargs):
         import dataclasses
 
@@ -247,6 +269,9 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
             shown.append(n)
     if "__post_init__" in cls.__dict__:
         body.append("  self.__post_init__()")
+    if cache_hash:  # after __post_init__, which may set fields
+        ns["_hashed"] = _tuple_getter(hashed)
+        body.append(f"  _s_{_HASH_SLOT}(self, hash(_hashed(self)))")
     qual = cls.__qualname__
     # Only __init__ is compiled (one small exec: compiling is what class creation costs); the other
     # methods are closures over the field names, with operator.attrgetter doing the reads in C.
@@ -255,11 +280,11 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
     if eq:
         attrs["__eq__"] = _eq_of(_tuple_getter(compared))
         if frozen:
-            attrs["__hash__"] = _hash_of(_tuple_getter(hashed))
+            attrs["__hash__"] = _cached_hash_of() if cache_hash else _hash_of(_tuple_getter(hashed))
     if frozen:
         attrs["__setattr__"], attrs["__delattr__"] = _frozen_setattr, _frozen_delattr
     if frozen and slots:  # pickle and copy restore slots through setattr, which a frozen record refuses
-        attrs["__getstate__"], attrs["__setstate__"] = _state_of(tuple(names))
+        attrs["__getstate__"], attrs["__setstate__"] = _state_of(tuple(names), hashed if cache_hash else None)
     spec = {"frozen": frozen, "eq": eq, "annotations": annotations, "defaults": defaults}
     for m, fn in attrs.items():
         if m in ("__init__", "__repr__", "__eq__", "__hash__", "__getstate__", "__setstate__"):
@@ -280,10 +305,10 @@ def record(cls: type | None = None, /, **kwargs: Any) -> Any:
             setattr(cls, k, v)
         return cls
     body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__") and k not in defaults}
-    body.update(attrs, __slots__=tuple(names))
+    body.update(attrs, __slots__=(*names, _HASH_SLOT) if cache_hash else tuple(names))
     out = type(cls)(cls.__name__, cls.__bases__, body)
     out.__qualname__ = qual
     if frozen:
-        for n in names:  # __init__ reads these globals at call time
+        for n in (*names, _HASH_SLOT) if cache_hash else names:  # __init__ reads these globals at call time
             ns[f"_s_{n}"] = out.__dict__[n].__set__
     return out

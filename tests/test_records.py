@@ -89,6 +89,12 @@ class _Frozen:
     b: tuple = ()
 
 
+@record(frozen=True, slots=True, cache_hash=True)
+class _CachedKey:
+    lineage: tuple
+    layout: str
+
+
 @record
 class _Plain:
     a: int
@@ -174,3 +180,38 @@ def test_records_field_in_a_form_handed_to_dataclass():
     assert [f.name for f in dataclasses.fields(B)] == ["a", "b"]
     with pytest.raises(ValueError):
         records.field(default=1, default_factory=list)
+
+
+def test_cache_hash_keeps_the_dataclass_hash_and_recomputes_it_on_unpickling():
+    """``cache_hash`` computes the hash once (after ``__post_init__``), equal to the dataclass one; the
+    hidden slot is no field, and pickle/copy compute it again (str hashes differ between processes)."""
+
+    def body():
+        class Key:
+            lineage: tuple
+            layout: str
+            note: str = field(default="", compare=False)
+
+        return Key
+
+    D = dataclasses.dataclass(frozen=True)(body())
+    R = record(frozen=True, slots=True, cache_hash=True)(body())
+    k = R(("a", "b"), "raw", "x")
+    assert hash(k) == hash(D(("a", "b"), "raw")) == hash(R(("a", "b"), "raw", "y")) and k == R(("a", "b"), "raw")
+    assert [f.name for f in dataclasses.fields(k)] == ["lineage", "layout", "note"]
+    assert repr(k).rsplit(".", 1)[-1] == repr(D(("a", "b"), "raw", "x")).rsplit(".", 1)[-1]
+    state = k.__getstate__()
+    assert state == [("a", "b"), "raw", "x"]
+    back = R.__new__(R)
+    back.__setstate__(state)
+    assert back == k and hash(back) == hash(k)
+    for clone in (copy.copy(k), copy.deepcopy(k), records.replace(k, note="z")):
+        assert clone == k and hash(clone) == hash(k)
+    key = _CachedKey(("a",), "raw")
+    assert pickle.loads(pickle.dumps(key)) == key and hash(pickle.loads(pickle.dumps(key))) == hash(key)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        k._record_hash = 1
+    with pytest.raises(TypeError):
+        record(frozen=True, cache_hash=True)(body())  # no slots
+    with pytest.raises(TypeError):
+        record(slots=True, cache_hash=True)(body())  # not frozen

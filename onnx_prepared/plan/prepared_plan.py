@@ -23,7 +23,7 @@ from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
 from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.records import field, record
-from onnx_prepared.resolve import PreparedKey, PreparedRequirement, ResolvedModel
+from onnx_prepared.resolve import RAW, PreparedKey, PreparedRequirement, ResolvedModel
 
 
 class PlanError(OnnxPreparedError):
@@ -162,7 +162,10 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
         raise PlanError(f"prepared_model_policy=require_complete: the companion model has no compatible entry "
                         f"for {len(missing)} prepared object(s): {', '.join(str(k) for k in missing[:10])}"
                         f"{' ...' if len(missing) > 10 else ''}")
-    graph = resolved.graph(initializers=False)  # (the names: resolved.initializer_names)
+    # the names: resolved.initializer_names; with every node's names recorded the plan only reads the
+    # graph (its inputs and outputs, a Constant's node), else _build_actions rewires a copy's nodes
+    recorded = len(resolved.node_io) == resolved.node_count and resolved.initializer_names is not None
+    graph = resolved.graph_proto if recorded else resolved.graph(initializers=False)
     execution = _build_actions(resolved, graph)
     reqs = resolved.requirements
     slot_of = {n: i for i, n in enumerate(execution.slot_names)}
@@ -192,6 +195,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     persister: dict[PreparedKey, str] = {}
     restorer: dict[PreparedKey, str] = {}
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs
+    session, read_source, publish_raw = TaskScope.SESSION, TaskKind.READ_SOURCE, TaskKind.PUBLISH_RAW
     for i in order:
         r = reqs[i]
         ks = str(r.key)  # (a join per use otherwise)
@@ -203,25 +207,28 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
                 estimated_output_bytes=r.active.entry.length, sources=(r.active.name,), result=f"publish {ks}",
             ))
             continue
+        one = len(r.sources) == 1
         for s in r.sources:
             if s in read_task:
                 continue
             d = manifest[s].descriptor
             tid = f"S.{s}.read_source"
             read_task[s] = tid
+            # positional (every field in order): a prepack of 9 constants reads 9 sources, a small CNN
+            # builds ~50 of these per session
             tasks.append(TaskDescriptor(
-                tid, TaskScope.SESSION, TaskKind.READ_SOURCE, "io" if d.is_external else "inline", (),
-                estimated_output_bytes=d.nbytes, sources=(s,), result=f"source bytes of {s}",
+                tid, session, read_source, "io" if d.is_external else "inline", (), (), None, 0,
+                r.source_bytes if one else d.nbytes, 0, None, (s,), f"source bytes of {s}",
             ))
-        if r.key.is_raw:
+        if r.key.layout == RAW:  # (is_raw)
             # A separate publish task, so the read can be shared with a prepack of the same tensor
             # (a tied embedding and LM head) while each object is published by its own task.
             s = r.sources[0]
             tid = f"S.{s}.publish"
             producer[r.key] = tid
             tasks.append(TaskDescriptor(
-                tid, TaskScope.SESSION, TaskKind.PUBLISH_RAW, "inline", (read_task[s],), publishes=r.key,
-                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {ks}",
+                tid, session, publish_raw, "inline", (read_task[s],), (), r.key, 0, r.source_bytes, 0, None, (s,),
+                f"publish {ks}",
             ))
             continue
         tid = f"S.{ks}.prepack"
@@ -350,11 +357,13 @@ def _invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, gr
 def _validate(tasks: list[TaskDescriptor], by_id: dict[str, TaskDescriptor]) -> None:
     earlier: set[str] = set()
     ordered = True  # every dependency listed before its dependent (how the plan builds them): no cycle
+    session, invocation = TaskScope.SESSION, TaskScope.INVOCATION
     for t in tasks:
         for d in t.dependencies:
-            if d not in by_id:
+            dep = by_id.get(d)
+            if dep is None:
                 raise PlanError(f"task {t.id} depends on unknown task {d}")
-            if t.scope is TaskScope.SESSION and by_id[d].scope is TaskScope.INVOCATION:
+            if dep.scope is invocation and t.scope is session:
                 raise PlanError(f"session task {t.id} depends on invocation task {d}")
             if d not in earlier:
                 ordered = False

@@ -10,7 +10,7 @@ from onnx_prepared.records import field, record
 RAW = "raw"
 
 
-@record(frozen=True, slots=True)
+@record(frozen=True, slots=True, cache_hash=True)  # a dict key ~9 times per construction
 class PreparedKey:
     """(ordered source lineage, layout, device): identical requests share one key.
 

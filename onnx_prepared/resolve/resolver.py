@@ -95,15 +95,17 @@ class NodePrepack:
 class ResolvedModel:
     """The frozen result of resolution: mutation raises ``FrozenInstanceError``.
 
-    The transformed graph is kept serialized; :meth:`graph` returns a fresh copy, so no caller can
-    change what the plan is built from. Its top-level initializers carry their names only (their types,
-    dims and payloads are manifest entries), and only in what :meth:`graph` returns: ``graph_bytes`` holds
-    none when ``initializer_names`` is recorded (the plan reads the names from there; adding ~50 names
-    one message each to a graph that is serialized, then parsed again, was ~1 us a name).
+    The transformed graph is ``graph_proto``, which nothing edits after resolution: the plan reads it
+    (node names come from ``node_io``/``node_meta``; the proto gives the graph's inputs and outputs) and
+    :meth:`graph` hands out copies, so no caller changes what the plan is built from. (It was kept
+    serialized and parsed again by the plan: ~30 us of a 16-node CNN's construction.) Its top-level
+    initializers carry their names only (their types, dims and payloads are manifest entries), and only in
+    what :meth:`graph` returns: ``graph_proto`` holds none when ``initializer_names`` is recorded (the plan
+    reads the names from there; adding ~50 names one message each was ~1 us a name).
     """
 
     source: LoadedModel
-    graph_bytes: bytes
+    graph_proto: onnx.GraphProto  # read-only by convention: graph() copies it
     opsets: Mapping[str, int]
     kernels: tuple[BoundKernel, ...]  # per node of the transformed graph: the one kernel binding
     requirements: tuple[PreparedRequirement, ...]
@@ -135,7 +137,7 @@ class ResolvedModel:
         """A fresh copy of the transformed graph; ``initializers=False``: without the top-level
         initializer names that ``initializer_names`` records (the plan's copy: it reads that tuple)."""
         g = onnx.GraphProto()
-        g.ParseFromString(self.graph_bytes)
+        g.CopyFrom(self.graph_proto)
         names = self.initializer_names
         if initializers and names and not g.initializer:
             add = g.initializer.add
@@ -144,17 +146,29 @@ class ResolvedModel:
         return g
 
     @property
+    def graph_bytes(self) -> bytes:
+        """The transformed graph serialized (without the top-level initializer names ``graph`` adds)."""
+        return self.graph_proto.SerializeToString()
+
+    @property
     def functions(self) -> dict[tuple[str, str], onnx.FunctionProto]:
         return self.source.functions
 
     @property
     def complete(self) -> bool:
         """Every node has a kernel and every requirement's sources are active manifest entries."""
-        return len(self.kernels) == self.node_count and all(
-            (r.active.name in self.manifest.active) if isinstance(r.active, ReadPackedPayload)
-            else all(s in self.manifest.active for s in r.sources)
-            for r in self.requirements
-        )
+        if len(self.kernels) != self.node_count:
+            return False
+        active = self.manifest.active  # (a loop, not nested generators: the plan asks once per construction)
+        for r in self.requirements:
+            if isinstance(r.active, ReadPackedPayload):
+                if r.active.name not in active:
+                    return False
+                continue
+            for s in r.sources:
+                if s not in active:
+                    return False
+        return True
 
     @property
     def missing_cache_entries(self) -> list[PreparedKey]:
@@ -272,13 +286,15 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
 
     requirements = []
     for k, v in reqs.items():
-        src = ReadSourceAndPrepack(v["sources"], k.layout)
+        sources = v["sources"]
+        src = ReadSourceAndPrepack(sources, k.layout)
         recipes: tuple = (src,)
         entry = prepared.lookup(k) if prepared is not None and not k.is_raw else None
         if entry is not None:
             recipes = (ReadPackedPayload(k.slot_name, entry), src)
-        requirements.append(PreparedRequirement(k, v["sources"], v["spec"], tuple(v["consumers"]),
-                                                sum(weights[s].nbytes for s in v["sources"]), recipes, recipes[0]))
+        nbytes = weights[sources[0]].nbytes if len(sources) == 1 else sum(weights[s].nbytes for s in sources)
+        requirements.append(PreparedRequirement(k, sources, v["spec"], tuple(v["consumers"]), nbytes, recipes,
+                                                recipes[0]))
     requirements = tuple(requirements)
     # the nodes as the rows pass reads them (op_type, domain, name, input, output), from the index's lists
     if has_row_candidates(weights, requirements):
@@ -296,19 +312,25 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         kernels[idx] = BoundKernel(call, k.name, k.is_fallback, k.implicit_inputs)
     active: dict[str, ManifestEntry] = {}
     dormant: dict[str, ManifestEntry] = {}
+    any_cached = False
     for r in requirements:
-        if r.cached:
+        if type(r.active) is ReadPackedPayload:  # (r.cached)
+            any_cached = True
             active[r.active.name] = ManifestEntry(r.active.name, None, f"cached packed payload of {r.key}",
                                                   r.active.entry)
             continue
+        reason = None  # one reason for all of the requirement's new entries (a prepack has up to 9 sources)
         for s in r.sources:
             if s not in active:
-                why = f"source of {r.key}" if not r.key.is_raw else "constant input"
-                first = node_meta[r.consumers[0]] if r.consumers[0] < len(node_meta) else None
-                who = f" of node {first[0] or first[2]!r}" if first is not None else " (graph output)"
-                rows = row_tables.get(s)
-                active[s] = ManifestEntry(s, weights[s], why + who, rows=rows.describe() if rows else "")
-    for r in requirements:
+                if reason is None:
+                    key = r.key
+                    why = f"source of {key}" if key.layout != RAW else "constant input"
+                    first = node_meta[r.consumers[0]] if r.consumers[0] < len(node_meta) else None
+                    reason = why + (f" of node {first[0] or first[2]!r}" if first is not None else " (graph output)")
+                rows = row_tables.get(s) if row_tables else None
+                active[s] = (ManifestEntry(s, weights[s], reason) if rows is None
+                             else ManifestEntry(s, weights[s], reason, rows=rows.describe()))
+    for r in requirements if any_cached else ():
         if r.cached:
             for s in r.sources:
                 if s not in active and s not in dormant:
@@ -317,7 +339,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         raise InternalError("kernel binding missing for a node")
     return ResolvedModel(
         source=model,
-        graph_bytes=graph.SerializeToString(),
+        graph_proto=graph,
         opsets=MappingProxyType(dict(opsets)),
         kernels=tuple(kernels),
         requirements=requirements,

@@ -120,8 +120,9 @@ def test_resolved_graph_keeps_initializer_names_only(tmp_path):
 
 
 def test_initializer_names_are_added_to_the_graph_copy_alone(tmp_path, monkeypatch):
-    """The serialized graph holds no initializer (the names are ``initializer_names``); ``graph()`` adds
-    them, and the plan asks for its copy without them (it reads the recorded names)."""
+    """The stored graph holds no initializer (the names are ``initializer_names``); ``graph()`` adds
+    them to its copy, and the plan, which has every node's names recorded, reads the stored graph itself
+    (no copy) and leaves it as it was."""
     from onnx_prepared import onnx_proto
     from onnx_prepared.plan.prepared_plan import build_prepared_plan
     from onnx_prepared.resolve.resolver import ResolvedModel
@@ -135,8 +136,10 @@ def test_initializer_names_are_added_to_the_graph_copy_alone(tmp_path, monkeypat
     asked = []
     graph = ResolvedModel.graph
     monkeypatch.setattr(ResolvedModel, "graph", lambda self, **kw: asked.append(kw) or graph(self, **kw))
-    build_prepared_plan(r)
-    assert asked == [{"initializers": False}]
+    before = r.graph_bytes
+    plan = build_prepared_plan(r)
+    assert asked == [] and r.graph_bytes == before
+    assert [a.node_index for a in plan.execution.actions] == list(range(r.node_count))
 
 
 def test_a_constants_payload_is_parsed_once(monkeypatch):
