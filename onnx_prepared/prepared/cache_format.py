@@ -18,8 +18,6 @@ import hashlib
 import json
 import os
 import re
-import string
-from dataclasses import dataclass, field
 
 from google.protobuf.message import Error as ProtobufError
 
@@ -27,6 +25,7 @@ from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import short
 from onnx_prepared.model.strings import invalid_string_field
 from onnx_prepared.prepared.payload_hash import ALGORITHM, is_checksum
+from onnx_prepared.records import field, record
 
 #: Version of the container format (model metadata) and of the per-entry packed-record convention.
 #: 2: every payload is followed by its identity record; source stamps are stat fingerprints.
@@ -66,12 +65,12 @@ ENTRY_FORMAT_KEY = E + "format_version"
 ENTRY_KEYS = (LINEAGE_DIGEST_KEY, LINEAGE_KEY, LAYOUT_KEY, DEVICE_KEY, ENTRY_ABI_KEY, ENTRY_FORMAT_KEY)
 
 PREFIX = "prepared/"
-_HEX = frozenset(string.hexdigits.lower())
+_HEX = frozenset("0123456789abcdef")
 #: IR 10 is the first with TensorProto.metadata_props; opset 21 is the matching default domain.
 IR_VERSION, OPSET = 10, 21
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CacheEntry:
     """One persisted prepared object, as the companion index describes it (no payload byte read).
 
@@ -92,7 +91,7 @@ class CacheEntry:
     location: str = field(default="", compare=False)  # as written (relative to the cache folder)
 
 
-@dataclass
+@record
 class CompanionIndex:
     """A decoded companion model, its index: top-level metadata, the entry table, and structural problems found.
 

@@ -25,7 +25,6 @@ every read.
 from __future__ import annotations
 
 import os
-import string
 import threading
 
 from onnx_prepared.model.safe_open import changed_within, fingerprint
@@ -34,7 +33,7 @@ from onnx_prepared.model.safe_open import changed_within, fingerprint
 ALGORITHM = "xxh3_128"
 #: Bytes read (and then hashed) per ``preadv`` when a payload is verified while it is read.
 CHUNK = 8 << 20
-_HEX = frozenset(string.hexdigits.lower())
+_HEX = frozenset("0123456789abcdef")
 
 
 def hasher():
