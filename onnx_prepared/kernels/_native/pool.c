@@ -298,8 +298,8 @@ static void start_workers(void)
  * for the workers after its own last task. A tail of more than TAIL_NS, 10 % of the caller's own work
  * and two of the caller's tasks (a worker's last task may end one task after the caller's: that is
  * granularity, not a straggler) is a miss; then jobs run on the caller alone for BACKOFF_NS << streak
- * (0.5, 1, 2, ... 64 ms; at least 8 times the caller's own part of that job, not counting the tail), and the
- * next pooled job probes again. (Counting the tail made one preempted worker cost a long solo stretch: a
+ * (0.5, 1, 2, ... 64 ms; at least 1, 2, 4, then 8 times the caller's own part of that job, not counting the
+ * tail, see the NOTE on the floor), and the next pooled job probes again. (Counting the tail made one preempted worker cost a long solo stretch: a
  * worker descheduled for a whole 4 ms tick in a 190 us M=1 job, measured in an autogroup of nice -19, ran
  * the next ~33 ms, some 170 jobs, on one thread: level-0 M=1 1024x1024 on 2 threads 186 us, as on one;
  * with the caller's part, 102-124 us.) A job without such a tail ends the
@@ -317,6 +317,15 @@ static void start_workers(void)
  * ours on 2 threads vs 1 at M=16 was 1.19x (level 0) and 1.45x (level 4) after one warm-up call (1.99x and
  * 2.01x after three), 1.97x and 1.88x after one with this rule; at M=1 (jobs of ~0.2 ms) one warm-up call
  * was still not enough (1.03x, level 4; 1.37-1.58x after three). */
+/* NOTE (the floor of a long job's back-off): it was 8 times the caller's part of the job from the first miss.
+ * On a machine where other processes take a CPU now and then (other sessions' builds, tests and profilers
+ * beside this one), one preempted worker then cost some 8 jobs on one thread: the medium tiny-llm's prefill
+ * of 128 tokens ran 24-35 of its ~130 pooled jobs on the caller alone. The floor now doubles with the streak
+ * (1, 2, 4, then 8 times, as before once misses repeat; a job without a straggler still ends the streak): the
+ * same model, the two floors alternated in one process (a temporary setter), 10 rounds of 3 runs each,
+ * autogroup nice -19, load ~3.5: median 218 -> 192 ms and 224 -> 199 ms (jobs on the caller alone per run
+ * 24 -> 5.6 and 35 -> 7.2); in the caller's own autogroup (nice 0, load ~3, so both CPUs shared with
+ * other sessions) 296 -> 293 ms (64 -> 18). Jobs under 62 us keep their BACKOFF_NS floor. */
 #define JUDGE_NS 30000LL
 #define TAIL_NS 20000LL
 #define BACKOFF_NS 500000LL
@@ -337,7 +346,9 @@ static void judge(long long t0, long long t1, long long t2, int mine, int ntasks
     if (P.streak < MAX_STREAK) P.streak++;
     P.last_bad = t2;
     long long d = BACKOFF_NS << (P.streak - 1);
-    if (d < 8 * work) d = 8 * work; /* long jobs: at most one probe in 9 of them (their length without the tail) */
+    /* long jobs: at least 1, 2, 4, then 8 times the caller's part of this one (see the NOTE on the floor) */
+    const long long floor = work << (P.streak - 1 < 3 ? P.streak - 1 : 3);
+    if (d < floor) d = floor;
     P.solo_until = t2 + d;
 }
 
