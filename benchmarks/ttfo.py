@@ -266,20 +266,30 @@ def _ours_breakdown(sess, t0: float, t1: float, spawn: float) -> dict:
 # **** parent ****
 
 
-def compile_package() -> None:
-    """Write onnx_prepared's .pyc files, as ``pip install`` of a wheel does (children only read them)."""
+def compile_package(ab: str | None = None) -> None:
+    """Write onnx_prepared's .pyc files, as ``pip install`` of a wheel does (children only read them): the
+    package this process imports and, for ``--ab PYTHONPATH=...``, the one under each folder of that path.
+
+    NOTE: without the second, an A/B of two trees timed the /ab tree's bytecode compilation: this
+    environment sets PYTHONDONTWRITEBYTECODE, so a tree whose .pyc are missing or stale (main after a
+    merge) is compiled again by every child, in its import and construction phases.
+    """
     import compileall
     import importlib.util
 
     spec = importlib.util.find_spec("onnx_prepared")
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
+    folders = list(spec.submodule_search_locations) if spec is not None and spec.submodule_search_locations else []
+    var, _, value = (ab or "").partition("=")
+    if var == "PYTHONPATH":
+        folders += [os.path.join(f, "onnx_prepared") for f in value.split(os.pathsep) if f]
+    for folder in dict.fromkeys(folders):
+        if os.path.isdir(folder):
             compileall.compile_dir(folder, quiet=1)
 
 
 def bench(a: argparse.Namespace) -> dict:
     me = os.path.abspath(__file__)
-    compile_package()
+    compile_package(a.ab)
     res: dict = {"benchmark": "ttfo", "machine": C.machine(), "reps": a.reps, "goals": GOALS,
                  "goal_import": GOAL_IMPORT, "cases": []}
     raw: dict[tuple, list[dict]] = {}

@@ -126,6 +126,16 @@ def test_ttfo(models_dir, capsys):
     assert "TTFO ms" in out and "by kernel" in out
 
 
+def test_ttfo_compiles_the_ab_tree_too(tmp_path):
+    """--ab PYTHONPATH=<tree>: that tree's modules are compiled like the parent's, so its children do not
+    compile them in their import phase (PYTHONDONTWRITEBYTECODE)."""
+    tree = tmp_path / "tree"
+    (tree / "onnx_prepared").mkdir(parents=True)
+    (tree / "onnx_prepared" / "probe_mod.py").write_text("X = 1\n")
+    _module("ttfo").compile_package(f"PYTHONPATH={tmp_path / 'missing'}{os.pathsep}{tree}")
+    assert [p.name.split(".")[0] for p in (tree / "onnx_prepared" / "__pycache__").iterdir()] == ["probe_mod"]
+
+
 def test_models_are_never_rewritten(models_dir):
     path = os.path.join(models_dir, "tiny", "tiny-llm.onnx")
     before = os.stat(path).st_mtime_ns
