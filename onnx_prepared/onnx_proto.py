@@ -221,6 +221,9 @@ _NP = {_T.FLOAT: np.float32, _T.UINT8: np.uint8, _T.INT8: np.int8, _T.UINT16: np
        _T.STRING: np.object_}
 _NP = {k: np.dtype(v) for k, v in _NP.items()}
 _TO_TENSOR = {v: k for k, v in _NP.items()}
+#: the dtypes ``to_array`` reads itself (raw little-endian bytes or a plain typed field): every native one
+#: but strings, and none on a big-endian host (a dict lookup instead of a dtype compare and a sys read)
+_NATIVE = {k: v for k, v in _NP.items() if v != np.object_} if sys.byteorder == "little" else {}
 
 
 def tensor_dtype_to_np_dtype(elem_type: int) -> np.dtype:
@@ -269,12 +272,14 @@ _FIELDS = {_T.FLOAT: ("float_data", np.float32), _T.DOUBLE: ("double_data", np.f
            _T.UINT64: ("uint64_data", np.uint64)}
 
 
+_EXTERNAL = _T.EXTERNAL
+
+
 def to_array(tensor: TensorProto) -> np.ndarray:
     """As ``onnx.numpy_helper.to_array``: raw little-endian data of a native dtype and the plain typed
     fields are read here, everything else (strings, 16-bit and sub-byte types, external data) there."""
-    dt = _NP.get(tensor.data_type)
-    if (dt is not None and dt != np.object_ and sys.byteorder == "little" and tensor.data_location != _T.EXTERNAL
-            and not tensor.HasField("segment")):
+    dt = _NATIVE.get(tensor.data_type)
+    if dt is not None and tensor.data_location != _EXTERNAL and not tensor.HasField("segment"):
         dims = tensor.dims
         shape = tuple(dims) if dims else ()  # (a scalar's: tuple() of an empty container is ~1 us)
         if tensor.HasField("raw_data"):

@@ -204,7 +204,7 @@ def _folded_constant(domain: str, output: str, k: BoundKernel, graph_outputs: se
     if type(value) is not np.ndarray:
         return None
     value = value.view()
-    value.flags.writeable = False
+    value.setflags(write=False)  # (half of ``value.flags.writeable = False``, which builds a flags object)
     return value
 
 

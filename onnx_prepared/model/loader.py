@@ -266,7 +266,8 @@ _INLINE_NBYTES = {getattr(onnx.TensorProto, n): b for n, b in (
 def _nested_tensors(model: onnx.ModelProto, subgraphs: list[bool], facts: tuple = ()
                     ) -> Iterator[tuple[str, onnx.TensorProto]]:
     """External tensors outside ``graph.initializer``; ``subgraphs`` gets an entry when a node holds a subgraph.
-    ``facts``: the graph's NodeFacts; a node whose attributes they parsed holds no tensor or graph."""
+    ``facts``: the graph's NodeFacts; a node whose attributes they parsed holds no external tensor
+    or graph."""
     g = model.graph
     for sp in g.sparse_initializer:
         yield f"sparse initializer {sp.values.name!r} values", sp.values

@@ -19,8 +19,9 @@ def max_opset(domain: str) -> int:
 
 #: What the load's one walk read of a top-level node: ``(op_type, domain, name, inputs, outputs, attrs,
 #: schema)``. ``attrs`` is the node's attributes as ``bind.attributes.parse_attributes`` returns them when
-#: every one is a plain INT/FLOAT/INTS/FLOATS/STRING/STRINGS value its schema declares (so the node holds no
-#: tensor or subgraph), else None (ask the node). ``schema`` is None outside the onnx domains.
+#: every one is a plain INT/FLOAT/INTS/FLOATS/STRING/STRINGS value or an inline TENSOR (converted by
+#: ``to_array``) its schema declares (so the node holds no subgraph and no external tensor), else None (ask
+#: the node). ``schema`` is None outside the onnx domains.
 NodeFacts = tuple
 
 
@@ -84,7 +85,8 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                 if parsed is not None:
                     facts.append((op_type, domain, node.name, ins, tuple(node.output),
                                   None if _UNPARSED in parsed else parsed, schema))
-                stack.extend(iter(g.node) for g in subgraphs)
+                if subgraphs:
+                    stack.extend(iter(g.node) for g in subgraphs)
                 continue
         for a in attributes:  # no schema: only the subgraphs (and, for the graph's nodes, the values) are read
             fields = a.ListFields()
@@ -177,11 +179,15 @@ def _check_signature(node: onnx.NodeProto, schema: schemas.Schema, what: str, at
                 if parsed is not None:
                     convert = _PLAIN.get(a_type)
                     try:
-                        if convert is None:  # a tensor or a graph: the node is asked
-                            parsed[_UNPARSED] = None
-                        else:
+                        if convert is not None:
                             parsed[a_name] = convert(value)
-                    except UnicodeDecodeError:  # left to parse_attributes, as before
+                        elif a_type == _A.TENSOR and value.data_location != _EXTERNAL:
+                            # an inline tensor (a Constant's value) as parse_attributes converts it: the
+                            # node's attributes are not walked twice more (nested tensors, resolution)
+                            parsed[a_name] = onnx.to_array(value)
+                        else:  # a graph, or an external tensor (inlined later): the node is asked
+                            parsed[_UNPARSED] = None
+                    except Exception:  # left to parse_attributes, which raises what it raised before
                         parsed[_UNPARSED] = None
                 if a_type == _A.GRAPH:
                     subgraphs.append(value)
@@ -255,6 +261,7 @@ _VALUE_NAMES = frozenset(_VALUE_FIELDS.values())
 _VALUE_FD = {t: onnx.AttributeProto.DESCRIPTOR.fields_by_name[n] for t, n in _VALUE_FIELDS.items()}
 _G_FD, _GRAPHS_FD = _VALUE_FD[_A.GRAPH], _VALUE_FD[_A.GRAPHS]
 _TYPE_FD = onnx.AttributeProto.DESCRIPTOR.fields_by_name["type"]
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 _NAME_FD = onnx.AttributeProto.DESCRIPTOR.fields_by_name["name"]
 
 #: parsed's marker key (no attribute name is None): an attribute the walk did not convert

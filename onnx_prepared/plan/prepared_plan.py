@@ -189,7 +189,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     read_task: dict[str, str] = {}
     manifest = resolved.manifest.active
     # Session tasks, ordered by when inference first needs them (what a sequential loader would do).
-    order = sorted(range(len(reqs)), key=lambda i: (first_need[i], i))
+    order = sorted(range(len(reqs)), key=first_need.__getitem__)  # (stable: ties stay in requirement order)
     if persist is None:
         persist = resolved.policy is PreparedModelPolicy.BUILD_IF_MISSING
     persister: dict[PreparedKey, str] = {}

@@ -354,7 +354,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
         dead_initializers=dead,
-        policy=PreparedModelPolicy(getattr(policy, "value", policy)),
+        policy=policy if type(policy) is PreparedModelPolicy else PreparedModelPolicy(getattr(policy, "value", policy)),
     )
 
 

@@ -44,11 +44,36 @@ def test_facts_say_what_the_nodes_say(tmp_path):
         assert (op, domain, name, ins, outs) == (node.op_type, node.domain, node.name, tuple(node.input),
                                                  tuple(node.output))
         assert schema is not None and schema.since_version <= 17
-        if node.op_type == "Constant":
-            assert attrs is None  # a tensor: parsed from the node (it may be external until inlined)
+        if node.op_type == "Constant":  # an inline tensor: converted as parse_attributes converts it
+            want = parse_attributes(node)
+            assert list(attrs) == ["value"] == list(want)
+            assert attrs["value"].dtype == want["value"].dtype and np.array_equal(attrs["value"], want["value"])
         else:
             assert attrs == parse_attributes(node), node.op_type
     assert loaded.node_facts[4][5] == {"blocksize": 2, "mode": "CRD"}
+
+
+def test_an_external_constant_is_left_to_the_node(tmp_path):
+    """A Constant whose tensor lives in a data file is not converted at load (the builder inlines it
+    before resolution, which then parses the node), and the load still lists it as a nested external."""
+    t = numpy_helper.from_array(np.arange(64, dtype=np.float32), "k")
+    from onnx.external_data_helper import set_external_data
+
+    (tmp_path / "k.bin").write_bytes(t.raw_data)
+    set_external_data(t, "k.bin")
+    t.ClearField("raw_data")
+    t.data_location = T.EXTERNAL
+    g = helper.make_graph([helper.make_node("Constant", [], ["k"], value=t), helper.make_node("Neg", ["k"], ["y"])],
+                          "g", [], [helper.make_tensor_value_info("y", T.FLOAT, [64])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    loaded = load_model(str(path))
+    assert loaded.node_facts[0][5] is None and loaded.node_facts[1][5] == {}
+    assert [n.desc.payload.length for n in loaded.nested_external] == [256]
+    import onnx_prepared
+
+    (y,) = onnx_prepared.InferenceSession(str(path)).run(None, {})
+    np.testing.assert_array_equal(y, -np.arange(64, dtype=np.float32))
 
 
 def test_resolution_from_facts_equals_resolution_from_the_protobuf(tmp_path):
