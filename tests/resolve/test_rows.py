@@ -383,3 +383,21 @@ def test_prepare_submits_row_tables_last_and_gathered_only_ones_at_background_pr
             assert dict(order)[weight_bit] is want
             sess.prepare()
             sess.flush_cache()
+
+
+def test_a_cold_run_gathering_rows_does_not_import_numpy_ma(tmp_path):
+    """np.unique without return_inverse (numpy 2.4) asks np.ma.is_masked, importing numpy.ma: 12-16 ms of
+    a cold first run's critical path. A fresh process's first run, gathering scattered rows of a row
+    table, must not load it."""
+    import ast
+    import subprocess
+
+    path = generate_tiny_llm(tmp_path / "m", **SMALL)
+    np.savez(tmp_path / "feeds.npz", **prefill_feeds(TinyLlmConfig.from_preset(None, **SMALL), [3, 900, 7, 4000]))
+    code = ("import sys, numpy as np\nfrom onnx_prepared import RuntimeSession\n"
+            f"feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))\n"
+            f"s = RuntimeSession({str(path)!r}, {{'prepared_model_policy': 'disabled'}})\n"
+            f"assert {EMBED!r} in s.resolved.row_tables\n"
+            "s.run(feeds)\nprint(sorted(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "numpy.ma" not in set(ast.literal_eval(out.strip().splitlines()[-1]))
