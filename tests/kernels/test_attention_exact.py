@@ -1,11 +1,11 @@
 """GroupQueryAttention's native path bit for bit against onnxruntime (its flash path: MLAS's SGEMM, exp and
 RoPE roundings, the decode GEMVs; see kernels/_native/attention.inc): prefill of odd lengths, one and
 several key blocks, a lone last query row, decode with a past, multi-token steps with a past, rotary
-(interleaved or not), packed or separate QKV, a local window, batch 2. Bit-equal at avx2 and above in the
-order onnxruntime's MLAS picks on this CPU (``attention.gqa_order``: its AVX-512F or its AVX2 sum-exp
-kernel); within tolerance at portable. The other order, forced, is deterministic and close but not
-bit-equal. onnxruntime runs on one thread (with more it may split a decode's keys over threads, which
-rounds otherwise)."""
+(interleaved or not), packed or separate QKV, a local window, batch 2. Bit-equal at every level (portable
+too: its fused multiply-adds are fmaf) in the order onnxruntime's MLAS picks on this CPU
+(``attention.gqa_order``: its AVX-512F or its AVX2 sum-exp kernel). The other order, forced, is
+deterministic and close but not bit-equal. onnxruntime runs on one thread (with more it may split a
+decode's keys over threads, which rounds otherwise)."""
 
 from __future__ import annotations
 
@@ -114,10 +114,7 @@ def test_bit_equal_to_onnxruntime(level, kw, attrs):
         got = _ours(f, **a)
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
-        if level != "portable":
-            assert np.array_equal(g, w), (int((g != w).sum()), float(np.abs(g - w).max()))
-        else:
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+        assert np.array_equal(g, w), (int((g != w).sum()), float(np.abs(g - w).max()))
 
 
 @pytest.mark.parametrize("level", native.supported_levels())
@@ -132,13 +129,10 @@ def test_ragged_batch_bit_equal(level, s, past, seqlens):
     with native.forced_level(level):
         got = _ours(f, **a)
     for g, w in zip(got, want):
-        if level != "portable":
-            assert np.array_equal(g, w), (int((g != w).sum()), float(np.abs(g - w).max()))
-        else:
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+        assert np.array_equal(g, w), (int((g != w).sum()), float(np.abs(g - w).max()))
 
 
-@pytest.mark.parametrize("level", [lv for lv in native.supported_levels() if lv != "portable"])
+@pytest.mark.parametrize("level", native.supported_levels())
 @pytest.mark.parametrize("kw", [{"s": 128}, {"s": 300, "past": 100}, {"s": 1, "past": 300}], ids=str)
 def test_the_other_order_is_deterministic_and_close(monkeypatch, level, kw):
     """The order of the CPU onnxruntime does not run on here (forced): the same bits on every call, within
