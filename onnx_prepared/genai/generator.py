@@ -200,7 +200,7 @@ class Generator:
         logits = logits.astype(np.float32, copy=True)
         penalty = float(s["repetition_penalty"])
         if penalty != 1.0 and self._tokens:
-            seen = np.unique(np.asarray(self._tokens))
+            seen = np.fromiter(set(self._tokens), np.int64)  # np.unique's first call imports numpy.ma (12-16 ms)
             vals = logits[seen]
             logits[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
         if not s["do_sample"]:

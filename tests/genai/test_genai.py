@@ -150,3 +150,25 @@ def test_tokenizer_stream_reassembles_multibyte_text_of_a_byte_level_bpe(tmp_pat
     pieces = [stream.decode(i) for i in ids]
     assert "".join(pieces) == t.decode(ids) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_repetition_penalty_divides_or_multiplies_the_seen_tokens_logits():
+    """onnxruntime-genai's rule: each token already in the sequence has its logit divided by the penalty if
+    positive, multiplied if not; greedy then takes the argmax."""
+    folder = os.path.join(FIXTURES, FOLDERS[0])
+    prompt = np.load(os.path.join(folder, "reference.npz"))["input_ids"][0].astype(np.int32)
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt.size + 8, repetition_penalty=1.5)
+    g = og.Generator(model, params)
+    g.append_tokens(prompt)
+    steps = 0
+    while not g.is_done():
+        logits = g.get_logits()[0].astype(np.float32)
+        seen = sorted({int(t) for t in g.get_sequence(0)})
+        v = logits[seen]
+        logits[seen] = np.where(v > 0, v / np.float32(1.5), v * np.float32(1.5))
+        g.generate_next_token()
+        assert int(g.get_next_tokens()[0]) == int(np.argmax(logits))
+        steps += 1
+    assert steps == 8
