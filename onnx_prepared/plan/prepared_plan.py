@@ -214,11 +214,10 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             d = manifest[s].descriptor
             tid = f"S.{s}.read_source"
             read_task[s] = tid
-            # positional (every field in order): a prepack of 9 constants reads 9 sources, a small CNN
-            # builds ~50 of these per session
             tasks.append(TaskDescriptor(
-                tid, session, read_source, "io" if d.is_external else "inline", (), (), None, 0,
-                r.source_bytes if one else d.nbytes, 0, None, (s,), f"source bytes of {s}",
+                tid, session, read_source, "io" if d.is_external else "inline", (),
+                estimated_output_bytes=r.source_bytes if one else d.nbytes, sources=(s,),
+                result=f"source bytes of {s}",
             ))
         if r.key.layout == RAW:  # (is_raw)
             # A separate publish task, so the read can be shared with a prepack of the same tensor
@@ -227,8 +226,8 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             tid = f"S.{s}.publish"
             producer[r.key] = tid
             tasks.append(TaskDescriptor(
-                tid, session, publish_raw, "inline", (read_task[s],), (), r.key, 0, r.source_bytes, 0, None, (s,),
-                f"publish {ks}",
+                tid, session, publish_raw, "inline", (read_task[s],), publishes=r.key,
+                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {ks}",
             ))
             continue
         tid = f"S.{ks}.prepack"
