@@ -209,11 +209,11 @@ class ExternalDataReader:
             self.bytes_read += p.length
         return buf
 
-    def read_rows(self, desc: WeightDescriptor, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` (sorted, unique, in range) of ``desc``'s table as one array of ``out``'s bytes
-        (a writable C-contiguous uint8 array of ``len(rows) * row_bytes`` elements); the table's rows
-        are ``desc.payload.length // desc.dims[0]`` bytes each. Not verified here: the whole tensor's
-        checksum covers the rows (``verify_whole``).
+    def read_rows(self, desc: WeightDescriptor, rows: np.ndarray, out: np.ndarray) -> int:
+        """Rows ``rows`` (sorted, unique, in range) of ``desc``'s table into ``out`` (a writable
+        C-contiguous uint8 array of ``len(rows) * row_bytes`` elements); the table's rows are
+        ``desc.payload.length // desc.dims[0]`` bytes each. Returns the number of contiguous runs of rows
+        (:func:`row_runs`). Not verified here: the whole tensor's checksum covers the rows (``verify_whole``).
 
         Scattered rows are gathered from one read-only mapping of their span (:func:`_gather_mapped`),
         not read one run at a time: each ``preadv`` (and ``fstat``) releases the GIL and must take it back,
@@ -227,18 +227,18 @@ class ExternalDataReader:
         """
         p = desc.payload
         row_bytes = p.length // desc.dims[0]
-        if (isinstance(p, ExternalPayload) and len(rows) and int(rows[-1]) + 1 - int(rows[0]) > len(rows)
-                and mapped_sources() and self._gather_rows(desc, p, rows, row_bytes, out)):
+        starts, stops = row_runs(rows)
+        if (isinstance(p, ExternalPayload) and len(starts) > 1 and mapped_sources()
+                and self._gather_rows(desc, p, rows, row_bytes, out)):
             with self._lock:
                 self.bytes_read += len(rows) * row_bytes
-            return out
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), len(rows)]):
+            return len(starts)
+        for a, b in zip(starts, stops):
             part = WeightDescriptor(desc.name, desc.elem_type, (b - a, *desc.dims[1:]),
                                     replace(p, offset=p.offset + int(rows[a]) * row_bytes, length=(b - a) * row_bytes,
                                             checksum=None))
             self.read_bytes(part, out[a * row_bytes: b * row_bytes])
-        return out
+        return len(starts)
 
     def _gather_rows(self, desc: WeightDescriptor, p: ExternalPayload, rows: np.ndarray, row_bytes: int,
                      out: np.ndarray) -> bool:
@@ -500,6 +500,14 @@ def _map(fd: int, offset: int, length: int) -> np.ndarray:
     m = mmap.mmap(fd, offset + length - base, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ,
                   offset=base)
     return np.frombuffer(m, np.uint8, length, offset - base)
+
+
+def row_runs(rows: np.ndarray) -> tuple[list[int], list[int]]:
+    """[start, stop) positions in ``rows`` (sorted, unique row numbers) of each contiguous run of them."""
+    if not len(rows):
+        return [], []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    return np.concatenate(([0], breaks)).tolist(), np.concatenate((breaks, [len(rows)])).tolist()
 
 
 def _gather_mapped(fd: int, offset: int, shape: tuple[int, int], index: np.ndarray, out: np.ndarray) -> None:

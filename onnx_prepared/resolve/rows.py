@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from onnx_prepared.model import ExternalDataReader, WeightDescriptor
+from onnx_prepared.model.reader import row_runs
 from onnx_prepared.records import record, replace
 
 #: Smaller tables are read whole: one read is cheaper than a few row reads.
@@ -202,11 +203,6 @@ class RowView:
         """The same rows seen with another row shape (a Reshape that keeps axis 0)."""
         return RowView(replace(self.desc, dims=(self.desc.dims[0], *row_shape)), self.reader, self._stats)
 
-    def _runs(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
-        """[start, stop) positions in ``rows`` of each contiguous run of row numbers."""
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        return np.concatenate(([0], breaks)).tolist(), np.concatenate((breaks, [len(rows)])).tolist()
-
     def hint(self, rows: np.ndarray) -> None:
         """Ask the kernel to start reading rows ``rows`` (sorted, unique) now (``will_need``): scattered
         row reads then wait about one device latency in all instead of one each, in turn behind the
@@ -216,7 +212,7 @@ class RowView:
         more than reading the gap; 2 x 128 calls took 5-43 ms there)."""
         if len(rows) < 2:
             return
-        starts, stops = self._runs(rows)
+        starts, stops = row_runs(rows)
         if len(starts) < 2:
             return  # one run: one read, nothing to overlap
         d = self.desc
@@ -234,8 +230,7 @@ class RowView:
             self.reader.verify_whole(d)
         out = np.empty(len(rows) * row_bytes, np.uint8)
         if len(rows):
-            self.reader.read_rows(d, rows, out)
-            self._stats[1] += len(self._runs(rows)[0])
+            self._stats[1] += self.reader.read_rows(d, rows, out)
         self._stats[0] += len(rows)
         return out.view(d.dtype).reshape((len(rows), *row_shape))
 

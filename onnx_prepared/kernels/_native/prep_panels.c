@@ -17,7 +17,6 @@
 #define PANEL_AVX512 1
 #endif
 
-
 /* 4 nibbles -> the low nibbles of 4 bytes */
 static inline uint32_t spread4(uint32_t x)
 {
