@@ -24,7 +24,11 @@ S2. Per resource, ``reserved`` slots (default: one CPU slot, one I/O slot) are n
     dispatched first, FIFO within a class, except that a task with a ``rank`` goes before the ranked
     tasks queued before it that rank higher (never ahead of an unranked one). A memory-blocked task is
     never overtaken by a task of the same or lower priority class. A charge larger than a limit on its
-    own runs once nothing else holds bytes under that limit (see :class:`MemoryBudget`).
+    own runs once nothing else holds bytes under that limit (see :class:`MemoryBudget`). A background
+    task starts behind the critical work in flight: while critical tasks run, a ready background task
+    that holds no memory waits until every critical task that was running when it first could have
+    started has finished (critical tasks started later do not hold it, so it is never starved), as a
+    whole-table read queued beside a first run would otherwise take disk and cores from that run.
 S3. Priority inheritance: a task's unfinished producers are always at least as urgent as the task. A
     critical task that depends on a prefetch/background chain promotes the whole chain, including tasks
     already queued; ``promote(task, priority)`` does the same on demand.

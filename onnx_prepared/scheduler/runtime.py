@@ -119,6 +119,8 @@ class RuntimeScheduler:
         #: Test hook, called under the lock each time a task takes a slot: ``audit(task, queue)``.
         self._audit = audit
         self._closed = False
+        self._crit_seq = 0  # critical dispatches so far (S2's background barrier)
+        self._critical: set[int] = set()  # dispatch numbers of critical tasks in flight (running, or yielded)
         self._live: set[_Submission] = set()
         self._pools: list[WorkerPool] = []
         self._queues: dict[str, _ResourceQueue] = {}
@@ -478,6 +480,7 @@ class RuntimeScheduler:
 
     def _make_ready(self, t: Task, fx: _Effects) -> None:
         t._transition(_READY)
+        t._barrier = -1
         if self._trace is not None:
             t._t_ready = time.perf_counter()
         q = t._queue
@@ -518,6 +521,8 @@ class RuntimeScheduler:
             t.cause = cause
             if t._held:  # a queued task that was admitted and then cancelled
                 self._admission.release(t)
+            if t._seq:  # cancelled while it waited after a resume_after
+                self._critical_ended(t, fx)
             t._where = IN_NONE
             if state is not _CANCELLED:  # a cancelled task keeps its body: C8 may revive it
                 t.fn = None  # drop what the body captured (caller-owned inputs) as soon as possible
@@ -665,6 +670,12 @@ class RuntimeScheduler:
                 if t.state is not _READY or t._where != IN_READY or t._prio != p:
                     dq.popleft()  # stale: cancelled, promoted, or moved to the memory waitlist
                     continue
+                if p == 2 and self._critical and not t._held:  # S2: background work waits behind critical
+                    if t._barrier < 0:
+                        t._barrier = self._crit_seq
+                        return None
+                    if min(self._critical) <= t._barrier:
+                        return None
                 if t._charge and not t._held and not self._admission.admit(t, p):
                     dq.popleft()
                     self._admission.park(t, p)
@@ -697,6 +708,10 @@ class RuntimeScheduler:
                     t._noncritical = True
                 else:
                     t._noncritical = False
+                    if not t._seq:  # a resumed segment keeps the number of its first
+                        self._crit_seq += 1
+                        t._seq = self._crit_seq
+                        self._critical.add(t._seq)
                 if self._audit is not None:
                     self._audit(t, q)
                 if q is own and nxt is None:
@@ -749,10 +764,23 @@ class RuntimeScheduler:
             self._terminate(t, _CANCELLED, fx)
         else:
             self._resume(t, payload, fx)
+        if t._seq and outcome != _RESUME:
+            self._critical_ended(t, fx)
         if not q.dirty:
             q.dirty = True
             fx.dirty.append(q)
         return self._dispatch(fx, own)
+
+    def _critical_ended(self, t: Task, fx: _Effects) -> None:
+        """``t`` was critical work in flight (S2's background barrier) and is terminal now: it yielded
+        (resume_after) without leaving the set, so a continuation waiting for a read still holds it."""
+        seq, t._seq = t._seq, 0
+        self._critical.discard(seq)
+        if not self._critical or min(self._critical) > seq:  # a held background task's barrier may have passed
+            for bq in self._queues.values():
+                if bq.ready[2] and not bq.dirty:
+                    bq.dirty = True
+                    fx.dirty.append(bq)
 
     def _drain(self, t: Task | None) -> None:
         """Pool job: run tasks of one resource back to back while it has admitted work."""

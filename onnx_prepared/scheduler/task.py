@@ -128,6 +128,7 @@ class Task:
     """
 
     __slots__ = (
+        "_barrier",
         "_callbacks",
         "_charge",
         "_dependents",
@@ -137,6 +138,7 @@ class Task:
         "_prio",
         "_queue",
         "_sched",
+        "_seq",
         "_subs",
         "_t_ready",
         "_value",
@@ -201,6 +203,8 @@ class Task:
         self._where = IN_NONE
         self._held = 0  # bytes currently charged to this task (not yet released or leased)
         self._noncritical = False  # dispatched into a non-critical slot
+        self._seq = 0  # critical: its dispatch number while running (the S2 background barrier counts them)
+        self._barrier = -1  # background: the last critical dispatch before it was first held (-1: never)
         self._callbacks: list[Callable[[Task], Any]] | None = None
         self._t_ready = 0.0
 

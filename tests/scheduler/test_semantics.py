@@ -449,3 +449,52 @@ def test_S2_background_cannot_starve_critical_work(make_scheduler):
     assert gate.entered == 2
     gate.open()
     hf.wait(TIMEOUT)
+
+
+def test_S2_background_work_starts_behind_the_critical_work_in_flight(sched):
+    """S2. A background task starts behind the critical work in flight ... (critical tasks started later
+    do not hold it, so it is never starved)."""
+    assert "critical tasks started later do not hold it" in quote("S2")
+    first, second = Gate(), Gate()
+    order: list[str] = []
+    run1 = Task(first.body(), resource="cpu", name="run1")
+    h1 = sched.submit(run1)
+    assert first.started.wait(TIMEOUT)
+    table = Task(lambda t: order.append(("table", run1.state, run2.state)), resource="io",
+                 priority=Priority.BACKGROUND, name="table")
+    hb = sched.submit(table)
+    assert table.state is TS.READY  # an I/O slot is free, yet it waits behind run1
+    run2 = Task(second.body(), resource="cpu", name="run2")  # starts after the table was held
+    h2 = sched.submit(run2)
+    assert second.started.wait(TIMEOUT)
+    assert table.state is TS.READY
+    first.open()
+    hb.wait(TIMEOUT)  # run1 ended: the table runs although run2 is still in flight
+    assert order == [("table", TS.SUCCEEDED, TS.RUNNING)]
+    second.open()
+    h1.wait(TIMEOUT)
+    h2.wait(TIMEOUT)
+
+
+def test_S2_a_yielded_critical_task_still_holds_background_work(sched):
+    """A continuation that yields (S4 resume_after) to wait for a read is still critical work in flight:
+    a background task queued meanwhile starts only once the continuation ended."""
+    gate = Gate()
+    order: list[str] = []
+    read = Task(gate.body(), resource="io", name="read")
+
+    def run(t):
+        if read.state is not TS.SUCCEEDED:
+            return t.resume_after(read)
+        order.append("run")
+
+    cont = Task(run, resource="cpu", name="run")
+    h = sched.submit(cont)
+    assert gate.started.wait(TIMEOUT)  # cont yielded to the read, which holds the reserved I/O slot
+    table = Task(lambda t: order.append("table"), resource="cpu", priority=Priority.BACKGROUND, name="table")
+    hb = sched.submit(table)
+    assert table.state is TS.READY and cont.state is TS.PENDING
+    gate.open()
+    h.wait(TIMEOUT)
+    hb.wait(TIMEOUT)
+    assert order == ["run", "table"]
