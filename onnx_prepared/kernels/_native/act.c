@@ -2,11 +2,10 @@
  *
  * The bits are onnxruntime's: its CPU Sigmoid is MLAS's logistic, a rational approximation (Eigen's
  * coefficients) on x clamped to [-18, 18]: p = x * P(x^2) (degree 4 in x^2), q = Q(x^2) (degree 5),
- * y = p / q + 0.5. What differs per ISA is the rounding of each step, so every level here repeats the
- * kernel MLAS dispatches on such a CPU:
- * - avx2 and above: MLAS's FMA3 kernel (also what it runs on AVX-512 machines, which have no logistic of
- *   their own): every multiply-add fused, the result clamped below at 0 only, the tail a masked vector;
- * - portable: MLAS's SSE2 kernel: separate multiplies and adds, the result clamped to [0, 1].
+ * y = p / q + 0.5. What differs per ISA is the rounding of each step; every level here computes
+ * MLAS's FMA3 kernel (also what it runs on AVX-512 machines, which have no logistic of their own): every
+ * multiply-add fused, the result clamped below at 0 only; 8 or 16 lanes with a masked tail at avx2 and
+ * above, one lane with fmaf at portable (logistic.h).
  * Each element is computed alone, so neither the tail nor the split over threads changes a bit.
  * NaN inputs come out NaN (max/min return their second operand when one is NaN, as in MLAS). */
 #define PY_SSIZE_T_CLEAN
@@ -28,7 +27,6 @@ typedef struct {
     sig_fn *fn;
 } sig_job;
 
-/* compiled without an FMA target (logistic.h) */
 static void sigmoid_portable(const float *x, float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] = logistic1(x[i]);

@@ -1,11 +1,14 @@
 /* MLAS's logistic (onnxruntime's CPU Sigmoid) at each dispatch level, shared by act.c (Sigmoid) and
- * silu.c (the fused SiLU), so a fused and an unfused graph give the same bits. See act.c for the
- * levels: the FMA3 kernel at avx2 and above, the SSE2 one at portable.
- *
- * logistic1 must be called from code compiled without an FMA target: it relies on every product and
- * sum being rounded on its own, which GCC keeps on x86-64 when it has no FMA to contract them into. */
+ * silu.c (the fused SiLU), so a fused and an unfused graph give the same bits. Every level computes
+ * MLAS's FMA3 kernel, what onnxruntime runs on any x86-64 CPU with FMA (MLAS has no AVX-512 logistic):
+ * 8 or 16 lanes at avx2 and above, one lane with fmaf at portable. (On a CPU without FMA onnxruntime
+ * runs MLAS's SSE2 kernel, which rounds every product and sum on its own, so there the portable bits
+ * differ from its bits by a few ulps; fmaf keeps portable bit-equal with onnxruntime on every CPU the
+ * tests can force portable on, as GroupQueryAttention's portable copy does.) */
 #ifndef ONNX_PREPARED_LOGISTIC_H
 #define ONNX_PREPARED_LOGISTIC_H
+
+#include <math.h>
 
 #define LG_LO (-18.0f)
 #define LG_HI 18.0f
@@ -21,24 +24,24 @@
 #define LG_B2 1.16817656904453e-01f
 #define LG_B0 9.93151921023180e-01f
 
-/* SSE2 semantics: x clamped to [-18, 18], the result to [0, 1] */
+/* FMA3 semantics, one lane: every multiply-add fused (fmaf), the result clamped below at 0 only */
 static inline float logistic1(float v)
 {
     v = v < LG_LO ? LG_LO : v;
     v = v > LG_HI ? LG_HI : v;
     const float v2 = v * v;
-    float p = v2 * LG_A9 + LG_A7;
-    p = p * v2 + LG_A5;
-    p = p * v2 + LG_A3;
-    p = p * v2 + LG_A1;
-    p = p * v;
-    float q = v2 * LG_B10 + LG_B8;
-    q = q * v2 + LG_B6;
-    q = q * v2 + LG_B4;
-    q = q * v2 + LG_B2;
-    q = q * v2 + LG_B0;
+    float p = fmaf(v2, LG_A9, LG_A7);
+    p = fmaf(v2, p, LG_A5);
+    p = fmaf(v2, p, LG_A3);
+    p = fmaf(v2, p, LG_A1);
+    float q = fmaf(v2, LG_B10, LG_B8);
+    q = fmaf(v2, q, LG_B6);
+    q = fmaf(v2, q, LG_B4);
+    q = fmaf(v2, q, LG_B2);
+    q = fmaf(v2, q, LG_B0);
+    p = v * p;
     const float r = p / q + 0.5f;
-    return r < 0.0f ? 0.0f : (r > 1.0f ? 1.0f : r);
+    return r < 0.0f ? 0.0f : r;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -2,7 +2,7 @@
  * resolve/fusions_silu.py), in place of Sigmoid, Mul and the gate Mul.
  *
  * The bits are the unfused graph's: the Sigmoid is logistic.h's, which act.c's Sigmoid calls too (MLAS's
- * logistic per dispatch level: the FMA3 kernel at avx2 and above, the SSE2 one at portable), then the two products
+ * FMA3 logistic at every dispatch level), then the two products
  * each rounded once, as numpy's multiply rounds them (t = x * s, y = t * u). Each element is computed
  * alone, so neither the vector tail nor the split over threads changes a bit.
  *
@@ -24,7 +24,6 @@
 /* one row: y[i] = x[i] * sigmoid(x[i]) (* u[i] when u) */
 typedef void silu_row_fn(const float *x, const float *u, float *y, size_t n);
 
-/* compiled without an FMA target (logistic.h) */
 static void silu_portable(const float *x, const float *u, float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
