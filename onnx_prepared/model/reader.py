@@ -25,6 +25,7 @@ from onnx_prepared.errors import ExternalDataError, ModelLoadError, ResourceLimi
 from onnx_prepared.model import verified
 from onnx_prepared.model.checksum import recorded_sha256
 from onnx_prepared.model.descriptors import ExternalPayload, WeightDescriptor, is_packed
+from onnx_prepared.model.reader_map import map_readonly
 from onnx_prepared.model.safe_open import FdPool, NotRegularFile, fingerprint, open_regular, physical_memory
 from onnx_prepared.model.verify import ChecksumVerifier, sha256_chunked
 from onnx_prepared.records import replace
@@ -493,13 +494,12 @@ def mapped_sources() -> bool:
 
 
 def _map(fd: int, offset: int, length: int) -> np.ndarray:
-    """A read-only view of ``length`` bytes at ``offset`` of ``fd``, mapped and populated."""
+    """A read-only view of ``length`` bytes at ``offset`` of ``fd``, mapped and populated (no descriptor
+    kept: model/reader_map.py)."""
     import mmap
 
     base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-    m = mmap.mmap(fd, offset + length - base, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ,
-                  offset=base)
-    return np.frombuffer(m, np.uint8, length, offset - base)
+    return map_readonly(fd, base, offset + length - base)[offset - base: offset - base + length]
 
 
 def row_runs(rows: np.ndarray) -> tuple[list[int], list[int]]:
@@ -516,13 +516,10 @@ def _gather_mapped(fd: int, offset: int, shape: tuple[int, int], index: np.ndarr
     import mmap
 
     base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-    m = mmap.mmap(fd, offset + shape[0] * shape[1] - base, access=mmap.ACCESS_READ, offset=base)
-    try:
-        src = np.frombuffer(m, np.uint8, shape[0] * shape[1], offset - base).reshape(shape)
-        np.take(src, index, axis=0, out=out.reshape(len(index), shape[1]))
-        del src
-    finally:
-        m.close()
+    m = map_readonly(fd, base, offset + shape[0] * shape[1] - base, populate=False)
+    src = m[offset - base: offset - base + shape[0] * shape[1]].reshape(shape)
+    np.take(src, index, axis=0, out=out.reshape(len(index), shape[1]))
+    del src, m  # the last references: unmapped here
 
 
 def _mismatch(desc: WeightDescriptor, p: ExternalPayload, sha: str, want: str) -> ExternalDataError:

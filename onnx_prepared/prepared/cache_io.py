@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from onnx_prepared.errors import CacheError
+from onnx_prepared.model.reader_map import map_readonly
 from onnx_prepared.model.safe_open import NotRegularFile, file_kind, open_regular, read_regular
 from onnx_prepared.prepared import payload_hash
 from onnx_prepared.prepared.cache_format import (
@@ -286,10 +287,11 @@ def mapping_from_env() -> bool:
         "0", "off", "none", "false", "no")
 
 
-def map_payload(fd: int, offset: int, length: int) -> tuple[mmap.mmap, int] | None:
-    """A read-only shared mapping of ``length`` bytes at ``offset`` (read ahead into the page cache by
-    ``MAP_POPULATE``, with the GIL released), and where those bytes start in it; None when the file is
-    shorter than that now (the caller reports the truncation; mapping it would fault with SIGBUS).
+def map_payload(fd: int, offset: int, length: int) -> tuple[np.ndarray, int] | None:
+    """A read-only uint8 array over a shared mapping of ``length`` bytes at ``offset`` (read ahead into
+    the page cache by ``MAP_POPULATE``, with the GIL released; no descriptor kept: model/reader_map.py),
+    and where those bytes start in it; None when the file is shorter than that now (the caller reports the
+    truncation; mapping it would fault with SIGBUS).
 
     Why a mapping and not a copy: a fresh process's buffers are fresh anonymous memory, and faulting in
     (zeroing) 127 MB of it costs more than reading the bytes (measured on the medium preset, a complete
@@ -302,9 +304,7 @@ def map_payload(fd: int, offset: int, length: int) -> tuple[mmap.mmap, int] | No
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     if os.fstat(fd).st_size < offset + length:
         return None
-    mm = mmap.mmap(fd, offset + length - start, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ,
-                   offset=start)
-    return mm, offset - start
+    return map_readonly(fd, start, offset + length - start), offset - start
 
 
 def checksum_range(fd: int, offset: int, length: int) -> tuple[str, int]:

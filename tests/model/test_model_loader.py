@@ -22,6 +22,7 @@ from onnx_prepared.model import (
     inline_nested_external,
     load_model,
     load_model_bytes,
+    reader_map,
 )
 from tests.model.model_builders import Spec, write_model
 
@@ -76,6 +77,7 @@ def test_load_opens_no_data_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "preadv", no_read)
     monkeypatch.setattr(os, "pread", no_read)
     monkeypatch.setattr(mmap, "mmap", no_read)
+    monkeypatch.setattr(reader_map, "_calls", no_read)
     monkeypatch.setattr(ExternalDataReader, "read_bytes", no_read)
     monkeypatch.setattr(hashlib, "sha256", no_read)  # no checksum computed at load either
     m = load_model(path)

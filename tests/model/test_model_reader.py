@@ -299,13 +299,9 @@ def test_close_is_idempotent_and_reads_reopen(tmp_path):
 
 
 def _mapped(a: np.ndarray) -> bool:
-    import mmap
+    from onnx_prepared.model.reader_map import is_mapped
 
-    while a is not None:
-        if isinstance(a, mmap.mmap):
-            return True
-        a = getattr(a, "base", None) if isinstance(a, np.ndarray) else getattr(a, "obj", None)
-    return False
+    return is_mapped(a)
 
 
 def test_transient_reads_map_instead_of_copying(tmp_path, monkeypatch):
