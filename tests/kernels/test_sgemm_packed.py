@@ -259,3 +259,30 @@ def test_conv_implicit_gives_im2col_sgemm_bits(seed):
             assert not ext.conv_implicit(x, packed, b, got, dims, lo, hi, act, 0.1)
     finally:
         native.set_num_threads(before)
+
+
+@pytest.mark.skipif("avx512vnni" not in native.supported_levels(), reason="needs AVX-512")
+def test_conv_implicit_reuses_its_padded_copies_with_new_images():
+    """``conv_implicit`` keeps one padded copy per geometry (the last 8) and writes only the image into a
+    copy it had: ten geometries in turn, twice, each call with a new image, and one past the kept size
+    (1 << 20 floats), give im2col2d + sgemm_packed's bits every time."""
+    from onnx_prepared.kernels import _spatial as sp
+
+    ext, rng = native._ext, np.random.default_rng(5)
+    geoms = [(2, 3 + i, 9 + i, 8 + 2 * i, 1 + i % 2, i % 3) for i in range(10)] + [(1, 64, 130, 130, 1, 1)]
+    with native.forced_level("avx512vnni"):
+        for _ in range(2):
+            for n, c, h, w, s, p in geoms:
+                begins, _, out = sp.geometry("Conv", (h, w), (3, 3), auto_pad="NOTSET", pads=[p] * 4,
+                                             strides=[s, s], dilations=[1, 1])
+                m, k, q = 24, c * 9, out[0] * out[1]
+                x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+                packed = native.pack_panels(rng.standard_normal((1, m, k), dtype=np.float32))
+                cols = np.empty((n, 1, k, q), np.float32)
+                ext.im2col2d(x, cols, np.array([n, c, h, w, 1, 3, 3, *out, *begins, s, s, 1, 1, 0], np.int64))
+                want = np.empty((n, m, *out), np.float32)
+                ext.sgemm_packed(packed, cols, want, None, np.array([1, m, k, q, n], np.int64), -np.inf, np.inf, 0)
+                got = np.empty_like(want)
+                dims = np.array([n, c, h, w, m, 3, 3, *out, *begins, s, s, 1, 1], np.int64)
+                assert ext.conv_implicit(x, packed, None, got, dims, -np.inf, np.inf, 0)
+                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

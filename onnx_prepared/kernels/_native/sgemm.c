@@ -143,8 +143,56 @@ done:
 
 static void sgc_pool_task(void *ctx, int t) { sg_ctask_avx512((const sg_cjob *)ctx, t); }
 
-static _Thread_local float *tl_xpad;
-static _Thread_local size_t tl_xpad_n;
+/* conv_implicit's padded copies, per thread: one buffer per geometry (N*C, H, W, HP, WP, pt, pl), the
+ * last SG_XPADS used (those of at most SG_XPAD_KEEP floats), so a model's Convs find their zeros from the
+ * previous run and copy only the image. */
+enum { SG_XPADS = 8, SG_XPAD_KEEP = 1 << 20 }; /* floats: at most 8 x 4 MiB kept per thread */
+typedef struct {
+    float *buf;
+    long key[7];
+    unsigned long used;
+} sg_xpad;
+static _Thread_local sg_xpad tl_xpad[SG_XPADS];
+static _Thread_local unsigned long tl_xpad_clock;
+
+static _Thread_local float *tl_xpad_big; /* a copy past SG_XPAD_KEEP floats: one buffer, zeros written each call */
+static _Thread_local size_t tl_xpad_big_n;
+
+/* The buffer of this geometry (*fresh: its zeros are still to be written), or NULL when out of memory. */
+static float *xpad_for(const long key[7], size_t n, int *fresh)
+{
+    if (n > SG_XPAD_KEEP) {
+        *fresh = 1;
+        if (n > tl_xpad_big_n) {
+            float *p = (float *)malloc(n * sizeof(float));
+            if (!p) return NULL;
+            free(tl_xpad_big);
+            tl_xpad_big = p;
+            tl_xpad_big_n = n;
+        }
+        return tl_xpad_big;
+    }
+    sg_xpad *lru = &tl_xpad[0];
+    tl_xpad_clock++;
+    for (int i = 0; i < SG_XPADS; i++) {
+        sg_xpad *e = &tl_xpad[i];
+        if (e->buf && !memcmp(e->key, key, sizeof e->key)) {
+            e->used = tl_xpad_clock;
+            *fresh = 0;
+            return e->buf;
+        }
+        if (!e->buf || e->used < lru->used) lru = e;
+        if (!e->buf) break;
+    }
+    float *p = (float *)malloc(n * sizeof(float));
+    if (!p) return NULL;
+    free(lru->buf);
+    lru->buf = p;
+    memcpy(lru->key, key, sizeof lru->key);
+    lru->used = tl_xpad_clock;
+    *fresh = 1;
+    return p;
+}
 
 /* conv_implicit(x, a, bias|None, y, dims int64[15] = N C H W M KH KW OH OW pt pl sh sw dh dw, lo, hi, act[,
  * alpha]) -> True, or False below the AVX-512 level (the caller runs im2col + sgemm_packed). One group;
@@ -210,15 +258,12 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     const size_t img = (size_t)C * HP * WP, need = (size_t)N * img + 16;
-    if (need > tl_xpad_n) {
-        float *p = (float *)malloc(need * sizeof(float));
-        if (!p) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        free(tl_xpad);
-        tl_xpad = p;
-        tl_xpad_n = need;
+    const long xkey[7] = {N * C, H, W, HP, WP, pt, pl};
+    int fresh = 1;
+    float *xpad = xpad_for(xkey, need, &fresh);
+    if (!xpad) {
+        PyErr_NoMemory();
+        goto done;
     }
     off = (long *)malloc((size_t)K * sizeof(long));
     if (!off) {
@@ -231,7 +276,7 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     sg_cjob j;
     memset(&j, 0, sizeof j);
     j.a = (const float *)ba.buf;
-    j.xp = tl_xpad;
+    j.xp = xpad;
     j.y = (float *)by.buf;
     j.bias = bb.obj ? (const float *)bb.buf : NULL;
     j.off = off;
@@ -249,24 +294,7 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const float *x = (const float *)bx.buf;
     const double work = (double)N * M * K * OH * OW;
     Py_BEGIN_ALLOW_THREADS
-    float *xp = tl_xpad;
-    const long nx = W < WP - pl ? W : WP - pl;
-    for (long b = 0; b < N; b++)
-        for (long c = 0; c < C; c++) {
-            float *pl0 = xp + (size_t)b * img + (size_t)c * HP * WP;
-            const float *src = x + ((size_t)b * C + c) * H * W;
-            for (long r = 0; r < HP; r++) {
-                float *row = pl0 + r * WP;
-                const long ih = r - pt;
-                if (ih < 0 || ih >= H || nx <= 0) {
-                    memset(row, 0, (size_t)WP * sizeof(float));
-                    continue;
-                }
-                if (pl) memset(row, 0, (size_t)pl * sizeof(float));
-                memcpy(row + pl, src + ih * W, (size_t)nx * sizeof(float));
-                if (pl + nx < WP) memset(row + pl + nx, 0, (size_t)(WP - pl - nx) * sizeof(float));
-            }
-        }
+    sg_pad_avx512(x, xpad, N * C, H, W, HP, WP, pt, pl, fresh);
     if (ntasks > 1 && nb_pool_get_threads() > 1 && work >= (double)SG_POOL_MACS)
         nb_pool_run(sgc_pool_task, &j, (int)ntasks);
     else

@@ -57,6 +57,10 @@ typedef struct {
     float alpha;
 } sg_cjob;
 void sg_ctask_avx512(const sg_cjob *j, int t);
+/* conv_implicit's zero-padded copy of `planes` [H][W] planes into [HP][WP] (row r - pt, column c - pl);
+ * without `full` the zeros around them are not written (left by a copy of the same geometry) */
+void sg_pad_avx512(const float *x, float *xp, long planes, long H, long W, long HP, long WP, long pt, long pl,
+                   int full);
 
 PyObject *py_sgemm_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -390,6 +390,47 @@ static void sgc_micro_n(const float *a0, const float *a1, const float *xb, long 
     }
 }
 
+/* conv_implicit's zero-padded copy: each of `planes` [H][W] planes of x into [HP][WP] of xp, row r of
+ * the copy being row r - pt of the plane shifted right by pl (zeros outside the plane). Without `full`
+ * only the plane's own positions are written: xp's zeros are those an earlier copy of the same geometry
+ * wrote (sgemm.c keeps a buffer per geometry). In 16-float chunks of masked loads and stores. */
+void sg_pad_avx512(const float *x, float *xp, long planes, long H, long W, long HP, long WP, long pt, long pl,
+                   int full)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    const long r0 = pt < HP ? pt : HP, r1 = pt + H < HP ? pt + H : HP, c1 = pl + W < WP ? pl + W : WP;
+    for (long q = 0; q < planes; q++) {
+        const float *src = x + (size_t)q * H * W;
+        float *dst = xp + (size_t)q * HP * WP;
+        if (full)
+            for (long r = 0; r < HP; r++)
+                if (r < r0 || r >= r1)
+                    for (long c0 = 0; c0 < WP; c0 += 16) {
+                        const long n = WP - c0 < 16 ? WP - c0 : 16;
+                        _mm512_mask_storeu_ps(dst + r * WP + c0, (__mmask16)((1u << n) - 1), zero);
+                    }
+        for (long r = r0; r < r1; r++) {
+            float *row = dst + r * WP;
+            const float *sr = src + (r - pt) * W - pl; /* padded column c reads sr[c], pl <= c < c1 */
+            if (full) {
+                for (long c0 = 0; c0 < pl; c0 += 16) {
+                    const long n = pl - c0 < 16 ? pl - c0 : 16;
+                    _mm512_mask_storeu_ps(row + c0, (__mmask16)((1u << n) - 1), zero);
+                }
+                for (long c0 = c1; c0 < WP; c0 += 16) {
+                    const long n = WP - c0 < 16 ? WP - c0 : 16;
+                    _mm512_mask_storeu_ps(row + c0, (__mmask16)((1u << n) - 1), zero);
+                }
+            }
+            for (long c0 = pl; c0 < c1; c0 += 16) {
+                const long n = c1 - c0 < 16 ? c1 - c0 : 16;
+                const __mmask16 m = (__mmask16)((1u << n) - 1);
+                _mm512_mask_storeu_ps(row + c0, m, _mm512_maskz_loadu_ps(m, sr + c0));
+            }
+        }
+    }
+}
+
 /* task t: one image, a chunk of panels (pairs), a block of output rows; tiles of up to 12 outputs of a
  * row, the row split evenly (as sgemm_task.inc splits a column block) */
 void sg_ctask_avx512(const sg_cjob *j, int t)
@@ -430,5 +471,10 @@ void sg_ctask_avx512(const sg_cjob *j, int t)
 {
     (void)j;
     (void)t;
+}
+void sg_pad_avx512(const float *x, float *xp, long planes, long H, long W, long HP, long WP, long pt, long pl,
+                   int full)
+{
+    (void)x, (void)xp, (void)planes, (void)H, (void)W, (void)HP, (void)WP, (void)pt, (void)pl, (void)full;
 }
 #endif
