@@ -12,6 +12,10 @@
 
 #define NB_INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
+/* NOTE: block indices are ptrdiff_t, not int: the extension is built with Python's CFLAGS, which include
+ * -fwrapv, and with a wrapping int index GCC 12 re-derives each address from the index in every iteration
+ * (the int8 tile loop: 37 scalar instructions per block against 13; they take issue slots and ports from
+ * the vector work). */
 
 NB_INLINE __m512 zp_vec(const nb_weights *w, int p, int b)
 {
@@ -64,7 +68,7 @@ NB_INLINE void f32_tile(const nb_call *c, int p, int m, const int R, const int A
         as[r] = c->asum + (size_t)(m + r) * w->kb;
         yacc[r] = _mm512_setzero_ps();
     }
-    for (int b = 0; b < w->kb; b++) {
+    for (ptrdiff_t b = 0; b < w->kb; b++) {
         __m512 acc[4][8];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int a = 0; a < A; a++) acc[r][a] = _mm512_setzero_ps();
         if (R == 1) _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
@@ -131,7 +135,7 @@ NB_INLINE void zterms_n(const nb_call *c, int m, const int nr, int p, float *zb)
     const int kb = c->w.kb;
     __m512 z[8];
     UNROLL for (int i = 0; i < 8; i++) z[i] = _mm512_setzero_ps();
-    for (int b = 0; b < kb; b++) {
+    for (ptrdiff_t b = 0; b < kb; b++) {
         const __m512 zs = zs_vec(&c->w, p, b);
         UNROLL for (int i = 0; i < 8; i++)
             if (i < nr) z[i] = _mm512_fnmadd_ps(_mm512_set1_ps(c->asum[(size_t)(m + i) * kb + b]), zs, z[i]);
@@ -177,7 +181,7 @@ NB_INLINE void i8_row32(const nb_call *c, int m, int p, const int PF)
     const float *abk = c->asum + (size_t)m * kb;
     __m512 F[16], z = _mm512_setzero_ps();
     UNROLL for (int j = 0; j < 16; j++) F[j] = _mm512_setzero_ps();
-    int b = 0;
+    ptrdiff_t b = 0;
     for (; b < kb4; b += 4) {
         UNROLL for (int beta = 0; beta < 4; beta++) {
             const uint8_t *q = qp + (size_t)(b + beta) * 256;
@@ -269,7 +273,7 @@ NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
     z = _mm512_fnmadd_ps(_mm512_set1_ps(abk[b]), zs_vec(w, p, (b)), z);
     if (bs == 16) {
         const int kb8 = kb & ~7;
-        int b = 0;
+        ptrdiff_t b = 0;
         for (; b < kb8; b++) {
             BLOCK_HEAD(b)
             const int beta = b & 7, base = 4 * (beta & 3) + (beta < 4 ? 0 : 2);
@@ -300,7 +304,7 @@ NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
         }
     } else {
         if (bs == 64) {
-            for (int b = 0; b < (kb & ~1); b++) {
+            for (ptrdiff_t b = 0; b < (kb & ~1); b++) {
                 BLOCK_HEAD(b)
                 const int beta = b & 1;
                 const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sp + (size_t)b * 16), _mm512_set1_ps(asc[b]));
@@ -319,7 +323,7 @@ NB_INLINE void i8_row_any(const nb_call *c, int m, int p, const int PF)
                 }
             }
         } else { /* 128, 256: per 128 k values, chain j gets quads j and 16 + j */
-            for (int b = 0; b < kb; b++) {
+            for (ptrdiff_t b = 0; b < kb; b++) {
                 BLOCK_HEAD(b)
                 const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
                 for (int sb = 0; sb < bs / 128; sb++)
@@ -368,7 +372,7 @@ NB_INLINE void deq_chunk(const nb_weights *w, int p, int b0, int nb, float *dst,
     const size_t ahead = (size_t)2 * w->kc * 64;
     /* nibble -> float by vpermps (the low 4 bits of a lane index {0, ..., 15}): no and, no cvt */
     const __m512 lut = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
-    for (int b = 0; b < nb; b++) {
+    for (ptrdiff_t b = 0; b < nb; b++) {
         const __m512 s = _mm512_loadu_ps(w->sc + ((size_t)p * w->kb + b0 + b) * 16), z = zp_vec(w, p, b0 + b);
         const __m512 nzs = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), s);
         for (int ci = 0; ci < cpb; ci++, qp += 64, dst += 128) {
@@ -478,7 +482,7 @@ NB_INLINE void i8_end32(const nb_call *c, int m, int p, const float *f, __m512 z
     const __m512i mask = _mm512_set1_epi8(15);
     __m512 G[8];
     UNROLL for (int j = 0; j < 8; j++) G[j] = _mm512_add_ps(_mm512_load_ps(f + 16 * j), _mm512_load_ps(f + 16 * (j + 8)));
-    for (int b = kb4; b < kb; b++) {
+    for (ptrdiff_t b = kb4; b < kb; b++) {
         const uint8_t *q = qp + (size_t)b * 256;
         const int8_t *ab = a + (size_t)b * 32;
         const __m512 s = _mm512_mul_ps(_mm512_set1_ps(asc[b]), _mm512_loadu_ps(sp + (size_t)b * 16));
@@ -534,7 +538,7 @@ NB_INLINE void i8_tile32(const nb_call *c, int m, int p, const int R, const int 
         __m512 F[TR][2][4];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < NP; h++) UNROLL for (int i = 0; i < 4; i++)
             F[r][h][i] = _mm512_setzero_ps();
-        _Pragma("GCC unroll 2") for (int b = beta; b < kb4; b += 4) {
+        _Pragma("GCC unroll 2") for (ptrdiff_t b = beta; b < kb4; b += 4) {
             const uint8_t *q = qp + (size_t)b * 256;
             if ((pf & 1) && beta == 0) /* the group of 4 blocks two groups ahead (then the next panel's start) */
                 UNROLL for (int l = 0; l < 16; l++) _mm_prefetch((const char *)q + 2048 + 64 * l, _MM_HINT_T0);
@@ -651,7 +655,7 @@ NB_INLINE void f32d_tile(const nb_call *c, int m, int p, const int R, const int 
         zs[r] = (const int32_t *)(const void *)(c->asum + (size_t)(m + r) * kb);
         y[r] = _mm512_setzero_ps();
     }
-    for (int b = 0; b < kb; b++) {
+    for (ptrdiff_t b = 0; b < kb; b++) {
         const uint8_t *q = qp + (size_t)b * cpb * 64;
         if (PF) {
             _mm_prefetch((const char *)(sp + (size_t)(b + PF_BLOCKS) * 16), _MM_HINT_T0);
@@ -721,7 +725,7 @@ static int digits_prep_avx512(const nb_call *c, int m0, int m1)
         int8_t *q1 = c->aq + (size_t)m * 3 * kpad, *q2 = q1 + kpad, *q3 = q2 + kpad;
         float *s3 = c->ascale + (size_t)m * kb;
         int32_t *zs = (int32_t *)(void *)(c->asum + (size_t)m * kb);
-        for (int b = 0; b < kb; b++) {
+        for (ptrdiff_t b = 0; b < kb; b++) {
             __m512 x[2];
             __m512 mx = _mm512_setzero_ps();
             for (int i = 0; i < segs; i++) {
@@ -877,7 +881,7 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
         if (c->mode == NB_MODE_F32 && f_tile_h(c) == TF) {
             const int r = m % TF;
             float *af = c->af + (size_t)(m - r) * kpad + r;
-            for (int b = 0; b < kb; b++) {
+            for (ptrdiff_t b = 0; b < kb; b++) {
                 __m512 s = _mm512_setzero_ps();
                 for (int i = 0; i < segs; i++) {
                     const int k = b * bs + 16 * i;
@@ -894,7 +898,7 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
         }
         if (c->mode == NB_MODE_F32) {
             float *af = c->af + (size_t)m * kpad;
-            for (int b = 0; b < kb; b++) {
+            for (ptrdiff_t b = 0; b < kb; b++) {
                 __m512 s = _mm512_setzero_ps();
                 for (int i = 0; i < segs; i++) {
                     const int k = b * bs + 16 * i;
@@ -910,7 +914,7 @@ static void prep_avx512(const nb_call *c, int m0, int m1)
         int8_t *aq = c->aq + (size_t)m * kpad;
         float *ascale = c->ascale + (size_t)m * kb;
         const int kbf = K / bs; /* whole blocks: unmasked loads */
-        int b = 0;
+        ptrdiff_t b = 0;
         if (bs == 32)
             for (; b + 16 <= kbf; b += 16) prep_i8_16(a, 32, b, aq, ascale, asum, zmul);
         else
