@@ -114,3 +114,29 @@ def test_sixteen_block_groups_of_a(block_size, zp_kind):
     for level in native.supported_levels():
         got = _run(A, B, scales, zp, None, K, N, level, block_size)
         assert np.array_equal(got, want), (level, int((got != want).sum()))
+
+
+@pytest.mark.parametrize("case", ["in_range", "tiny_weight_scales", "huge_weight_scales", "tiny_activations",
+                                  "subnormal_products"])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+def test_scaled_high_nibble_chains_and_their_fallback(case, zp_kind):
+    """Tiles of 4 rows keep the high nibbles' chains 16x scaled when every weight and activation scale is 0 or
+    within [2^-50, 2^48] (nbits_avx512vnni.c, scales_ok); a panel or a task with any other scale runs them
+    unscaled. onnxruntime's bits either way, the scale products normal or subnormal."""
+    rng = np.random.default_rng(7)
+    K, N, M = 200, 52, 8
+    B, scales, zp = _weights(rng, K, N, 4, 32, zp_kind, False)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    if case == "tiny_weight_scales":
+        scales[17:20] *= np.float32(1e-20)  # one panel below 2^-50
+    elif case == "huge_weight_scales":
+        scales[40, 2] = np.float32(1e20)
+    elif case == "tiny_activations":
+        A[5] *= np.float32(1e-18)  # one row's scales below 2^-50
+    elif case == "subnormal_products":
+        scales[:16] *= np.float32(1e-25)
+        A[:4] *= np.float32(1e-16)
+    want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=32, accuracy_level=4)
+    for level in native.supported_levels():
+        got = _run(A, B, scales, zp, None, K, N, level)
+        assert np.array_equal(got, want), (level, int((got != want).sum()))
