@@ -11,7 +11,9 @@ check and verify what they consume, and then find their pages resident. A piece 
 session read of it wait for it, as two session reads of one page would.
 
 The session queues two batches (runtime/builder.py): a companion's payloads (:func:`companion_ranges`,
-in file order) as soon as the companion is open, before resolution, then what the plan's cold first run
+in file order) as soon as the companion is open, before resolution, or without a usable companion entry
+the source's external initializers less the tables a Gather reads (:func:`load_ranges`, in file order)
+right after the load; then what the plan's cold first run
 reads (:func:`plan_ranges`, in need order: per requirement its companion payload on a hit or its
 external sources; a row table read only by rows, resolve/rows.py, is left out, and one read whole for
 another consumer goes last, as the cold path orders them). Off under a residency budget (the cold path
@@ -93,6 +95,31 @@ def plan_ranges(plan, manifest) -> list[tuple[str, int, int]]:
                 continue
             first.append((p.file, p.offset, p.length))
     return list(dict.fromkeys(first + late))
+
+
+#: inputs that may be a row table read only by rows (resolve/rows.py), per op: left to the plan's batch
+_TABLE_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
+
+
+def load_ranges(loaded) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of the loaded model's external initializers in file and offset order, less
+    the tables a Gather reads (through Reshapes too): whether a row table is read whole, and then after
+    everything else, is the plan's to say (:func:`plan_ranges`). What a cold run without a companion
+    reads, known right after the parse."""
+    facts = loaded.node_facts or [(n.op_type, n.domain, n.name, tuple(n.input), tuple(n.output))
+                                  for n in loaded.graph.node]
+    made_by = {out: f for f in facts for out in f[4]}
+    tables: set[str] = set()
+    for f in facts:
+        for i in _TABLE_INPUTS.get(f[0], ()):
+            name = f[3][i] if i < len(f[3]) else ""
+            while name and name not in tables:
+                tables.add(name)
+                src = made_by.get(name)
+                name = src[3][0] if src is not None and src[0] == "Reshape" and src[3] else ""
+    out = [(p.file, p.offset, p.length) for name, d in loaded.weights.items()
+           if isinstance(p := d.payload, ExternalPayload) and name not in tables]
+    return sorted(out)
 
 
 def companion_ranges(companion) -> list[tuple[str, int, int]]:

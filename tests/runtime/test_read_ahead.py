@@ -67,8 +67,10 @@ def test_a_session_streams_its_plan_ranges_and_the_threads_end(model):
         assert ahead is not None
         ahead.join(30)
         assert ahead.done
-        ranges = ra.plan_ranges(s.plan, s.resolved.manifest)
-        assert ahead.bytes_read + ahead.bytes_skipped == sum(n for _, _, n in ra.spans(ranges))
+        early = ra.load_ranges(s.parts.loaded)  # from the load, then the plan's ranges not queued yet
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(early)]
+        assert ahead.bytes_read + ahead.bytes_skipped == (sum(n for _, _, n in ra.spans(early))
+                                                          + sum(n for _, _, n in ra.spans(rest)))
         with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as other:
             assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), other.run(feeds), strict=True))
 
@@ -222,3 +224,25 @@ def test_small_ranges_of_a_streamed_file_are_not_advised(tmp_path, monkeypatch):
     ahead.extend([(path, 8192, 4096), (other, 8192, 4096)], final=True)  # path streamed before this batch
     ahead.join(30)
     assert ahead.done and ahead.advised == 2 and asked == [(0, 4096), (8192, 4096)]  # other's two ranges
+
+
+def test_without_a_companion_the_source_streams_from_the_load_less_the_gathered_tables(model):
+    """Known right after the parse: every external initializer in file order but those a Gather reads
+    (a row table: the plan's batch says whether it is read whole, and then after everything else)."""
+    path, feeds, embedding = model
+    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
+        early = ra.load_ranges(s.parts.loaded)
+        assert early == sorted(early)
+        loaded = s.parts.loaded.weights
+        # the tied INT4 table and its scales reach their GatherBlockQuantized through Reshapes
+        gathered = {EMBED} if embedding else {"lm_head.MatMul.weight_Q4G16", "lm_head.MatMul.weight_scale"}
+        want = sorted((p.file, p.offset, p.length) for n, d in loaded.items()
+                      if isinstance(p := d.payload, ExternalPayload) and n not in gathered)
+        assert early == want
+        ahead = s.parts.read_ahead
+        ahead.join(30)
+        assert ahead.done
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(early)]
+        assert ahead.bytes_read + ahead.bytes_skipped == (sum(n for _, _, n in ra.spans(early))
+                                                          + sum(n for _, _, n in ra.spans(rest)))
+        s.run(feeds)
