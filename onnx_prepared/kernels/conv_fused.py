@@ -2,10 +2,12 @@
 ``onnx_prepared::FusedConv``.
 
 :mod:`onnx_prepared.resolve.fusions` rewrites a Conv whose only consumer is an inference-mode
-BatchNormalization into ``FusedConv(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, and a
-Conv (or such a FusedConv) whose only consumer is a Relu, a Clip with constant bounds, a LeakyRelu or a
-HardSwish into
-a FusedConv with ``activation_*``. The BatchNormalization is folded into the weight and bias once, at
+BatchNormalization into ``FusedConv(X, W, B or '', scale, bn_B, mean, var)`` with ``bn_epsilon``, a Conv
+(or such a FusedConv) whose only consumer is a Relu, a Clip with constant bounds, a LeakyRelu or a
+HardSwish into a FusedConv with ``activation_*``, and one whose only consumer is a residual ``Add(conv,
+R)`` (with that Add's Relu or Clip) into a FusedConv reading R at input 7, whose epilogue adds R before
+the clip (:class:`~onnx_prepared.kernels.conv_prepacked.ResidualConv`). The BatchNormalization is folded
+into the weight and bias once, at
 prepack time (``W * a``, ``(B - mean) * a + bn_B`` with ``a = scale / sqrt(var + eps)``, in float64 then
 rounded: onnxruntime's ConvBNFusion does the same fold); the activation runs in the native kernels'
 epilogue (``sgemm.c``, ``depthwise.c``, ``im2col_direct.c``: clip to ``[lo, hi]``, then HardSwish when ``act``
@@ -31,6 +33,8 @@ FUSED_OP = "FusedConv"
 #: the fused node's own attributes (the rest are Conv's)
 EPILOGUE_ATTRS = ("activation_lo", "activation_hi", "activation_act", "activation_alpha")
 BN_ATTR = "bn_epsilon"
+#: the residual's input position (resolve/fusions.py's fuse_conv_add: after X, W, B and the fold's four)
+RESIDUAL_INPUT = 7
 
 
 def fold_batchnorm(w: np.ndarray, b: np.ndarray | None, scale: np.ndarray, bn_b: np.ndarray, mean: np.ndarray,
@@ -46,17 +50,21 @@ def fold_batchnorm(w: np.ndarray, b: np.ndarray | None, scale: np.ndarray, bn_b:
 @kernel(FUSED_OP, since=1, domain=FUSED_DOMAIN)
 def fused_conv(
     X: np.ndarray, W: np.ndarray, B: np.ndarray | None = None, scale: np.ndarray | None = None,
-    bn_B: np.ndarray | None = None, mean: np.ndarray | None = None, var: np.ndarray | None = None, *,
+    bn_B: np.ndarray | None = None, mean: np.ndarray | None = None, var: np.ndarray | None = None,
+    R: np.ndarray | None = None, *,
     bn_epsilon: float = 1e-5, activation_lo: float = -np.inf, activation_hi: float = np.inf,
     activation_act: int = 0, activation_alpha: float = 0.0, auto_pad: str = "NOTSET",
     dilations: list[int] | None = None, group: int = 1,
     kernel_shape: list[int] | None = None, pads: list[int] | None = None, strides: list[int] | None = None,
 ) -> tuple[np.ndarray]:
-    """Unprepacked path (the weight is not constant): the fold per call, Conv, then the epilogue in numpy."""
+    """Unprepacked path (the weight is not constant): the fold per call, Conv, the residual R added, then the
+    epilogue in numpy."""
     if scale is not None:
         W, B = fold_batchnorm(W, B, scale, bn_B, mean, var, bn_epsilon)
     (y,) = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
                 strides=strides)
+    if R is not None:
+        y = y + R
     if y.dtype.kind == "f":
         y = native.epilogue(y if y.flags.writeable else y.copy(), activation_lo, activation_hi, activation_act,
                             activation_alpha)
@@ -108,13 +116,16 @@ def _fold_spec(base: PrepackSpec, node, attrs: dict, const_inputs: frozenset[int
 def fused_conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
     ep = {k: attrs[k] for k in EPILOGUE_ATTRS if k in attrs}
     conv_attrs = {k: v for k, v in attrs.items() if k not in EPILOGUE_ATTRS and k != BN_ATTR}
-    folded = len(node.input) > 3  # a folded BatchNormalization: its inputs are no Conv inputs
-    base = conv_rule(node, conv_attrs, const_inputs - {2, 3, 4, 5, 6} if folded else const_inputs, const_shapes)
-    spec = _fold_spec(base, node, attrs, const_inputs, const_shapes) if folded and base is not None else base
+    ins = tuple(node.input)
+    folded = any(ins[3:RESIDUAL_INPUT])  # a folded BatchNormalization: its inputs are no Conv inputs
+    residual = len(ins) > RESIDUAL_INPUT and bool(ins[RESIDUAL_INPUT])
+    consts = const_inputs - {RESIDUAL_INPUT}  # the residual is an input of the call, never packed
+    base = conv_rule(node, conv_attrs, consts - {2, 3, 4, 5, 6} if folded else consts, const_shapes)
+    spec = _fold_spec(base, node, attrs, consts, const_shapes) if folded and base is not None else base
     if spec is None:
         return None
     kernel_fn = base.kernel.with_epilogue(
         float(ep.get("activation_lo", -np.inf)), float(ep.get("activation_hi", np.inf)),
-        int(ep.get("activation_act", 0)), float(ep.get("activation_alpha", 0.0)), folded=folded)
+        int(ep.get("activation_act", 0)), float(ep.get("activation_alpha", 0.0)), folded=folded, residual=residual)
     return PrepackSpec(spec.source_inputs, spec.layout, spec.pack, kernel_fn, spec.to_bytes, spec.from_bytes,
                        spec.packed_bytes)

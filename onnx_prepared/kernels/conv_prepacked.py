@@ -72,13 +72,23 @@ class PackedConv:
         return sum(1 for p in self._plans.values() if p) + self._plain.native_plans()
 
     def with_epilogue(self, lo: float = -np.inf, hi: float = np.inf, act: int = 0, alpha: float = 0.0, *,
-                      folded: bool = False) -> EpilogueConv:
+                      folded: bool = False, residual: bool = False) -> EpilogueConv:
         """This Conv's call with a fused epilogue (and, with ``folded``, a :class:`FoldedConv`-style packed
-        object carrying ``.w`` and ``.b``) settled at binding."""
+        object carrying ``.w`` and ``.b``) settled at binding; with ``residual`` (a clip only, ``act`` 0) a
+        :class:`ResidualConv`, whose last input is added before the clip."""
+        if residual:
+            if act:
+                raise ValueError("a residual Conv's epilogue is a clip (act 0)")
+            return ResidualConv(self, float(lo), float(hi), 0, 0.0, folded)
         return EpilogueConv(self, float(lo), float(hi), int(act), float(alpha), folded)
 
     def _plan(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None, lo: float, hi: float, act: int,
-              alpha: float = 0.0):
+              alpha: float = 0.0, residual: bool = False):
+        """(extension, fn) for this input shape, or None: ``fn(packed, x, b)``; with ``residual`` (extension,
+        fn, output shape), ``fn(packed, x, b, r)`` computing ``clip(conv + r)`` (r float32, C-contiguous, of
+        the output's shape)."""
+        if residual:
+            return self._residual_plan(packed, x, b, lo, hi)
         ext = native._ext
         if ext is None or x.dtype != np.float32 or x.ndim != 4 or len(self.kshape) != 2 or not x.size:
             return None
@@ -153,8 +163,7 @@ class PackedConv:
             ext.sgemm_packed(packed, cols, y, b, gdims, lo, hi, act, alpha)
             return y
 
-        if (g == 1 and strides[1] <= 2 and out[1] >= _IMPLICIT_MIN_WIDTH and cgk > _NCOLS_MAXK
-                and hasattr(ext, "conv_implicit")):
+        if _implicit(ext, g, strides, out, cgk):
             cdims = np.array([n, c, h, w, m, *kshape, *out, *begins, *strides, *dilations], np.int64)
 
             def implicit(packed, x, b):
@@ -166,6 +175,45 @@ class PackedConv:
 
             return ext, implicit
         return ext, im2col
+
+    def _residual_plan(self, packed: np.ndarray, x: np.ndarray, b: np.ndarray | None, lo: float, hi: float):
+        """:meth:`_plan`'s residual form: ``conv_implicit`` adds r in its store and the merged product in its
+        transposing copy; any other plan runs unclipped, then r is added and the sum clipped in numpy (the
+        same operations in the same order as the unfused Conv, Add and Relu, so the same bits)."""
+        plain = self._plan(packed, x, b, -np.inf, np.inf, 0)
+        if plain is None:
+            return None
+        ext, fn = plain
+        n, c, h, w = x.shape
+        a = self.attrs
+        begins, _, out = sp.geometry("Conv", x.shape[2:], self.kshape, auto_pad=a.get("auto_pad", "NOTSET"),
+                                     pads=a.get("pads"), strides=a.get("strides"), dilations=a.get("dilations"))
+        m = self.group * self.panel_rows if self.panel_rows is not None else c * int(packed.shape[1])
+        yshape = (n, m, *out)
+        if fn.__name__ == "implicit":
+            strides = sp.ints(a.get("strides"), 2, 1, "strides", "Conv")
+            dilations = sp.ints(a.get("dilations"), 2, 1, "dilations", "Conv")
+            cdims = np.array([n, c, h, w, m, *self.kshape, *out, *begins, *strides, *dilations], np.int64)
+
+            def implicit_residual(packed, x, b, r):
+                x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+                y = np.empty(yshape, np.float32)
+                if ext.conv_implicit(x, packed, b, y, cdims, lo, hi, 0, 0.0, r):
+                    return y
+                return _clip(np.add(fn(packed, x, b), r, out=y), lo, hi)  # below AVX-512
+
+            return ext, implicit_residual, yshape
+        if fn.__name__ == "merged":
+            def merged_residual(packed, x, b, r):
+                return _clip(fn(packed, x, b, r), lo, hi)
+
+            return ext, merged_residual, yshape
+
+        def residual(packed, x, b, r):
+            y = fn(packed, x, b)
+            return _clip(np.add(y, r, out=y), lo, hi)
+
+        return ext, residual, yshape
 
 
 class EpilogueConv:
@@ -203,6 +251,57 @@ class EpilogueConv:
         c = self.conv
         return conv_packed(packed, x, b, kshape=c.kshape, group=c.group, panel_rows=c.panel_rows, lo=self.lo,
                            hi=self.hi, act=self.act, alpha=self.alpha, **c.attrs)[0]
+
+
+class ResidualConv(EpilogueConv):
+    """A FusedConv node reading a residual R (its last input, resolve/fusions.py's fuse_conv_add):
+    ``clip(Conv(x) + R)``. R of the output's shape (float32, C-contiguous) goes into the plan's epilogue;
+    any other R (broadcast, another dtype) is added by numpy after the Conv, as the Add node did."""
+
+    __slots__ = ()
+
+    def __call__(self, packed, x: np.ndarray, *rest) -> tuple:
+        r = rest[-1]
+        b = rest[0] if len(rest) > 1 else None
+        if self.folded:
+            packed, b = packed.w, packed.b
+        plan = self._plans.get(x.shape)
+        if (plan is not None and plan[2] is b and plan[3] is x.dtype and plan[0] is native._ext
+                and r.shape == plan[4] and r.dtype == np.float32 and r.flags.c_contiguous):
+            return (plan[1](packed, x, b, r),)
+        return self._replan_residual(packed, x, b, r)
+
+    def _replan_residual(self, packed, x: np.ndarray, b: np.ndarray | None, r: np.ndarray) -> tuple:
+        got = self.conv._plan(packed, x, b, self.lo, self.hi, 0, 0.0, True) if x.dtype == np.float32 else None
+        if got:
+            ext, fn, yshape = got
+        else:
+            yshape, ext, fn = None, native._ext, None
+        self._plans[x.shape] = (ext, fn, b, x.dtype, yshape)
+        if fn is not None and r.shape == yshape and r.dtype == np.float32 and r.flags.c_contiguous:
+            return (fn(packed, x, b, r),)
+        c = self.conv
+        y = conv_packed(packed, x, b, kshape=c.kshape, group=c.group, panel_rows=c.panel_rows, **c.attrs)[0]
+        y = y + r if y.shape != np.broadcast_shapes(y.shape, r.shape) or y.dtype != r.dtype else np.add(y, r, out=y)
+        return (_clip(y, self.lo, self.hi) if y.dtype.kind == "f" else y,)
+
+    def native_plans(self) -> int:
+        return sum(1 for p in self._plans.values() if p[1] is not None)
+
+
+def _clip(y: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """``y`` clipped to [lo, hi] in place (np.maximum / np.minimum: the epilogue's max and min, NaN kept)."""
+    if lo != -np.inf:
+        np.maximum(y, y.dtype.type(lo), out=y)
+    if hi != np.inf:
+        np.minimum(y, y.dtype.type(hi), out=y)
+    return y
+
+
+def _implicit(ext, g: int, strides, out, cgk: int) -> bool:
+    """Whether a Conv runs as ``conv_implicit`` (see :data:`_IMPLICIT_MIN_WIDTH`)."""
+    return (g == 1 and strides[1] <= 2 and out[1] >= _IMPLICIT_MIN_WIDTH and cgk > _NCOLS_MAXK
+            and hasattr(ext, "conv_implicit"))
 
 
 #: output rows at least this wide run as ``conv_implicit`` at AVX-512 (one group, column strides 1-2, K past
@@ -264,11 +363,14 @@ def _merged(ext, yshape, kshape, strides, begins, ends, dilations, g, mg, cgk, c
             ext.im2col2d(x if x.flags.c_contiguous else np.ascontiguousarray(x), cols, idims)
             return cols
 
-    def merged(packed, x, b):
+    def merged(packed, x, b, r=None):  # r: a residual of y's shape added in the copy (unclipped plans)
         ym = np.empty((m, n, p), np.float32)
         ext.sgemm_packed(packed, cols_of(x), ym, b, gdims, lo, hi, act, alpha)
         y = np.empty(yshape, np.float32)
-        np.copyto(y.reshape(n, m, p), ym.transpose(1, 0, 2))
+        if r is None:
+            np.copyto(y.reshape(n, m, p), ym.transpose(1, 0, 2))
+        else:
+            np.add(ym.transpose(1, 0, 2), r.reshape(n, m, p), out=y.reshape(n, m, p))
         return y
 
     return merged

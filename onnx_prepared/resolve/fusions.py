@@ -11,6 +11,9 @@
 - a float32 Conv with a constant weight whose only consumer is an inference-mode BatchNormalization of
   constant statistics becomes one ``onnx_prepared::FusedConv`` carrying the BatchNormalization's inputs
   (folded into the weight and bias at prepack time, as onnxruntime's ConvBNFusion does);
+- a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is an Add of another
+  tensor (a residual connection), with that Add's Relu or Clip, becomes one FusedConv reading the
+  residual (:func:`fuse_conv_add`);
 - a float32 Conv (or such a FusedConv) with a constant weight whose only consumer is a Relu, a
   HardSwish, a LeakyRelu or a Clip of constant bounds becomes one ``onnx_prepared::FusedConv``
   (kernels/conv_fused.py): the activation runs in the conv kernel's epilogue;
@@ -203,7 +206,7 @@ def _foldable_conv(index: GraphIndex, idx: int, weights: Mapping, *, fused_ok: b
     if len(outs) != 1 or outs[0] in index.graph_outputs:
         return None
     ins = index.inputs[idx]
-    if len(ins) < 2:
+    if len(ins) < 2 or len(ins) > RESIDUAL_INPUT:  # (a FusedConv reading a residual has its epilogue)
         return None
     w = weights.get(ins[1])
     return attrs if w is not None and w.elem_type == _FLOAT else None
@@ -317,6 +320,73 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphI
             new_attrs["activation_alpha"] = _f32(alpha)
         fused[idx] = (cf.FUSED_OP, cf.FUSED_DOMAIN, index.inputs[idx], act_outs, new_attrs)
         drop.add(u)
+    return _fused(graph, fused, drop, index)
+
+
+#: activations after a residual Add that the fused epilogue computes: a clip (Relu, Clip), nothing else
+_RESIDUAL_EPILOGUES = ("Relu", "Clip")
+#: the residual's input position in a FusedConv (after X, W, B and the four BatchNormalization inputs)
+RESIDUAL_INPUT = 7
+
+
+def fuse_conv_add(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:
+    """Rewrite every Conv (float32 initializer weight, Conv's own attributes only) or activation-free
+    FusedConv whose output feeds exactly one ``Add(conv, R)`` (either order, R another tensor), and that
+    Add's output, when its only reader is a Relu or a Clip of constant bounds, into one FusedConv reading R
+    at input 7 (a ResNet block's residual connection): the epilogue adds R after the bias and clips the
+    sum, so the kernel writes the block's output once instead of three times. The fused node takes the
+    Add's place in the graph (R may be computed after the Conv), the Conv's name and attributes; returns
+    how many were fused. Run after :func:`fuse_conv_batchnorm`, before :func:`fuse_conv_activation`."""
+    index = index if index is not None else GraphIndex(graph)
+    if not index.has("Add"):
+        return 0
+    scalars = _constant_scalars(graph, index) if index.has("Clip") else {}
+    consumers = index.consumers
+    fused: dict[int, tuple] = {}
+    drop: set[int] = set()
+    for idx in index.of("Conv", "onnx_prepared:FusedConv"):
+        attrs = _foldable_conv(index, idx, weights, fused_ok=True)
+        if attrs is None or idx in drop:
+            continue
+        out = index.outputs[idx][0]
+        users = consumers.get(out, [])
+        if len(users) != 1 or users[0] in drop or users[0] in fused:
+            continue
+        u = users[0]
+        ins_u, outs_u = index.inputs[u], index.outputs[u]
+        if index.keys[u] != "Add" or len(ins_u) != 2 or len(outs_u) != 1 or ins_u[0] == ins_u[1]:
+            continue
+        res = ins_u[1] if ins_u[0] == out else ins_u[0]
+        if not res:
+            continue
+        lo, hi, final = float("-inf"), float("inf"), outs_u[0]
+        readers = consumers.get(final, [])
+        if len(readers) == 1 and final not in index.graph_outputs and readers[0] not in drop:
+            a = readers[0]
+            if index.keys[a] in _RESIDUAL_EPILOGUES and len(index.outputs[a]) == 1 and index.inputs[a][0] == final:
+                ep = _conv_epilogue(index.keys[a], index.attributes(a), index.inputs[a], scalars)
+                if ep is not None and ep[2] == 0:
+                    lo, hi = ep[0], ep[1]
+                    final = index.outputs[a][0]
+                    drop.add(a)
+        cins = index.inputs[idx]
+        new_ins = (*cins, *("",) * (RESIDUAL_INPUT - len(cins)), res)
+        cf = _conv_fused()
+        node = graph.node[u]
+        node.CopyFrom(graph.node[idx])
+        node.op_type, node.domain = cf.FUSED_OP, cf.FUSED_DOMAIN
+        del node.input[:]
+        node.input.extend(new_ins)
+        node.output[0] = final
+        new_attrs = dict(attrs)
+        if lo != float("-inf") or hi != float("inf"):
+            node.attribute.add(name="activation_lo", type=onnx.AttributeProto.FLOAT, f=lo)
+            node.attribute.add(name="activation_hi", type=onnx.AttributeProto.FLOAT, f=hi)
+            node.attribute.add(name="activation_act", type=onnx.AttributeProto.INT, i=0)
+            new_attrs.update(activation_lo=_f32(lo), activation_hi=_f32(hi), activation_act=0)
+        index.names[u] = index.names[idx]
+        fused[u] = (cf.FUSED_OP, cf.FUSED_DOMAIN, new_ins, (final,), new_attrs)
+        drop.add(idx)
     return _fused(graph, fused, drop, index)
 
 

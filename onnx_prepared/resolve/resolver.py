@@ -24,6 +24,7 @@ from onnx_prepared.records import field, record
 from onnx_prepared.resolve.fusions import (
     forward_initializer_identities,
     fuse_conv_activation,
+    fuse_conv_add,
     fuse_conv_batchnorm,
     fuse_dequantize_matmul,
     fuse_encoder,
@@ -205,6 +206,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     fuse_qdq(graph, weights, index)
     fuse_squeeze_excite(graph, weights, index)
     fuse_conv_batchnorm(graph, weights, index)
+    fuse_conv_add(graph, weights, index)
     fuse_conv_activation(graph, weights, index)
     fuse_encoder(graph, weights, index)
     fuse_silu(graph, weights, index)

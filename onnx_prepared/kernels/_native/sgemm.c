@@ -195,7 +195,9 @@ static float *xpad_for(const long key[7], size_t n, int *fresh)
 }
 
 /* conv_implicit(x, a, bias|None, y, dims int64[15] = N C H W M KH KW OH OW pt pl sh sw dh dw, lo, hi, act[,
- * alpha]) -> True, or False below the AVX-512 level (the caller runs im2col + sgemm_packed). One group;
+ * alpha[, res]]) -> True, or False below the AVX-512 level (the caller runs im2col + sgemm_packed). With res
+ * (float32 of y's shape; act 0) y = clip(conv + bias + res): the sum the unfused Conv and Add compute, then
+ * the clip (a residual block's Add and Relu). One group;
  * column strides 1 or 2. The image is copied once into zeros [C][HP][WP] (HP, WP: the rows and columns
  * the windows read), then tasks of (image, panel pairs, output rows) run sg_ctask_avx512: fixed by the
  * shape, and each output's sum is the same chain whatever the task, so the bits do not depend on the
@@ -203,8 +205,8 @@ static float *xpad_for(const long key[7], size_t n, int *fresh)
 PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 8 && nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "conv_implicit takes 8 or 9 positional arguments");
+    if (nargs < 8 || nargs > 10) {
+        PyErr_SetString(PyExc_TypeError, "conv_implicit takes 8 to 10 positional arguments");
         return NULL;
     }
     if (ext_isa_level() < 3) Py_RETURN_FALSE;
@@ -212,8 +214,9 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const long act = PyLong_AsLong(args[7]);
     const double alpha = nargs > 8 ? PyFloat_AsDouble(args[8]) : 0.0;
     if (PyErr_Occurred()) return NULL;
-    if (act < 0 || act > SG_ACT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "conv_implicit: act is 0, 1 or 2");
+    const int with_res = nargs > 9 && args[9] != Py_None;
+    if (act < 0 || act > SG_ACT_MAX || (with_res && act)) {
+        PyErr_SetString(PyExc_ValueError, "conv_implicit: act is 0, 1 or 2 (0 with a residual)");
         return NULL;
     }
     Py_buffer bd;
@@ -240,8 +243,9 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     const long K = C * KH * KW, P = ceil_div(M, SG_PANEL);
     const long HP = (OH - 1) * sh + (KH - 1) * dh + 1, WP = (OW - 1) * sw + (KW - 1) * dw + 1;
-    Py_buffer bx, ba, bb, by;
+    Py_buffer bx, ba, bb, by, br;
     memset(&bb, 0, sizeof bb);
+    memset(&br, 0, sizeof br);
     int got = 0;
     PyObject *ret = NULL;
     long *off = NULL;
@@ -252,8 +256,10 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PyObject_GetBuffer(args[3], &by, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
     got = 3;
     if (args[2] != Py_None && PyObject_GetBuffer(args[2], &bb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (with_res && PyObject_GetBuffer(args[9], &br, PyBUF_C_CONTIGUOUS) < 0) goto done;
     if (bx.len != 4 * (Py_ssize_t)N * C * H * W || ba.len != 4 * (Py_ssize_t)P * K * SG_PANEL ||
-        by.len != 4 * (Py_ssize_t)N * M * OH * OW || (bb.obj && bb.len != 4 * (Py_ssize_t)M)) {
+        by.len != 4 * (Py_ssize_t)N * M * OH * OW || (bb.obj && bb.len != 4 * (Py_ssize_t)M) ||
+        (br.obj && br.len != by.len)) {
         PyErr_SetString(PyExc_ValueError, "conv_implicit: buffer sizes do not match dims");
         goto done;
     }
@@ -283,6 +289,7 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     j.M = M, j.K = K, j.P = P, j.OH = OH, j.OW = OW, j.HP = HP, j.WP = WP, j.sh = sh, j.sw = sw;
     j.img_stride = (long)img;
     j.lo = (float)lo, j.hi = (float)hi, j.act = (int)act, j.alpha = (float)alpha;
+    j.res = br.obj ? (const float *)br.buf : NULL;
     /* tasks of about SG_TASK_MACS * 2: whole panel pairs, then blocks of output rows (fixed by the shape) */
     const double row_macs = (double)OW * K * (M < 32 ? M : 32);
     long rpt = (long)((double)(2 * SG_TASK_MACS) / (row_macs > 1 ? row_macs : 1));
@@ -304,6 +311,7 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_INCREF(ret);
 done:
     free(off);
+    if (br.obj) PyBuffer_Release(&br);
     if (bb.obj) PyBuffer_Release(&bb);
     if (got >= 3) PyBuffer_Release(&by);
     if (got >= 2) PyBuffer_Release(&ba);

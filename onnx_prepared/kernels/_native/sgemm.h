@@ -55,6 +55,7 @@ typedef struct {
     float lo, hi;
     int act;
     float alpha;
+    const float *res;  /* [B][M][OH][OW] added after the bias, before the clip (act 0), or NULL */
 } sg_cjob;
 void sg_ctask_avx512(const sg_cjob *j, int t);
 /* conv_implicit's zero-padded copy of `planes` [H][W] planes into [HP][WP] (row r - pt, column c - pl);

@@ -336,9 +336,11 @@ void sg_ntask_avx512(const sg_job *j, int t)
 
 /* ---- AVX-512 implicit-GEMM convolution (sgemm.h: sg_cjob) ----
  * sg_micro5 / sg_micro5h with column k of the tile read at xb + off[k] + jj * SW instead of b + k * ldb:
- * the same operands in the same order, the same epilogue. */
+ * the same operands in the same order, the same epilogue; with a residual (rb: the tile's first output
+ * in it) the epilogue adds it to acc + bias before the clip, as the unfused Conv, Add and Relu do. */
 AI void sgc_micro(const float *a0, const float *a1, const float *xb, const long *off, long K, float *t,
-                  const sg_cjob *j, const float *bias, long rows, const int NRC, const int TWO, const int SW)
+                  const sg_cjob *j, const float *bias, long rows, const float *rb, const int NRC, const int TWO,
+                  const int SW)
 {
     __m512 c0[SG_NR], c1[SG_NR];
     for (int jj = 0; jj < NRC; jj++) c0[jj] = c1[jj] = _mm512_setzero_ps();
@@ -354,6 +356,23 @@ AI void sgc_micro(const float *a0, const float *a1, const float *xb, const long 
     const __m512 b0 = sg_bias16(bias, rows), b1 = sg_bias16(bias ? bias + 16 : NULL, rows - 16);
     const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi), al = _mm512_set1_ps(j->alpha);
     const int act = j->act;
+    if (rb) { /* (acc + bias) + the residual of the tile's rows (gathered at the output plane's stride) */
+        const long po = j->OH * j->OW;
+        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                                                 15), _mm512_set1_epi32((int)po));
+        const __mmask16 m0 = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1);
+        const __mmask16 m1 = rows >= 32 ? (__mmask16)0xFFFF : rows > 16 ? (__mmask16)((1u << (rows - 16)) - 1) : 0;
+        for (int jj = 0; jj < NRC; jj++) {
+            const __m512 r0 = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, idx, rb + jj, 4);
+            _mm512_storeu_ps(t + jj * 32, sgn_epilogue(_mm512_add_ps(_mm512_add_ps(c0[jj], b0), r0), lo, hi, act, al));
+            if (TWO) {
+                const __m512 r1 = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m1, idx, rb + 16 * po + jj, 4);
+                _mm512_storeu_ps(t + jj * 32 + 16,
+                                 sgn_epilogue(_mm512_add_ps(_mm512_add_ps(c1[jj], b1), r1), lo, hi, act, al));
+            }
+        }
+        return;
+    }
     for (int jj = 0; jj < NRC; jj++) {
         _mm512_storeu_ps(t + jj * 32, sgn_epilogue(_mm512_add_ps(c0[jj], b0), lo, hi, act, al));
         if (TWO) _mm512_storeu_ps(t + jj * 32 + 16, sgn_epilogue(_mm512_add_ps(c1[jj], b1), lo, hi, act, al));
@@ -362,16 +381,16 @@ AI void sgc_micro(const float *a0, const float *a1, const float *xb, const long 
 #define SGC_CASE(n) \
     case n: \
         if (a1 && sw == 1) \
-            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 1, 1); \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, rb, n, 1, 1); \
         else if (a1) \
-            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 1, 2); \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, rb, n, 1, 2); \
         else if (sw == 1) \
-            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 0, 1); \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, rb, n, 0, 1); \
         else \
-            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, n, 0, 2); \
+            sgc_micro(a0, a1, xb, j->off, K, t, j, bias, rows, rb, n, 0, 2); \
         break;
 static void sgc_micro_n(const float *a0, const float *a1, const float *xb, long sw, long K, int nr, float *t,
-                        const sg_cjob *j, const float *bias, long rows)
+                        const sg_cjob *j, const float *bias, long rows, const float *rb)
 {
     switch (nr) {
         SGC_CASE(1)
@@ -453,7 +472,9 @@ void sg_ctask_avx512(const sg_cjob *j, int t)
             for (long c0 = 0; c0 < OW; c0 += ncw) {
                 const long nr = OW - c0 < ncw ? OW - c0 : ncw;
                 const float *xb = xi + oy * j->sh * j->WP + c0 * j->sw;
-                sgc_micro_n(a0, a1, xb, j->sw, K, (int)nr, tile, j, bias, rows0);
+                /* the residual of this tile's first row and column (rows of the plane at stride PO) */
+                const float *rb = j->res ? j->res + (size_t)img * M * PO + (size_t)m0 * PO + oy * OW + c0 : NULL;
+                sgc_micro_n(a0, a1, xb, j->sw, K, (int)nr, tile, j, bias, rows0, rb);
                 for (long i = 0; i < rows0; i++) {
                     float *yr = y + (size_t)(m0 + i) * PO + oy * OW + c0;
                     for (long jj = 0; jj < nr; jj++) yr[jj] = tile[jj * 32 + i];
