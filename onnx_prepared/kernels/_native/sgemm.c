@@ -143,6 +143,16 @@ done:
 
 static void sgc_pool_task(void *ctx, int t) { sg_ctask_avx512((const sg_cjob *)ctx, t); }
 
+/* NOTE (task sizes of conv_implicit): tasks of ~2 * SG_TASK_MACS (one output row of a panel pair: 1.5-3 us)
+ * made ResNet-18's 2-thread Convs gain 1.2-1.5x over one thread, against onnxruntime's 1.8x. Tasks of up
+ * to 32 * SG_TASK_MACS (several rows: a task's weights stay in L1 and its windows' rows overlap), with at
+ * least 8 tasks per thread so that a preempted thread's share stays small: batch 2, 2 threads, one process
+ * alternating the sizes, medians of 40 calls, three runs at load 3-4.5 (other sessions): the 7x7/2 stem
+ * 161-187 -> 138-148 us, 64 -> 64 3x3 at 16x16 150-159 -> 139-147; 64 -> 128 3x3/2 and 128 -> 128 at 8x8
+ * within the noise (80-110, 134-157 either way); one thread the same within 1 %. Each output's sum is the
+ * same chain whatever its task, so the split (it follows the thread count) does not change the bits. */
+enum { SG_CTASK_MACS = 32 * SG_TASK_MACS, SG_CTASKS = 8 };
+
 /* conv_implicit's padded copies, per thread: one buffer per geometry (N*C, H, W, HP, WP, pt, pl), the
  * last SG_XPADS used (those of at most SG_XPAD_KEEP floats), so a model's Convs find their zeros from the
  * previous run and copy only the image. */
@@ -290,13 +300,18 @@ PyObject *py_conv_implicit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     j.img_stride = (long)img;
     j.lo = (float)lo, j.hi = (float)hi, j.act = (int)act, j.alpha = (float)alpha;
     j.res = br.obj ? (const float *)br.buf : NULL;
-    /* tasks of about SG_TASK_MACS * 2: whole panel pairs, then blocks of output rows (fixed by the shape) */
-    const double row_macs = (double)OW * K * (M < 32 ? M : 32);
-    long rpt = (long)((double)(2 * SG_TASK_MACS) / (row_macs > 1 ? row_macs : 1));
-    j.rows_per_task = rpt < 1 ? 1 : rpt > OH ? OH : rpt;
-    j.nrb = ceil_div(OH, j.rows_per_task);
+    /* tasks: whole panel pairs, then blocks of output rows of up to SG_CTASK_MACS, fewer rows while the call
+     * would have under SG_CTASKS tasks per thread, split evenly (see the NOTE on task sizes) */
     j.mchunk = 2;
     j.nmc = ceil_div(P, 2);
+    const double row_macs = (double)OW * K * (M < 32 ? M : 32);
+    long rpt = (long)((double)SG_CTASK_MACS / (row_macs > 1 ? row_macs : 1));
+    rpt = rpt < 1 ? 1 : rpt > OH ? OH : rpt;
+    const long min_tasks = (long)SG_CTASKS * nb_pool_get_threads();
+    while (rpt > 1 && N * j.nmc * ceil_div(OH, rpt) < min_tasks) rpt--;
+    j.nrb = ceil_div(OH, rpt);
+    j.rows_per_task = ceil_div(OH, j.nrb);
+    j.nrb = ceil_div(OH, j.rows_per_task);
     const long ntasks = N * j.nmc * j.nrb;
     const float *x = (const float *)bx.buf;
     const double work = (double)N * M * K * OH * OW;
