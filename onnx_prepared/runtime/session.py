@@ -193,8 +193,9 @@ class RuntimeSession:
         if self.parts.read_ahead is not None:  # its threads end after their current piece
             self.parts.read_ahead.stop()
             self.parts.read_ahead.join(1.0)
-        if self.parts.owns_scheduler:
+        if self.parts.owns_scheduler:  # with the CPU executor built for it, which it only leases
             self.scheduler.close(cancel=True)
+            self.scheduler.cpu.close()
         self.state.reader.close()
         if self.companion is not None:  # the companion store this session opened (its data fds)
             self.companion.close()

@@ -40,3 +40,22 @@ def test_a_dropped_session_is_freed_without_the_cyclic_collector(tmp_path, budge
     finally:
         if paused:
             gc.enable()
+
+
+@pytest.mark.parametrize("option", [{"memory_limit": 1 << 30}, {"io_workers": 2}])
+def test_a_session_with_its_own_scheduler_ends_every_thread_at_close(tmp_path, option):
+    """A session that builds its own scheduler (a memory limit, a trace, another I/O worker count) owns
+    its I/O workers and the CPU executor built for it: close() joins both, so creating and closing such
+    sessions does not accumulate threads (each used to leave its two CPU workers behind)."""
+    import threading
+
+    from onnx_prepared.runtime import RuntimeSession
+
+    path = gemm_mlp(tmp_path, layers=2)
+    before = set(threading.enumerate())
+    for _ in range(3):
+        s = RuntimeSession(path, option)
+        assert s.parts.owns_scheduler
+        s.run({"x": X})
+        s.close()
+    assert set(threading.enumerate()) - before == set()
