@@ -17,7 +17,8 @@ SOURCES = ["module.c", "pool.c", "nbits_portable.c", "nbits_avx2.c", "nbits_avx2
            "attention.c", "attention_isa.c", "llm_norm.c", "llm_norm_isa.c", "prep_panels.c",
            "llm_gather.c",
            "winpool.c", "winpool_isa.c", "se_block.c", "se_block_isa.c", "qgemm.c", "qlinear.c", "qconv_vnni.c",
-           "encoder_act.c", "encoder_norm.c", "encoder_gemm.c", "resize.c", "resize_isa.c", "silu.c"]
+           "encoder_act.c", "encoder_norm.c", "encoder_gemm.c", "resize.c", "resize_isa.c", "silu.c",
+           "tl_scratch.c"]
 
 
 class OptionalBuildExt(build_ext):
@@ -55,7 +56,7 @@ def _extensions() -> list[Extension]:
                                         "llm_gather.h",
                                         "im2col.h", "gap.h", "winpool.h", "winpool.inc", "se_block.h", "se_block.inc",
                                         "qgemm.h", "qlinear.h", "encoder_act.h", "encoder_norm.h", "encoder_gemm.h",
-                                        "resize.h", "resize.inc", "silu.h", "logistic.h")],
+                                        "resize.h", "resize.inc", "silu.h", "logistic.h", "tl_scratch.h")],
         extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"],
         extra_link_args=["-pthread"],
         optional=True,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 
 import numpy as np
 import onnx
@@ -286,3 +288,36 @@ def test_conv_implicit_reuses_its_padded_copies_with_new_images():
                 dims = np.array([n, c, h, w, m, 3, 3, *out, *begins, s, s, 1, 1], np.int64)
                 assert ext.conv_implicit(x, packed, None, got, dims, -np.inf, np.inf, 0)
                 np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.skipif(not native.available() or "avx512vnni" not in native.supported_levels(),
+                    reason="conv_implicit runs at the avx512vnni level")
+def test_a_threads_padded_copies_are_freed_when_it_exits():
+    """Kernels keep per-thread scratch (conv_implicit's padded copies among them) for the next call on
+    that thread; a thread that ends (a session with its own scheduler ends its workers at close) frees
+    its scratch: the bytes every thread holds come back to what they were once it has exited."""
+    from onnx_prepared.kernels import _spatial as sp
+
+    ext, rng = native._ext, np.random.default_rng(7)
+    n, c, h, w, m = 1, 16, 40, 40, 24
+    begins, _, out = sp.geometry("Conv", (h, w), (3, 3), auto_pad="NOTSET", pads=[1] * 4, strides=[1, 1],
+                                 dilations=[1, 1])
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    packed = native.pack_panels(rng.standard_normal((1, m, c * 9), dtype=np.float32))
+    dims = np.array([n, c, h, w, m, 3, 3, *out, *begins, 1, 1, 1, 1], np.int64)
+    before, held = ext.thread_scratch_bytes(), []
+
+    def conv() -> None:
+        y = np.empty((n, m, *out), np.float32)
+        assert ext.conv_implicit(x, packed, None, y, dims, -np.inf, np.inf, 0)
+        held.append(ext.thread_scratch_bytes())
+
+    with native.forced_level("avx512vnni"):
+        t = threading.Thread(target=conv)
+        t.start()
+        t.join()
+    assert held and held[0] >= before + 4 * c * (h + 2) * (w + 2)  # its padded copy, at least
+    deadline = time.monotonic() + 30  # the OS thread frees it as it exits, after join() returned
+    while ext.thread_scratch_bytes() != before and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert ext.thread_scratch_bytes() == before

@@ -23,6 +23,7 @@
 #include "pool.h"
 #include "rnn_module.h"
 #include "sgemm.h"
+#include "tl_scratch.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -217,6 +218,17 @@ static _Thread_local size_t g_pad_cap = 0;
 static _Thread_local long *g_koff = NULL;
 static _Thread_local long g_koff_cap = 0;
 
+static void g_pad_free(void)
+{
+    free(g_pad);
+    free(g_koff);
+    tl_bytes(-(long long)(g_pad_cap * sizeof(float) + (size_t)g_koff_cap * sizeof(long)));
+    g_pad = NULL;
+    g_koff = NULL;
+    g_pad_cap = 0;
+    g_koff_cap = 0;
+}
+
 /* conv_direct(x, packed, bias|None, y, dims int64[12] = B C H W G M KH KW OH OW pt pl, lo, hi, act[, alpha]):
  * unit strides and dilations; pt, pl the leading pads (the output size fixes the trailing ones) */
 PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -283,6 +295,8 @@ PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             PyErr_NoMemory();
             goto done;
         }
+        if (!g_pad && !g_koff) tl_at_exit(g_pad_free);
+        tl_bytes((long long)((need - g_pad_cap) * sizeof(float)));
         g_pad = p;
         g_pad_cap = need;
     }
@@ -292,6 +306,8 @@ PyObject *py_conv_direct(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             PyErr_NoMemory();
             goto done;
         }
+        if (!g_pad && !g_koff) tl_at_exit(g_pad_free);
+        tl_bytes((long long)((size_t)(j.K - g_koff_cap) * sizeof(long)));
         g_koff = k;
         g_koff_cap = j.K;
     }

@@ -30,6 +30,7 @@
 #include "encoder_act.h"
 #include "resize.h"
 #include "silu.h"
+#include "tl_scratch.h"
 
 #ifdef NB_X86
 #include <cpuid.h>
@@ -644,6 +645,7 @@ static PyMethodDef methods[] = {
     ENCODER_ACT_METHODS
     RESIZE_METHODS
     SILU_METHODS
+    TL_SCRATCH_METHODS
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "qlinear.h"
 #include "rnn_module.h" /* ext_isa_level */
+#include "tl_scratch.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -195,6 +196,14 @@ static void qv_pack_input(const uint8_t *x, uint8_t *xp, long n, long C, long H,
 static _Thread_local uint8_t *tl_xp;
 static _Thread_local size_t tl_xp_n;
 
+static void tl_xp_free(void)
+{
+    free(tl_xp);
+    tl_bytes(-(long long)tl_xp_n);
+    tl_xp = NULL;
+    tl_xp_n = 0;
+}
+
 /* qconv_vnni(x, w8 [ceil(M/8), KQ, 8, 4] int8, badj int32 [M], scales float32 [M], y, dims int64[20] as
  * qconv's) -> True, or False below the AVX-512 VNNI level (the caller runs qconv) */
 PyObject *py_qconv_vnni(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -252,6 +261,8 @@ PyObject *py_qconv_vnni(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_NoMemory();
             goto done;
         }
+        if (!tl_xp) tl_at_exit(tl_xp_free);
+        tl_bytes((long long)(need - tl_xp_n));
         tl_xp = p;
         tl_xp_n = need;
     }

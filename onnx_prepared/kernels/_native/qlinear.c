@@ -34,6 +34,7 @@
 #include "pool.h"
 #include "qlinear.h"
 #include "rnn_module.h" /* ext_isa_level */
+#include "tl_scratch.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define QL_X86 1
@@ -48,11 +49,21 @@ typedef struct {
 static _Thread_local int16_t *tl_cols;
 static _Thread_local size_t tl_cols_n;
 
+static void tl_cols_free(void)
+{
+    free(tl_cols);
+    tl_bytes(-(long long)(tl_cols_n * sizeof(int16_t)));
+    tl_cols = NULL;
+    tl_cols_n = 0;
+}
+
 static int16_t *cols_scratch(size_t n)
 {
     if (n > tl_cols_n) {
         int16_t *p = (int16_t *)realloc(tl_cols, n * sizeof(int16_t));
         if (!p) return NULL;
+        if (!tl_cols) tl_at_exit(tl_cols_free);
+        tl_bytes((long long)((n - tl_cols_n) * sizeof(int16_t)));
         tl_cols = p;
         tl_cols_n = n;
     }

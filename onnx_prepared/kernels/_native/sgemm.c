@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "tl_scratch.h"
 #include "rnn_module.h"
 #include "sgemm.h"
 
@@ -159,6 +160,7 @@ enum { SG_CTASK_MACS = 32 * SG_TASK_MACS, SG_CTASKS = 8 };
 enum { SG_XPADS = 8, SG_XPAD_KEEP = 1 << 20 }; /* floats: at most 8 x 4 MiB kept per thread */
 typedef struct {
     float *buf;
+    size_t n; /* floats */
     long key[7];
     unsigned long used;
 } sg_xpad;
@@ -168,6 +170,21 @@ static _Thread_local unsigned long tl_xpad_clock;
 static _Thread_local float *tl_xpad_big; /* a copy past SG_XPAD_KEEP floats: one buffer, zeros written each call */
 static _Thread_local size_t tl_xpad_big_n;
 
+static void xpads_free(void)
+{
+    long long held = (long long)tl_xpad_big_n;
+    for (int i = 0; i < SG_XPADS; i++) {
+        free(tl_xpad[i].buf);
+        held += (long long)tl_xpad[i].n;
+        tl_xpad[i].buf = NULL;
+        tl_xpad[i].n = 0;
+    }
+    free(tl_xpad_big);
+    tl_xpad_big = NULL;
+    tl_xpad_big_n = 0;
+    tl_bytes(-held * (long long)sizeof(float));
+}
+
 /* The buffer of this geometry (*fresh: its zeros are still to be written), or NULL when out of memory. */
 static float *xpad_for(const long key[7], size_t n, int *fresh)
 {
@@ -176,6 +193,8 @@ static float *xpad_for(const long key[7], size_t n, int *fresh)
         if (n > tl_xpad_big_n) {
             float *p = (float *)malloc(n * sizeof(float));
             if (!p) return NULL;
+            tl_at_exit(xpads_free);
+            tl_bytes((long long)((n - tl_xpad_big_n) * sizeof(float)));
             free(tl_xpad_big);
             tl_xpad_big = p;
             tl_xpad_big_n = n;
@@ -196,8 +215,11 @@ static float *xpad_for(const long key[7], size_t n, int *fresh)
     }
     float *p = (float *)malloc(n * sizeof(float));
     if (!p) return NULL;
+    tl_at_exit(xpads_free);
+    tl_bytes((long long)n * (long long)sizeof(float) - (long long)lru->n * (long long)sizeof(float));
     free(lru->buf);
     lru->buf = p;
+    lru->n = n;
     memcpy(lru->key, key, sizeof lru->key);
     lru->used = tl_xpad_clock;
     *fresh = 1;
