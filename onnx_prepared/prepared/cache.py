@@ -197,7 +197,8 @@ class PreparedModelStore:
     """
 
     def __init__(self, path: str | os.PathLike, *, source_digest: str, policy: PreparedModelPolicy | str,
-                 kernel_abi: str = KERNEL_ABI, locking: bool | None = None) -> None:
+                 kernel_abi: str = KERNEL_ABI, locking: bool | None = None,
+                 index: tuple[CompanionIndex, int] | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.folder = os.path.dirname(self.path)
         self.root = _root(self.path)
@@ -225,17 +226,23 @@ class PreparedModelStore:
         self._closed = False
         self.degraded: str | None = None  # why writes stopped (the folder is read-only), if they did
         if self.policy is not PreparedModelPolicy.DISABLED:
-            self._load()
+            self._load(index)
         if self.policy is PreparedModelPolicy.BUILD_IF_MISSING:
             self._probe_writable()
 
     # ---- open ----
-    def _load(self) -> None:
+    def _load(self, index: tuple[CompanionIndex, int] | None = None) -> None:
+        """Open the companion: its index (``index``: the (index, inode) read before, without the lock, used
+        if the file is still that inode: an index is replaced whole, by rename) and its data files."""
         lock_fd = self._open_lock(create=False)
         try:
             for _ in range(8):  # without a lock file, retry if a writer replaced the companion index meanwhile
                 with io.flocked(lock_fd, exclusive=False):
-                    m, ino = io.read_index(self.path)
+                    if index is not None and io.inode(self.path) == index[1]:
+                        m, ino = index
+                    else:
+                        m, ino = io.read_index(self.path)
+                    index = None
                     if m is None:
                         return
                     self.stale_reason = _stale_reason(m, self.source_digest)

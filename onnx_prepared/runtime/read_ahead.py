@@ -11,7 +11,9 @@ check and verify what they consume, and then find their pages resident. A piece 
 session read of it wait for it, as two session reads of one page would.
 
 The session queues two batches (runtime/builder.py): a companion's payloads (:func:`companion_ranges`,
-in file order) as soon as the companion is open, before resolution, or without a usable companion entry
+in file order) as soon as the companion is open, before resolution (when the options name the
+companion, from its index before the source's parse, :func:`index_ranges`, dropped if the parse shows it
+stale), or without a usable companion entry
 the source's external initializers less the tables a Gather reads (:func:`load_ranges`, in file order)
 right after the load; then what the plan's cold first run
 reads (:func:`plan_ranges`, in need order: per requirement its companion payload on a hit or its
@@ -36,6 +38,7 @@ ttfo, cold, 7 processes each interleaved (load ~2.5), read sum 529 -> 302 ms (me
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import itertools
@@ -122,6 +125,44 @@ def load_ranges(loaded) -> list[tuple[str, int, int]]:
     return sorted(out)
 
 
+def index_ranges(index, model_path: str) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of a companion index's payloads, read before the source's parse (whose
+    digest says whether the companion is this model's): entries of this kernel ABI and format in data
+    files that are there, in file and offset order; none for another format version, or when a source
+    data file the index records (its stat fingerprint) is not in ``model_path``'s folder as recorded
+    (another model's companion, or a changed data file: its entries' source digests are not trusted)."""
+    from onnx_prepared.kernels.prepack import KERNEL_ABI
+    from onnx_prepared.prepared.cache_format import FORMAT_VERSION
+
+    if index.format_version is not None and index.format_version != FORMAT_VERSION:
+        return []
+    if not _stamps_there(set(index.source_stamps.values()), os.path.dirname(os.path.abspath(model_path))):
+        return []
+    es = [e for e in index.entries.values() if e.kernel_abi == KERNEL_ABI and e.format_version == FORMAT_VERSION]
+    there = {f for f in {e.file for e in es} if os.path.isfile(f)}
+    return sorted((e.file, e.offset, e.length) for e in es if e.file in there)
+
+
+def _stamps_there(stamps: set[str], folder: str) -> bool:
+    """Whether each stat fingerprint (``dev:ino:size:mtime_ns:ctime_ns``, model/safe_open.fingerprint) is
+    a file's in ``folder`` (only the files of a recorded inode are stat'ed)."""
+    from onnx_prepared.model.safe_open import fingerprint
+
+    if not stamps:
+        return True
+    inodes = {int(p[1]) for s in stamps if len(p := s.split(":")) == 5 and p[1].isdigit()}
+    found = set()
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.inode() in inodes:
+                    with contextlib.suppress(OSError):
+                        found.add(fingerprint(e.stat(follow_symlinks=False)))
+    except OSError:
+        return False
+    return stamps <= found
+
+
 def companion_ranges(companion) -> list[tuple[str, int, int]]:
     """(file, offset, length) of the companion's payloads a hit may read (entries of this kernel ABI and
     format, not invalid; none when the companion is stale), in file and offset order."""
@@ -166,16 +207,26 @@ def advise(ranges: Iterable[tuple[str, int, int]], small: int = SMALL, limit: in
 
 
 def spans(ranges: Iterable[tuple[str, int, int]], gap: int = MERGE_GAP) -> list[tuple[str, int, int]]:
-    """Consecutive ranges of one file that are adjacent (or within ``gap`` bytes, ascending) merged."""
+    """Consecutive ranges of one file that are adjacent (or within ``gap`` bytes, ascending) merged; not
+    across a gap where another range of the list starts (its bytes would be read twice: need order puts
+    the rotary tables after the first norm weight that follows them in the file)."""
+    ranges = [r for r in ranges if r[2] > 0]
+    starts: dict[str, list[int]] = {}
+    for f, off, _ in ranges:
+        starts.setdefault(f, []).append(off)
+    for v in starts.values():
+        v.sort()
     out: list[tuple[str, int, int]] = []
     for f, off, n in ranges:
-        if n <= 0:
-            continue
         if out:
             pf, po, pn = out[-1]
-            if pf == f and po + pn <= off <= po + pn + gap:
-                out[-1] = (f, po, off + n - po)
-                continue
+            end = po + pn
+            if pf == f and end <= off <= end + gap:
+                s = starts[f]
+                i = bisect.bisect_left(s, end)
+                if off == end or not (i < len(s) and s[i] < off):
+                    out[-1] = (f, po, off + n - po)
+                    continue
         out.append((f, off, n))
     return out
 
@@ -237,6 +288,12 @@ class ReadAhead:
             self._queue = itertools.chain(self._queue, pieces(spans(new), self._piece))
             self._final = self._final or final
             self._cond.notify_all()
+
+    def drop(self) -> None:
+        """Forget every piece queued and not started (those in flight finish): a batch guessed before
+        the parse that the parse proved wrong (a stale companion, runtime/builder.py)."""
+        with self._cond:
+            self._queue = iter(())
 
     def _next(self) -> tuple[str, int, int] | None:
         with self._cond:

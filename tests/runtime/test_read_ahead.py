@@ -3,6 +3,7 @@ in which order, and that the threads read exactly those and end (stopped, finish
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -246,3 +247,70 @@ def test_without_a_companion_the_source_streams_from_the_load_less_the_gathered_
         assert ahead.bytes_read + ahead.bytes_skipped == (sum(n for _, _, n in ra.spans(early))
                                                           + sum(n for _, _, n in ra.spans(rest)))
         s.run(feeds)
+
+
+def test_a_named_companion_streams_from_its_index_before_the_parse_and_nothing_twice(model, tmp_path,
+                                                                                   monkeypatch):
+    """With prepared_model_path given, the companion's payloads stream from its index before the source
+    is parsed (the parse waits here for the first piece), in file order, then the plan's ranges not
+    queued yet; no byte is queued twice. A companion of another model (its data file's fingerprint
+    matching) is dropped at the parse: the source's ranges stream instead, and the run is right."""
+    import threading
+
+    import onnx
+
+    from onnx_prepared.prepared.cache_io import read_index
+    from onnx_prepared.runtime import builder
+
+    path, feeds, _ = model
+    cache = str(tmp_path / "m.prepared.onnx")
+    with RuntimeSession(path, {"prepared_model_policy": "build_if_missing", "prepared_model_path": cache}) as s:
+        s.prepare()
+        want_out = s.run(feeds)
+    jobs: list[tuple[str, int, int]] = []
+    first, at_parse = threading.Event(), []
+    orig_next, orig_load = ra.ReadAhead._next, builder.load
+
+    def counting_next(self):
+        job = orig_next(self)
+        if job is not None:
+            jobs.append(job)
+            first.set()
+        return job
+
+    def gated_load(m):
+        assert first.wait(30)  # the stream is under way before the parse
+        at_parse.append(len(jobs))
+        return orig_load(m)
+
+    monkeypatch.setattr(ra.ReadAhead, "_next", counting_next)
+    monkeypatch.setattr(builder, "load", gated_load)
+    payloads = ra.index_ranges(read_index(cache)[0], path)
+    assert payloads and payloads == sorted(payloads)
+    # its recorded source data file is not in another folder: no stream before the parse there
+    assert ra.index_ranges(read_index(cache)[0], str(tmp_path / "elsewhere.onnx")) == []
+    with RuntimeSession(path, {"prepared_model_policy": "read_only", "prepared_model_path": cache}) as s:
+        assert ra.companion_ranges(s.companion) == payloads
+        s.parts.read_ahead.join(30)
+        assert s.parts.read_ahead.done
+        early = list(ra.pieces(ra.spans(payloads)))
+        assert at_parse[0] >= 1 and jobs[:at_parse[0]] == early[:at_parse[0]]
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads)]
+        assert jobs == early + list(ra.pieces(ra.spans(rest)))
+        assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), want_out, strict=True))
+    byte_ranges = sorted(jobs)  # no byte queued twice
+    assert not [(a, b) for a, b in itertools.pairwise(byte_ranges) if a[0] == b[0] and a[1] + a[2] > b[1]]
+
+    other = onnx.load(path, load_external_data=False)  # another source model (its digest), the same weights
+    other.doc_string = "another model"
+    other_path = os.path.join(os.path.dirname(path), "other.onnx")
+    onnx.save(other, other_path)
+    jobs.clear()
+    first.clear()
+    with RuntimeSession(other_path, {"prepared_model_policy": "read_only", "prepared_model_path": cache}) as s:
+        assert s.companion.stale_reason is not None and not any(r.cached for r in s.plan.requirements)
+        s.parts.read_ahead.join(30)
+        source = [j for j in jobs if j[0] not in {f for f, _, _ in payloads}]
+        assert source[:1] == list(ra.pieces(ra.spans(ra.load_ranges(s.parts.loaded))))[:1]
+        assert len(set(jobs)) == len(jobs)
+        assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), want_out, strict=True))
