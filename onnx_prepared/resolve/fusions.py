@@ -285,18 +285,9 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphI
     if not index.has(*_CONV_EPILOGUES):
         return 0
     scalars = _constant_scalars(graph, index) if index.has("Clip") else {}
-    consumers = index.consumers
     fused: dict[int, tuple] = {}
     drop: set[int] = set()
-    for idx in index.of("Conv", "onnx_prepared:FusedConv"):
-        attrs = _foldable_conv(index, idx, weights, fused_ok=True)
-        if attrs is None:
-            continue
-        out = index.outputs[idx][0]
-        users = consumers.get(out, [])
-        if len(users) != 1 or users[0] in drop:
-            continue
-        u = users[0]
+    for idx, attrs, out, u in _single_reader_convs(index, weights, fused, drop):
         op, act_ins, act_outs = index.keys[u], index.inputs[u], index.outputs[u]
         if op not in _CONV_EPILOGUES or len(act_outs) != 1:  # (a key is the bare op type in the default domain)
             continue
@@ -323,6 +314,23 @@ def fuse_conv_activation(graph: onnx.GraphProto, weights: Mapping, index: GraphI
     return _fused(graph, fused, drop, index)
 
 
+def _single_reader_convs(index: GraphIndex, weights: Mapping, fused: dict, drop: set):
+    """(index, attributes, output, its one reader) of each foldable Conv or activation-free FusedConv
+    (:func:`_foldable_conv`) whose output one node alone reads, while a pass fills ``fused`` and ``drop``:
+    neither the Conv nor its reader already dropped, nor the reader already fused by the pass."""
+    consumers = index.consumers
+    for idx in index.of("Conv", "onnx_prepared:FusedConv"):
+        if idx in drop:
+            continue
+        attrs = _foldable_conv(index, idx, weights, fused_ok=True)
+        if attrs is None:
+            continue
+        out = index.outputs[idx][0]
+        users = consumers.get(out, [])
+        if len(users) == 1 and users[0] not in drop and users[0] not in fused:
+            yield idx, attrs, out, users[0]
+
+
 #: activations after a residual Add that the fused epilogue computes: a clip (Relu, Clip), nothing else
 _RESIDUAL_EPILOGUES = ("Relu", "Clip")
 #: the residual's input position in a FusedConv (after X, W, B and the four BatchNormalization inputs)
@@ -344,15 +352,7 @@ def fuse_conv_add(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | 
     consumers = index.consumers
     fused: dict[int, tuple] = {}
     drop: set[int] = set()
-    for idx in index.of("Conv", "onnx_prepared:FusedConv"):
-        attrs = _foldable_conv(index, idx, weights, fused_ok=True)
-        if attrs is None or idx in drop:
-            continue
-        out = index.outputs[idx][0]
-        users = consumers.get(out, [])
-        if len(users) != 1 or users[0] in drop or users[0] in fused:
-            continue
-        u = users[0]
+    for idx, attrs, out, u in _single_reader_convs(index, weights, fused, drop):
         ins_u, outs_u = index.inputs[u], index.outputs[u]
         if index.keys[u] != "Add" or len(ins_u) != 2 or len(outs_u) != 1 or ins_u[0] == ins_u[1]:
             continue

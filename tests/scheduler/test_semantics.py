@@ -478,14 +478,16 @@ def test_S2_background_work_starts_behind_the_critical_work_in_flight(sched):
 
 def test_S2_a_yielded_critical_task_still_holds_background_work(sched):
     """A continuation that yields (S4 resume_after) to wait for a read is still critical work in flight:
-    a background task queued meanwhile starts only once the continuation ended."""
-    gate = Gate()
+    a background task queued meanwhile waits through its next segment and starts once it ended."""
+    gate, second = Gate(), Gate()
     order: list[str] = []
     read = Task(gate.body(), resource="io", name="read")
+    rest = second.body()
 
     def run(t):
         if read.state is not TS.SUCCEEDED:
             return t.resume_after(read)
+        rest(t)  # the continuation's second segment, held by the test
         order.append("run")
 
     cont = Task(run, resource="cpu", name="run")
@@ -495,6 +497,9 @@ def test_S2_a_yielded_critical_task_still_holds_background_work(sched):
     hb = sched.submit(table)
     assert table.state is TS.READY and cont.state is TS.PENDING
     gate.open()
+    assert second.started.wait(TIMEOUT)  # cont runs again: the read it waited for ended, cont did not
+    assert table.state is TS.READY  # a CPU slot is free, yet the table waits behind cont
+    second.open()
     h.wait(TIMEOUT)
     hb.wait(TIMEOUT)
     assert order == ["run", "table"]
