@@ -99,6 +99,7 @@ class ModelReplica:
         self._done = threading.Event()
         self.preparing = session.prepare_async()  # returns at once: the replica is ready before its weights
         self.preparing.add_done_callback(self._prepared)
+        self.ctor_s = time.perf_counter() - self.started
 
     def _prepared(self, handle: Any) -> None:
         # Persist in a thread of our own: the callback runs on a scheduler worker, and a flush waits for
@@ -138,8 +139,8 @@ class ModelReplica:
     def status(self) -> dict[str, Any]:
         c = self.session.companion
         return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
-                "import_s": self.import_s, "session_s": self.session_s, "first_request_s": self.first_request_s,
-                "first_response_s": self.first_response_s,
+                "import_s": self.import_s, "session_s": self.session_s, "ctor_s": self.ctor_s,
+                "first_request_s": self.first_request_s, "first_response_s": self.first_response_s,
                 "prepared": self._done.is_set(),
                 "prepared_s": self.prepared_s, "cache": None if c is None else c.path,
                 "cache_entries": None if c is None else len(c.entries()), "cache_written": self.flushed,
@@ -175,6 +176,7 @@ class OrtReplica:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.prepared_s = time.perf_counter() - self.started
         self.session_s = self.prepared_s - self.import_s
+        self.ctor_s = self.prepared_s
 
     async def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import asyncio
@@ -191,8 +193,8 @@ class OrtReplica:
 
     def status(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "model": self.model_path, "pid": os.getpid(), "started": self.started_wall,
-                "import_s": self.import_s, "session_s": self.session_s, "first_request_s": self.first_request_s,
-                "first_response_s": self.first_response_s,
+                "import_s": self.import_s, "session_s": self.session_s, "ctor_s": self.ctor_s,
+                "first_request_s": self.first_request_s, "first_response_s": self.first_response_s,
                 "prepared": True, "prepared_s": self.prepared_s,
                 "inputs": sorted(self.input_types), "outputs": self.output_names}
 

@@ -58,3 +58,25 @@ def test_the_deployment_class_loads_no_runtime():
             " 'onnx_prepared.prepared'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("serve_freezes", ["1", "0"])
+def test_the_constructor_freezes_what_serve_would_freeze(tmp_path, serve_freezes):
+    """Serve collects and freezes the heap after the constructor, before the replica counts as ready:
+    the constructor freezes its objects first (that full collection, racing ``prepare_async`` for the
+    GIL, held the first request back ~100 ms), and only where Serve freezes at all."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.serving import model_file, small_llm
+
+    model = model_file(small_llm(tmp_path))
+    code = ("import gc, sys\n"
+            "from onnx_prepared.serve.deployment import PreparedModelDeployment\n"
+            "d = PreparedModelDeployment.func_or_class(sys.argv[1])\n"
+            "print(gc.get_freeze_count() > 0)\n"
+            "d.replica.close()\n")
+    env = {**os.environ, "RAY_SERVE_FREEZE_GC_ON_STARTUP": serve_freezes}
+    out = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == str(serve_freezes == "1")
