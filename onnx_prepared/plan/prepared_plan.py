@@ -21,6 +21,7 @@ from types import MappingProxyType
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import ExecutionPlan, build_execution_plan
 from onnx_prepared.errors import InternalError, OnnxPreparedError
+from onnx_prepared.model.descriptors import ExternalPayload
 from onnx_prepared.options import PreparedModelPolicy
 from onnx_prepared.records import field, record
 from onnx_prepared.resolve import RAW, PreparedKey, PreparedRequirement, ResolvedModel
@@ -59,6 +60,9 @@ class TaskDescriptor:
     actions: tuple[int, int] | None = None  # [start, stop) in the action list (invocation tasks)
     sources: tuple[str, ...] = ()  # payload names read (read tasks) or consumed (prepack tasks)
     result: str = ""  # human description for `inspect --plan`
+    #: sources this (prepack or raw publish) task reads itself: small inline payloads, which get no read
+    #: task of their own (:data:`SELF_READ_BYTES`)
+    self_reads: tuple[str, ...] = ()
 
 
 @record(frozen=True, slots=True)
@@ -196,6 +200,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     restorer: dict[PreparedKey, str] = {}
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs
     session, read_source, publish_raw = TaskScope.SESSION, TaskKind.READ_SOURCE, TaskKind.PUBLISH_RAW
+    owns: list[tuple[str, ...]] = [()] * len(reqs)  # per requirement: the sources its producer reads itself
     for i in order:
         r = reqs[i]
         ks = str(r.key)  # (a join per use otherwise)
@@ -208,8 +213,9 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             ))
             continue
         one = len(r.sources) == 1
+        own = owns[i] = _self_reads(r, manifest)
         for s in r.sources:
-            if s in read_task:
+            if s in read_task or s in own:
                 continue
             d = manifest[s].descriptor
             tid = f"S.{s}.read_source"
@@ -221,22 +227,24 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             ))
         if r.key.layout == RAW:  # (is_raw)
             # A separate publish task, so the read can be shared with a prepack of the same tensor
-            # (a tied embedding and LM head) while each object is published by its own task.
+            # (a tied embedding and LM head) while each object is published by its own task; a small
+            # inline source is read by the publish itself.
             s = r.sources[0]
             tid = f"S.{s}.publish"
             producer[r.key] = tid
             tasks.append(TaskDescriptor(
-                tid, session, publish_raw, "inline", (read_task[s],), publishes=r.key,
-                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {ks}",
+                tid, session, publish_raw, "inline", () if own else (read_task[s],), publishes=r.key,
+                estimated_output_bytes=r.source_bytes, sources=(s,), result=f"publish {ks}", self_reads=own,
             ))
             continue
         tid = f"S.{ks}.prepack"
         producer[r.key] = tid
         packed = r.estimated_bytes
         tasks.append(TaskDescriptor(
-            tid, TaskScope.SESSION, TaskKind.PREPACK, "cpu", tuple(read_task[s] for s in r.sources),
+            tid, TaskScope.SESSION, TaskKind.PREPACK, "cpu",
+            tuple(read_task[s] for s in r.sources if s not in own),
             publishes=r.key, estimated_input_bytes=r.source_bytes, estimated_output_bytes=packed,
-            peak_temporary_bytes=packed, sources=r.sources, result=f"publish {ks}",
+            peak_temporary_bytes=packed, sources=r.sources, result=f"publish {ks}", self_reads=own,
         ))
         if persist and r.spec is not None and r.spec.to_bytes is not None:
             persister[r.key] = f"S.{ks}.persist"
@@ -252,7 +260,10 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
                 result=f"restore {ks} (after eviction, from the entry persisted by {persister[r.key]})",
             ))
     tasks.extend(restores)
-    io_bits = {i for i, r in enumerate(reqs) if not r.key.is_raw or manifest[r.sources[0]].descriptor.is_external}
+    # what starts a new invocation step: an object whose production is a read or a prepack of more than
+    # small inline payloads (a raw inline constant, or a prepack of small inline sources alone, is quick)
+    io_bits = {i for i, r in enumerate(reqs) if r.cached or (
+        manifest[r.sources[0]].descriptor.is_external if r.key.is_raw else len(owns[i]) != len(r.sources))}
     meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, meta))
     by_id = {t.id: t for t in tasks}
@@ -276,6 +287,26 @@ def _visit(by_id: dict[str, TaskDescriptor], tid: str, seen: dict[str, None]) ->
         if by_id[d].scope is TaskScope.SESSION:
             _visit(by_id, d, seen)
     seen[tid] = None
+
+
+#: inline payloads up to this size are read by the task that consumes them (a prepack or a raw publish),
+#: not by a read task of their own: a quantized CNN's scales, zero points and biases (cnn_int8_qoperator:
+#: 48 initializers, 61 session tasks before, 13 after); reading one twice where two objects share it
+#: copies at most this much again. Their objects start no invocation step of their own either.
+SELF_READ_BYTES = 64 << 10
+
+
+def _self_reads(r: PreparedRequirement, manifest) -> tuple[str, ...]:
+    """The sources of requirement ``r`` its producing task reads itself: the small inline ones, unless
+    its kernel takes the sources' reads as they are (``source_form``: a cold run waits on those reads)."""
+    if r.spec is not None and r.spec.source_form:
+        return ()
+    own = []
+    for s in r.sources:
+        d = manifest[s].descriptor
+        if type(d.payload) is not ExternalPayload and d.nbytes <= SELF_READ_BYTES and not manifest[s].rows:
+            own.append(s)
+    return tuple(own)
 
 
 def _slot_name(key: PreparedKey) -> str:

@@ -79,6 +79,15 @@ class PreparedExecutionState:
         nbytes = int(getattr(value, "nbytes", 0))
         self.store.fill_read(entry, value, self.arenas.preparation.acquire(nbytes, f"source {name}"))
 
+    def read_inline(self, name: str) -> ReadEntry:
+        """Read a small inline payload for the one task consuming it (``TaskDescriptor.self_reads``): a
+        private entry, not shared and held by no arena (the consumer drops it when it returns)."""
+        value = self.reader.read(name)
+        self.counters[f"read:{name}"] += 1
+        if self._record_digests:
+            self._record_digest(name, value)
+        return ReadEntry(name, value=value)
+
     def publish_raw(self, key: PreparedKey, generation: int, entry: ReadEntry) -> None:
         """Publish a source read as is (a raw prepared object); the read may be shared with a prepack."""
         value = entry.value
@@ -232,11 +241,13 @@ def _read_source(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTas
 
 
 def _publish_raw(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
-    st.publish_raw(inst.key, inst.generation, inst.reads[d.sources[0]])
+    s = d.sources[0]
+    st.publish_raw(inst.key, inst.generation, st.read_inline(s) if d.self_reads else inst.reads[s])
 
 
 def _prepack(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
-    st.prepack(inst.key, inst.generation, [inst.reads[s] for s in d.sources])
+    own, reads = d.self_reads, inst.reads
+    st.prepack(inst.key, inst.generation, [st.read_inline(s) if s in own else reads[s] for s in d.sources])
 
 
 def _read_packed(st: PreparedExecutionState, d: TaskDescriptor, inst: SessionTaskInstances) -> None:
