@@ -14,7 +14,6 @@ Decoding is metadata-only and collects every structural problem instead of stopp
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -130,6 +129,8 @@ def entry_name(lineage: tuple[str, ...], layout: str, device: str) -> str:
 
 def identity_record(name: str, lineage_digest: str, layout: str, device: str) -> bytes:
     """The ``ID_SIZE`` bytes written after the payload of entry ``name``."""
+    import hashlib  # NOTE: lazy: a companion's index is read (and its stream started) before this is needed
+
     key = hashlib.sha256(f"{name}\0{layout}\0{device}".encode()).digest()
     return ID_MAGIC + bytes.fromhex(lineage_digest) + key
 

@@ -6,11 +6,13 @@ function here, so timing a phase or adding a read-ahead hint to one touches one 
 a weight byte for the session: loading is metadata-only, and the first read happens when a session task
 runs. From the companion's opening on (right after the load without one), a read-ahead
 (runtime/read_ahead.py) streams the bytes the cold first run will read into the page cache, on threads
-of its own, while resolution and planning run.
+of its own, while resolution and planning run. The scheduler (when one is created) starts its threads on
+a thread of its own meanwhile (runtime/background.py); the session waits for it after planning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any
@@ -23,11 +25,13 @@ from onnx_prepared.options import PreparedModelPolicy, SessionOptions, as_sessio
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, build_prepared_plan
 from onnx_prepared.records import record
 from onnx_prepared.resolve import ManifestReader, ResolvedModel, resolve_model
+from onnx_prepared.runtime.background import Background
 from onnx_prepared.runtime.feeds import FeedBinder
 from onnx_prepared.runtime.producers import Producers
 from onnx_prepared.runtime.read_ahead import (
     ReadAhead,
     companion_ranges,
+    companion_sources,
     index_ranges,
     load_ranges,
     plan_ranges,
@@ -94,8 +98,11 @@ def build_session(
     ``reader``: the external-data reader session tasks read through (tests pass a gated one).
     """
     options = as_session_options(options)
-    ahead, index = early_read_ahead(model, options)
+    # The scheduler's threads start on a thread of its own while the source parses (runtime/background.py).
+    sched_job = Background(choose_scheduler, options, scheduler) if _starts_threads(options, scheduler) else None
+    ahead = None
     try:
+        ahead, index = early_read_ahead(model, options)
         loaded = load(model)
         companion = open_companion(loaded, options, index)
         ahead = start_read_ahead(companion, options, loaded, ahead)
@@ -110,14 +117,25 @@ def build_session(
         # so it is not also a hard PreparedArena limit that a publish could fail on.
         arenas = Arenas.create(retention_caps=options.arena_retention_caps)
         state = PreparedExecutionState(plan, arenas, ManifestReader(resolved.manifest, reader), companion)
-        sched, owns = choose_scheduler(options, scheduler)
+        sched, owns = sched_job.result() if sched_job is not None else choose_scheduler(options, scheduler)
+        sched_job = None
         producers = Producers(plan, state, sched, options.prepared_memory_limit, options.eviction_policy)
         return SessionParts(options, loaded, companion, resolved, plan, arenas, state, sched, owns, producers,
                             FeedBinder(plan.execution, loaded.graph, plan.requirement_slots), ahead)
     except BaseException:
         if ahead is not None:  # its threads wait for the plan's ranges: end them
             ahead.stop()
+        if sched_job is not None:  # a scheduler the session would have owned
+            with contextlib.suppress(BaseException):
+                sched, owns = sched_job.result()
+                if owns:
+                    sched.close(cancel=True)
         raise
+
+
+def _starts_threads(options: SessionOptions, scheduler: RuntimeScheduler | None) -> bool:
+    """Whether :func:`choose_scheduler` creates a scheduler (and so starts its threads)."""
+    return scheduler is None and (_DEFAULT is None or not _shares_default(options))
 
 
 def early_read_ahead(model: Any, options: SessionOptions) -> tuple[ReadAhead | None, Any]:
@@ -128,7 +146,10 @@ def early_read_ahead(model: Any, options: SessionOptions) -> tuple[ReadAhead | N
     :func:`start_read_ahead` drops the stream if not (a companion whose recorded source data files are not
     the model's folder's does not start one).
 
-    NOTE: the stream starts ~12 ms earlier (parse ~8 + companion open ~4 ms, medium preset).
+    NOTE: the stream starts ~12 ms earlier (parse ~8 + companion open ~4 ms, medium preset). It starts
+    ~5 ms into construction (importing the cache modules ~1 ms, reading the index ~2, the threads started
+    without waiting for them, runtime/background.py); on a thread of its own it started 3-5 ms later
+    (the parse holds the GIL) and the parse took 3-4 ms longer.
     """
     path = options.prepared_model_path
     if (not path or isinstance(model, LoadedModel) or options.prepared_memory_limit is not None
@@ -158,7 +179,10 @@ def start_read_ahead(companion: Any, options: SessionOptions, loaded: LoadedMode
     says later whether one is read whole). None with nothing to read, when switched off, or under a
     residency budget (the cold path then reads a window, not everything). ``ahead``: the stream
     :func:`early_read_ahead` started, which these ranges extend, or which a stale companion's load ranges
-    replace.
+    replace. On a hit, the source tensors no entry was packed from (norm weights, rotary tables: what its
+    first run reads from the source) go ahead of every payload not yet started, the small ones only asked
+    for at once (``ReadAhead.extend(front=True)``): queued behind the payloads, as the plan's batch would,
+    the first run's first norm weight and rotary tables waited 6-11 ms for them (medium-genai, cold).
 
     NOTE: without a companion this starts ~11 ms earlier than the plan's batch would (resolve + plan).
     ttfo children, cold, main and this alternated 8 times each, this 2-vCPU Intel VM at load ~3-4 (other
@@ -173,14 +197,20 @@ def start_read_ahead(companion: Any, options: SessionOptions, loaded: LoadedMode
     if not n:
         return None
     ranges = companion_ranges(companion) if companion is not None else []
+    first: list[tuple[str, int, int]] = []  # a hit's source reads: ahead of the companion's payloads
+    if ranges and loaded is not None:
+        first = load_ranges(loaded, companion_sources(companion))
     if not ranges and ahead is not None:
         ahead.drop()  # the index read before the parse is not this model's (or has nothing to read)
     if not ranges and loaded is not None:
         ranges = load_ranges(loaded)
-    if ahead is not None:
-        ahead.extend(ranges, final=False)  # what the early batch had is not read again
-        return ahead
-    return ReadAhead(ranges, threads=n) if ranges else None
+    if ahead is None:
+        if not ranges:
+            return None
+        ahead = ReadAhead((), threads=n)
+    ahead.extend(ranges, final=False)  # what the early batch had is not read again
+    ahead.extend(first, final=False, front=True)
+    return ahead
 
 
 def extend_read_ahead(ahead: ReadAhead | None, plan: PreparedExecutionPlan, resolved: ResolvedModel,
@@ -243,7 +273,7 @@ def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None
     not mean N thread pools)."""
     if scheduler is not None:
         return scheduler, False
-    if options.io_workers == 4 and options.memory_limit is None and not options.records_trace:
+    if _shares_default(options):
         return default_scheduler(), False
     workers = threads.machine_threads()
     return RuntimeScheduler(
@@ -252,6 +282,10 @@ def choose_scheduler(options: SessionOptions, scheduler: RuntimeScheduler | None
         memory=MemoryBudget(options.memory_limit),
         trace=options.records_trace,
     ), True
+
+
+def _shares_default(options: SessionOptions) -> bool:
+    return options.io_workers == 4 and options.memory_limit is None and not options.records_trace
 
 
 def _policy(options: SessionOptions) -> PreparedModelPolicy:

@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator
 
 from onnx_prepared.model.descriptors import ExternalPayload
 from onnx_prepared.model.safe_open import FdPool, open_regular
+from onnx_prepared.runtime.background import start_thread
 
 READ_AHEAD_ENV = "ONNX_PREPARED_READ_AHEAD"
 #: bytes per read call
@@ -104,11 +105,12 @@ def plan_ranges(plan, manifest) -> list[tuple[str, int, int]]:
 _TABLE_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
 
 
-def load_ranges(loaded) -> list[tuple[str, int, int]]:
+def load_ranges(loaded, covered: frozenset[str] | set[str] = frozenset()) -> list[tuple[str, int, int]]:
     """(file, offset, length) of the loaded model's external initializers in file and offset order, less
     the tables a Gather reads (through Reshapes too): whether a row table is read whole, and then after
     everything else, is the plan's to say (:func:`plan_ranges`). What a cold run without a companion
-    reads, known right after the parse."""
+    reads, known right after the parse; less ``covered`` (the sources a companion hit packed): what a
+    hit's first run reads from the source."""
     facts = loaded.node_facts or [(n.op_type, n.domain, n.name, tuple(n.input), tuple(n.output))
                                   for n in loaded.graph.node]
     made_by = {out: f for f in facts for out in f[4]}
@@ -121,7 +123,7 @@ def load_ranges(loaded) -> list[tuple[str, int, int]]:
                 src = made_by.get(name)
                 name = src[3][0] if src is not None and src[0] == "Reshape" and src[3] else ""
     out = [(p.file, p.offset, p.length) for name, d in loaded.weights.items()
-           if isinstance(p := d.payload, ExternalPayload) and name not in tables]
+           if isinstance(p := d.payload, ExternalPayload) and name not in tables and name not in covered]
     return sorted(out)
 
 
@@ -161,6 +163,17 @@ def _stamps_there(stamps: set[str], folder: str) -> bool:
     except OSError:
         return False
     return stamps <= found
+
+
+def companion_sources(companion) -> set[str]:
+    """The source tensors the companion's readable entries (as :func:`companion_ranges`) were packed from."""
+    from onnx_prepared.prepared.cache_format import FORMAT_VERSION
+
+    if companion is None or companion.stale_reason is not None:
+        return set()
+    abi = companion.kernel_abi
+    return {s for name, e in companion.entries().items() if e.kernel_abi == abi
+            and e.format_version == FORMAT_VERSION and name not in companion.invalid for s in e.lineage}
 
 
 def companion_ranges(companion) -> list[tuple[str, int, int]]:
@@ -271,21 +284,28 @@ class ReadAhead:
         self._byte = bytearray(1)
         self._null = self._null_fd = _dev_null()  # _null: None once sendfile failed here
         self.extend(ranges, final=final)
-        self._threads = [threading.Thread(target=self._work, name=f"onnx-prepared-read-ahead-{i}", daemon=True)
-                         for i in range(threads)]
-        self._live = len(self._threads)
-        for t in self._threads:
-            t.start()
+        self.threads = threads
+        self._live = threads  # threads not yet past their cleanup (the last one closes the descriptors)
+        for _ in range(threads):  # NOTE: not threading.Thread: its start waits for the thread (background.py)
+            start_thread(self._work)
 
-    def extend(self, ranges: Iterable[tuple[str, int, int]], *, final: bool = True) -> None:
-        """Read ``ranges`` after everything queued so far (ranges queued before are skipped)."""
+    def extend(self, ranges: Iterable[tuple[str, int, int]], *, final: bool = True, front: bool = False) -> None:
+        """Read ``ranges`` after everything queued so far (ranges queued before are skipped); ``front``:
+        before every piece not yet started, and the small ranges only asked for (:func:`advise`), not
+        queued, when all of them could be."""
         new = [r for r in ranges if r not in self._seen]
         self._streamed.update(f for f, _, n in new if n > SMALL)
+        queued = new
         if not self._stopped:  # NOTE: not in a file this read-ahead streams (see the module docstring)
-            self.advised += advise([r for r in new if r[0] not in self._streamed])
+            small = [r for r in new if r[0] not in self._streamed and 0 < r[2] <= SMALL]
+            asked = advise(small)
+            self.advised += asked
+            if front and small and asked == len(small):
+                queued = [r for r in new if not (r[0] not in self._streamed and 0 < r[2] <= SMALL)]
         with self._cond:
             self._seen.update(new)
-            self._queue = itertools.chain(self._queue, pieces(spans(new), self._piece))
+            batch = pieces(spans(queued), self._piece)
+            self._queue = itertools.chain(batch, self._queue) if front else itertools.chain(self._queue, batch)
             self._final = self._final or final
             self._cond.notify_all()
 
@@ -330,13 +350,15 @@ class ReadAhead:
                     return
         finally:
             with self._cond:
-                self._live -= 1
-                last = self._live == 0
+                last = self._live == 1
             if last:
                 self._fds.close()
                 if self._null_fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(self._null_fd)
+            with self._cond:
+                self._live -= 1
+                self._cond.notify_all()
 
     def _read(self, fd: int, off: int, n: int, view: memoryview | None) -> int:
         """Read ``n`` bytes at ``off`` into the page cache: ``sendfile`` to /dev/null (no copy to user
@@ -380,12 +402,14 @@ class ReadAhead:
             self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
-        for t in self._threads:
-            t.join(timeout)
+        """Wait until every thread has exited (at most ``timeout`` seconds)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._live == 0, timeout)
 
     @property
     def done(self) -> bool:
-        return not any(t.is_alive() for t in self._threads)
+        """Every thread has exited (and the descriptors are closed)."""
+        return self._live == 0
 
 
 def _dev_null() -> int | None:

@@ -85,25 +85,46 @@ def test_no_read_ahead_under_a_residency_budget_or_when_switched_off(model, monk
         assert s.parts.read_ahead is None
     monkeypatch.setenv(ra.READ_AHEAD_ENV, "3")
     with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
-        assert len(s.parts.read_ahead._threads) == 3
+        assert s.parts.read_ahead.threads == 3
 
 
-def test_a_companion_hit_streams_its_payloads_first(model, tmp_path):
+@pytest.mark.parametrize("named", [True, False], ids=["named", "default-path"])
+def test_a_companion_hit_streams_its_payloads_and_asks_for_its_source_reads_at_once(model, tmp_path, monkeypatch,
+                                                                                     named):
+    """A hit streams its payloads; the source tensors no entry was packed from (norm weights, rotary
+    tables: what its first run reads from the source) are asked for at once when the companion opens,
+    before the plan, and not streamed; the plan's batch adds only what is left."""
     path, feeds, _ = model
     cache = str(tmp_path / "m.prepared.onnx")
     with RuntimeSession(path, {"prepared_model_policy": "build_if_missing", "prepared_model_path": cache}) as s:
         s.prepare()
-    opts = {"prepared_model_policy": "read_only", "prepared_model_path": cache}
+    advised: list[list[tuple[str, int, int]]] = []
+    orig_advise = ra.advise
+
+    def recording_advise(ranges, *args, **kwargs):
+        ranges = list(ranges)
+        advised.append(ranges)
+        return orig_advise(ranges, *args, **kwargs)
+
+    monkeypatch.setattr(ra, "advise", recording_advise)
+    opts = {"prepared_model_policy": "read_only", "prepared_model_path": cache if named else None}
+    if not named:
+        monkeypatch.setattr("onnx_prepared.prepared.cache.default_prepared_path", lambda *a, **k: cache)
     with RuntimeSession(path, opts) as s:
         payloads = ra.companion_ranges(s.companion)
         assert payloads and payloads == sorted(payloads)
         assert {f for f, _, _ in payloads} <= {e.file for e in s.companion.entries().values()}
         cached = [r for r in s.plan.requirements if r.cached]
         assert {(r.active.entry.file, r.active.entry.offset, r.active.entry.length) for r in cached} == set(payloads)
+        first = ra.load_ranges(s.parts.loaded, ra.companion_sources(s.companion))
+        assert first and all(0 < n <= ra.SMALL for _, _, n in first)  # this model's: norm weights and rotary
+        assert not set(first) & set(payloads) and s.parts.loaded.path not in {f for f, _, _ in payloads}
+        from_source = [r for batch in advised for r in batch if r not in set(payloads)]
+        assert from_source[:len(first)] == first  # when the companion opened, before the plan's batch
         ahead = s.parts.read_ahead
         ahead.join(30)
         assert ahead.done
-        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads)]
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads) | set(first)]
         want = sum(n for _, _, n in ra.spans(payloads)) + sum(n for _, _, n in ra.spans(rest))
         assert ahead.bytes_read + ahead.bytes_skipped == want
         s.run(feeds)
@@ -295,7 +316,8 @@ def test_a_named_companion_streams_from_its_index_before_the_parse_and_nothing_t
         assert s.parts.read_ahead.done
         early = list(ra.pieces(ra.spans(payloads)))
         assert at_parse[0] >= 1 and jobs[:at_parse[0]] == early[:at_parse[0]]
-        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads)]
+        asked = ra.load_ranges(s.parts.loaded, ra.companion_sources(s.companion))  # asked for, not streamed
+        rest = [r for r in ra.plan_ranges(s.plan, s.resolved.manifest) if r not in set(payloads) | set(asked)]
         assert jobs == early + list(ra.pieces(ra.spans(rest)))
         assert all(np.array_equal(a, b) for a, b in zip(s.run(feeds), want_out, strict=True))
     byte_ranges = sorted(jobs)  # no byte queued twice
