@@ -7,7 +7,8 @@ from it; the default is onnxruntime's order, matmul_nbits.int8_order), every thr
 Times are medians of interleaved rounds in one
 process, so a loaded machine slows every side alike: read the ratios. Also printed: the machine's memory
 read bandwidth (a native read loop over a buffer far larger than the caches, every thread), the weight
-bytes per second at M=1 with warm caches, with the weights from memory (round robin over copies of them far
+bytes per second at M=1 with warm caches (next to a plain read of the same packed bytes by the pool, timed in
+the same rounds: the ceiling of a warm call), with the weights from memory (round robin over copies of them far
 larger than the caches: the bandwidth goal, ROTATE_BYTES) and with every cache flushed before each call,
 prepack speed, and the load average before and after.
 
@@ -245,6 +246,8 @@ def run(repeat: int, shapes, rows) -> dict:
                     **({"fast": (threads(all_threads), ours_fast)} if level == 4 else {}),
                     "ort_1t": (noop, lambda A=A, s=sessions[level, 1]: s.run(None, {"A": A})),
                     "ort_2t": (noop, lambda A=A, s=sessions[level, 2]: s.run(None, {"A": A})),
+                    # the ceiling of a warm M=1 call: the same packed bytes read by the pool (no compute)
+                    **({"read": (threads(all_threads), lambda d=packed.data: native.read_sum(d))} if M == 1 else {}),
                 }
                 waits: dict = {}
                 t = _interleaved(fns, repeat, waits=waits)
@@ -261,6 +264,7 @@ def run(repeat: int, shapes, rows) -> dict:
                        "worker_queued": waits.get("ours", 0.0)}
                 if M == 1:
                     row["weight_gbps_warm"] = packed.nbytes / (t["ours"] * 1e-6) / 1e9
+                    row["read_us"] = t["read"]
                 res["rows"].append(row)
         # M=1 with the weights from memory: (a) round robin over copies of the packed weights far larger
         # than the caches, as a decode step meets each layer's weights (the bandwidth goal); (b) every cache
@@ -326,6 +330,14 @@ def print_table(res: dict) -> None:
               f"{fast}{mark}")
     print("queued = share of the 'ours' calls' wall time our pool's workers waited for a CPU (other processes "
           "held it): where it is high, thr x says little")
+    warm = [r for r in res["rows"] if r.get("read_us") is not None]
+    if warm:
+        print("M=1, warm (the weights in the cache where they fit): ours against a plain read of the same packed bytes "
+              "by the pool on every thread (the ceiling; interleaved with the rows above):")
+        for r in warm:
+            print(f"  K={r['K']} N={r['N']} level {r['level']}: ours {r['ours_us']:.1f} us, read {r['read_us']:.1f} us "
+                  f"({r['packed_bytes'] / (r['read_us'] * 1e-6) / 1e9:.1f} GB/s): ours at "
+                  f"{r['read_us'] / r['ours_us']:.0%} of the read's speed")
     print("M=1, weights from memory: round robin over copies of the weights (code and data warm; the goal), and"
           " with every cache flushed before each call:")
     for c in res["cold"]:
