@@ -642,6 +642,20 @@ static void gemm_i8(const nb_call *c, int m0, int m1, int p0, int p1)
      * better than 4). The bound: vpdpbusd, FMA and MUL share two 512-bit pipes here (cvt and add do not),
      * 14 of them per block, row and panel (8 dot products, 4 chain FMAs, the scale product, the zero-point
      * FMA), so about 7 cycles; measured about 9 */
+    /* NOTE (the Intel Xeon VM of 2026-12-04, AVX-512 VNNI + AMX, 2 vCPUs, one thread): there vpdpbusd,
+     * vcvtdq2ps, FMA, MUL and AND all share ports 0 and 5 (timed loops of independent ops: 16 vpdpbusd 7.8
+     * cycles, + 8 cvt or + 8 fma 11.6), so a 4 x 1 tile's 20 ops per block, row and panel (8 dot products,
+     * 4 cvt, 4 chain FMAs, the scale product, 2 ANDs, the zero-point FMA) need 10 cycles; this kernel takes
+     * 11.4 in L2 (M=16 K=1024 N=1024), 11.7-12.0 from L3 (N=5632, 32000), of which zterms ~0.8 (its loop
+     * alone: 103.4 -> 96 us without it, not bit-exact; 16 rows' chains side by side instead of 8 were 1 %
+     * slower). A stripped tile of the same ops in one pass over the blocks ran at 9.85 cycles (the 4 passes
+     * cost it 6 % once the weights come from L3). AMX (TDPBSUD) does not pay for onnxruntime's order, which
+     * needs 4 int32 dots per block, row and column (the quad pairs, nbits.h): 16-row TDPBSUD took ~33 cycles
+     * here whatever its K (8-64), tilezero + TDPBSUD + tilestored 53-73; AMX for 2 of the 4 quad pairs alone
+     * (A and unpacked-B tile loads, 2 TDPBSUD, 2 stores per block and 16 rows) cost 9.3 cycles per block, row
+     * and panel, and the hybrid (VNNI for the other two) 15.8 interleaved, 19.2 a panel ahead, against 10.1
+     * (prototype, K=1024 N=5632 M=16, bit-identical int32 dots; cycles = TSC ticks / 0.702, from 2 FMAs a
+     * cycle). */
     /* pf of a tile: 1 (the first tile of a row chunk) prefetches its panel 2 KiB ahead; 3 (the first tile of
      * the task's rows, not the last panel) also the next panel, whose first tile otherwise waits for memory
      * (1 thread, load ~1.5, K=1024 N=32000: M=16 3099 -> 2791 us, M=128 22.0 -> 21.7 ms; N=3072 and
