@@ -201,6 +201,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     restores: list[TaskDescriptor] = []  # listed after the tasks a cold start runs
     session, read_source, publish_raw = TaskScope.SESSION, TaskKind.READ_SOURCE, TaskKind.PUBLISH_RAW
     owns: list[tuple[str, ...]] = [()] * len(reqs)  # per requirement: the sources its producer reads itself
+    inline = resolved.inline_payloads
     for i in order:
         r = reqs[i]
         ks = str(r.key)  # (a join per use otherwise)
@@ -213,7 +214,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
             ))
             continue
         one = len(r.sources) == 1
-        own = owns[i] = _self_reads(r, manifest)
+        own = owns[i] = _self_reads(r, manifest, inline)
         for s in r.sources:
             if s in read_task or s in own:
                 continue
@@ -263,7 +264,7 @@ def build_prepared_plan(resolved: ResolvedModel, *, persist: bool | None = None)
     # what starts a new invocation step: an object whose production is a read or a prepack of more than
     # small inline payloads (a raw inline constant, or a prepack of small inline sources alone, is quick)
     io_bits = {i for i, r in enumerate(reqs) if r.cached or (
-        manifest[r.sources[0]].descriptor.is_external if r.key.is_raw else len(owns[i]) != len(r.sources))}
+        manifest[r.sources[0]].descriptor.is_external if r.key.is_raw else not owns[i])}
     meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     tasks.extend(_invocation_steps(execution, graph, reqs, action_reqs, producer, io_bits, meta))
     by_id = {t.id: t for t in tasks}
@@ -289,24 +290,26 @@ def _visit(by_id: dict[str, TaskDescriptor], tid: str, seen: dict[str, None]) ->
     seen[tid] = None
 
 
-#: inline payloads up to this size are read by the task that consumes them (a prepack or a raw publish),
-#: not by a read task of their own: a quantized CNN's scales, zero points and biases (cnn_int8_qoperator:
-#: 48 initializers, 61 session tasks before, 13 after); reading one twice where two objects share it
-#: copies at most this much again. Their objects start no invocation step of their own either.
+#: a prepared object whose sources are inline and at most this many bytes together is produced by one task
+#: that reads them itself (a prepack or a raw publish), with no read task per source: a quantized CNN's
+#: weights, scales, zero points and biases (cnn_int8_qoperator: 48 initializers, 61 session tasks before,
+#: 13 after); reading one twice where two objects share it copies at most this much again. Such an
+#: object starts no invocation step of its own either.
 SELF_READ_BYTES = 64 << 10
 
 
-def _self_reads(r: PreparedRequirement, manifest) -> tuple[str, ...]:
-    """The sources of requirement ``r`` its producing task reads itself: the small inline ones, unless
-    its kernel takes the sources' reads as they are (``source_form``: a cold run waits on those reads)."""
-    if r.spec is not None and r.spec.source_form:
+def _self_reads(r: PreparedRequirement, manifest, inline: bool) -> tuple[str, ...]:
+    """The sources of requirement ``r`` its producing task reads itself: all of them when they are small
+    and inline (``inline``: every payload of the model is), else none; none either for a kernel that
+    takes the sources' reads as they are (``source_form``: a cold run waits on those reads)."""
+    if r.source_bytes > SELF_READ_BYTES or (r.spec is not None and r.spec.source_form):
         return ()
-    own = []
-    for s in r.sources:
-        d = manifest[s].descriptor
-        if type(d.payload) is not ExternalPayload and d.nbytes <= SELF_READ_BYTES and not manifest[s].rows:
-            own.append(s)
-    return tuple(own)
+    if not inline:
+        for s in r.sources:
+            e = manifest[s]
+            if type(e.descriptor.payload) is ExternalPayload or e.rows:
+                return ()
+    return r.sources
 
 
 def _slot_name(key: PreparedKey) -> str:
@@ -318,8 +321,6 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
     their prepared object (their binding is the prepack rule's kernel)."""
     recorded = resolved.initializer_names
     names = set(recorded) if recorded is not None else {t.name for t in graph.initializer}
-    if recorded is not None and graph.sparse_initializer:
-        names.update(t.values.name for t in graph.sparse_initializer)
     io = resolved.node_io if len(resolved.node_io) == resolved.node_count else None
     node_ins = [i for i, _ in io] if io is not None else None
     for idx, np_ in resolved.node_prepacks.items():
@@ -332,6 +333,18 @@ def _build_actions(resolved: ResolvedModel, graph: onnx.GraphProto) -> Execution
             del node.input[:]
             node.input.extend([slot, *others])
         names.add(slot)  # a constant slot (the plan reads these names, not the graph's initializers)
+    if node_ins is not None and resolved.node_prepacks:
+        # an initializer only prepacks read gets no slot (nothing fills or reads it): what an action, a
+        # body (implicit inputs) or the graph's inputs and outputs name keeps one
+        read = {n for ins in node_ins for n in ins}
+        for k in resolved.kernels:
+            if k.implicit_inputs:
+                read.update(k.implicit_inputs)
+        read.update(i.name for i in graph.input)
+        read.update(o.name for o in graph.output)
+        names.intersection_update(read)
+    if recorded is not None and graph.sparse_initializer:
+        names.update(t.values.name for t in graph.sparse_initializer)
     meta = resolved.node_meta if len(resolved.node_meta) == resolved.node_count else None
     return build_execution_plan(graph, dict(resolved.opsets), resolved.functions, kernels=resolved.kernels,
                                 node_io=(node_ins, [o for _, o in io]) if io is not None else None,

@@ -126,6 +126,8 @@ class ResolvedModel:
     #: reads the graph)
     initializer_names: tuple[str, ...] | None = None
     index: Mapping[PreparedKey, int] = field(default_factory=lambda: MappingProxyType({}))  # key -> requirement
+    #: whether every top-level initializer's payload is inline (no external data, so no row table)
+    inline_payloads: bool = False
     #: source name -> its row table (read by rows until resident; resolve/rows.py)
     row_tables: Mapping[str, RowTable] = field(default_factory=lambda: MappingProxyType({}))
     #: per node, the bound kernel's name ("ai.onnx::Gemm-13", "prepacked:...", "fallback:..."): derived
@@ -355,6 +357,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         initializer_names=live_inits,
         index=MappingProxyType({r.key: i for i, r in enumerate(requirements)}),
         row_tables=MappingProxyType(row_tables),
+        inline_payloads=_all_inline(weights),
         dead_initializers=dead,
         policy=policy if type(policy) is PreparedModelPolicy else PreparedModelPolicy(getattr(policy, "value", policy)),
     )
@@ -404,6 +407,11 @@ def _inline_at_most(weights: Mapping[str, WeightDescriptor], limit: int) -> bool
             if total > limit:
                 return False
     return True
+
+
+def _all_inline(weights: Mapping[str, WeightDescriptor]) -> bool:
+    """Whether no payload of ``weights`` is external (stops at the first that is)."""
+    return all(type(d.payload) is not ExternalPayload for d in weights.values())
 
 
 _NUMPY_NAMES: dict[int, str | None] = {}

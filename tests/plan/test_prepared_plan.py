@@ -48,3 +48,11 @@ def test_plan_runs_the_bindings_resolution_made(tmp_path):
         assert act.kernel is resolved.kernels[act.node_index]
     assert resolved.kernel_choices == tuple(k.name for k in resolved.kernels)
     assert any(name.startswith("prepacked:") for name in resolved.kernel_choices)
+
+
+def test_initializers_only_prepacks_read_get_no_slot(tmp_path):
+    plan = build_prepared_plan(resolve_model(load_model(gemm_mlp(tmp_path, layers=2))))
+    names = set(plan.execution.slot_names)
+    assert not {"W0", "W1"} & names  # read by their prepacks alone
+    assert {"x", "c0", "c1"} <= names  # a graph input, and the raw biases the Gemms read
+    assert all(s >= 0 for s in plan.requirement_slots)  # every prepared object still has its slot
