@@ -31,6 +31,13 @@ from onnx_prepared.kernels.registry import kernel
 
 _MS = "com.microsoft"
 _Q8 = ("uint8", "int8")
+_DTYPES = {n: np.dtype(n) for n in ("uint8", "int8", "float32")}
+
+
+def _dtype(name: str) -> np.dtype:
+    """``np.dtype(name)``, a dict read for the names the rules bind (np.dtype of a str is ~0.3 us)."""
+    d = _DTYPES.get(name)
+    return d if d is not None else np.dtype(name)
 _YMODE = {"uint8": 0, "int8": 1, "float32": 2}
 _F32 = np.dtype(np.float32)
 
@@ -81,7 +88,7 @@ def _bias32(b: np.ndarray | None, m: int) -> np.ndarray:
 
 
 def _all_const(positions, const_inputs, const_shapes) -> bool:
-    return all(p in const_inputs and p in const_shapes for p in positions)
+    return const_inputs.issuperset(positions) and all(map(const_shapes.__contains__, positions))
 
 
 # ---- QLinearConv ----
@@ -107,7 +114,7 @@ class QConv:
 
     def __init__(self, kshape: tuple[int, ...], group: int, xdtype: str, ydtype: str, attrs: dict):
         self.kshape, self.group, self.attrs = kshape, group, attrs
-        self.xdtype, self.ydtype = np.dtype(xdtype), np.dtype(ydtype)
+        self.xdtype, self.ydtype = _dtype(xdtype), _dtype(ydtype)
         self._plans: dict = {}
 
     def __call__(self, packed: PackedQLinear, x: np.ndarray, *omitted) -> tuple:
@@ -190,18 +197,22 @@ def _vnni_panels(packed: PackedQLinear, group: int, x: np.ndarray):
 
 
 _CONV_ATTRS = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+_CONV_SOURCES = {8: tuple(range(1, 8)), 9: tuple(range(1, 9))}  # inputs present -> the packed positions
 
 
 @prepack_rule("QLinearConv")
 def qlinear_conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | None:
-    present = [i for i, name in enumerate(node.input) if name]
-    if 0 in const_inputs or present != list(range(len(present))) or len(present) not in (8, 9):
+    ins = node.input
+    n = len(ins)
+    while n and not ins[n - 1]:  # trailing omitted inputs
+        n -= 1
+    sources = _CONV_SOURCES.get(n)
+    if sources is None or 0 in const_inputs or not all(ins[:n]):
         return None
-    sources = tuple(range(1, len(present)))
-    if not _all_const(sources, const_inputs, const_shapes) or not set(attrs) <= _CONV_ATTRS:
+    if not _all_const(sources, const_inputs, const_shapes) or not attrs.keys() <= _CONV_ATTRS:
         return None
     wshape, wdtype = const_shapes[3]
-    wshape = tuple(int(d) for d in wshape)
+    wshape = tuple(map(int, wshape))
     xdtype, ydtype = const_shapes[2][1], const_shapes[7][1]
     group = int(attrs.get("group", 1))
     if wdtype not in _Q8 or xdtype not in _Q8 or ydtype not in _Q8 or len(wshape) < 3 or group < 1:
@@ -211,9 +222,9 @@ def qlinear_conv_rule(node, attrs, const_inputs, const_shapes) -> PrepackSpec | 
         return None  # the unpacked kernel reports the mismatch
     m, k = wshape[0], math.prod(wshape[1:])
     kp = k + k % 2
-    kw = {n: attrs[n] for n in ("auto_pad", "dilations", "pads", "strides") if n in attrs}
+    kw = {n: attrs[n] for n in ("auto_pad", "dilations", "pads", "strides") if n in attrs} if attrs else {}
     layout = (f"qconv-w16-{wdtype}-x{xdtype}-y{ydtype}-m{m}-c{wshape[1]}-k{'x'.join(map(str, kshape))}"
-              f"-b{int(len(present) == 9)}")
+              f"-b{int(n == 9)}")
     return PrepackSpec(sources, layout, _pack_conv, QConv(kshape, group, xdtype, ydtype, kw), PackedQLinear.to_bytes,
                        PackedQLinear.reader(m, kp, wshape), packed_bytes=2 * m * kp + 8 * m + 16)
 
@@ -227,7 +238,7 @@ class QGemm:
     __slots__ = ("_dims", "adtype", "ydtype")
 
     def __init__(self, adtype: str, ydtype: str):
-        self.adtype, self.ydtype = np.dtype(adtype), np.dtype(ydtype)
+        self.adtype, self.ydtype = _dtype(adtype), _dtype(ydtype)
         self._dims: dict = {}  # (M, K, N, zx, zy) -> the qconv dims, built once (~1 us a call; qconv only reads them)
 
     def __call__(self, packed: PackedQLinear, a: np.ndarray, *omitted) -> tuple:
@@ -319,7 +330,11 @@ def _read_params(count: int):
 
 
 def _scalar_shapes(positions, const_shapes) -> bool:
-    return all(math.prod(const_shapes[p][0]) == 1 for p in positions)
+    for p in positions:
+        dims = const_shapes[p][0]
+        if dims and math.prod(dims) != 1:  # () is a scalar
+            return False
+    return True
 
 
 def _span(full: tuple[int, ...], part: tuple[int, ...]) -> int:
@@ -343,7 +358,7 @@ class QBinary:
     __slots__ = ("_derived", "_shapes", "dtype", "op")
 
     def __init__(self, op: int, dtype: str):
-        self.op, self.dtype = op, np.dtype(dtype)
+        self.op, self.dtype = op, _dtype(dtype)
         self._derived = None
         # (a's shape, b's shape) -> (swap, qbinary dims) or None for the numpy kernel: the broadcast
         # worked out once per shape pair (~1 us a call); qbinary only reads the dims
@@ -429,7 +444,7 @@ class QGap:
     __slots__ = ("_plans", "dtype")
 
     def __init__(self, dtype: str):
-        self.dtype = np.dtype(dtype)
+        self.dtype = _dtype(dtype)
         self._plans: dict = {}
 
     def __call__(self, packed: np.ndarray, x: np.ndarray, *omitted) -> tuple:
@@ -478,7 +493,7 @@ class QuantizeF32:
     __slots__ = ("_args", "dtype", "has_zp")
 
     def __init__(self, dtype: str, has_zp: bool):
-        self.dtype, self.has_zp = np.dtype(dtype), has_zp
+        self.dtype, self.has_zp = _dtype(dtype), has_zp
         self._args: tuple = (None,)  # (packed, zero point, signed, scale): the call's scalars, read once
 
     def __call__(self, packed: np.ndarray, x: np.ndarray, *omitted) -> tuple:
@@ -521,7 +536,7 @@ class DequantizeF32:
     __slots__ = ("_args", "dtype")
 
     def __init__(self, dtype: str):
-        self.dtype = np.dtype(dtype)
+        self.dtype = _dtype(dtype)
         self._args: tuple = (None,)  # (packed, zero point, signed, scale): the call's scalars, read once
 
     def __call__(self, packed: np.ndarray, x: np.ndarray, *omitted) -> tuple:
@@ -595,7 +610,7 @@ class QLookupPacked:
     __slots__ = ("ydtype",)
 
     def __init__(self, ydtype: str):
-        self.ydtype = np.dtype(ydtype)
+        self.ydtype = _dtype(ydtype)
 
     def __call__(self, table: np.ndarray, x: np.ndarray, *omitted) -> tuple:
         return (_lookup(table, x, self.ydtype),)

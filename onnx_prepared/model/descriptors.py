@@ -118,6 +118,8 @@ class WeightDescriptor:
     elem_type: int
     dims: tuple[int, ...]
     payload: ExternalPayload | InlinePayload
+    #: the inline bytes' size when the loader computed it already (-1: computed on each ask)
+    inline_nbytes: int = field(default=-1, compare=False, repr=False)
 
     @property
     def dtype(self) -> np.dtype:
@@ -142,6 +144,8 @@ class WeightDescriptor:
         payload = self.payload
         if type(payload) is ExternalPayload:
             return payload.length
+        if self.inline_nbytes >= 0:
+            return self.inline_nbytes
         bits = _BITS.get(self.elem_type)  # expected_nbytes inlined for a type already asked (~87 reads of
         if bits is not None:  # a small CNN's 29 weights a construction)
             for d in self.dims:

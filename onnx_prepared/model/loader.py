@@ -113,9 +113,12 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise ModelLoadError(f"invalid model path {short(repr(path), 400)}: {e}") from None
     raw_lengths: list = []
     facts: list = []
-    model = _parse(data, repr(short(path, 400)), raw_lengths, facts)
-    return describe_model(model, os.path.dirname(os.path.abspath(path)), path=path, raw_lengths=raw_lengths or None,
-                          node_facts=facts)
+    what = repr(short(path, 400))
+    model = _parse(data, what, raw_lengths, facts, types=False)
+    loaded = describe_model(model, os.path.dirname(os.path.abspath(path)), path=path,
+                            raw_lengths=raw_lengths or None, node_facts=facts)
+    check_types(model, what, facts, loaded.weights)
+    return loaded
 
 
 def load_model_bytes(data: bytes | bytearray | memoryview, base_dir: str | os.PathLike, *,
@@ -123,8 +126,10 @@ def load_model_bytes(data: bytes | bytearray | memoryview, base_dir: str | os.Pa
     """Like :func:`load_model` for a serialized model held in memory; external data resolves in ``base_dir``."""
     raw_lengths: list = []
     facts: list = []
-    model = _parse(bytes(data), name, raw_lengths, facts)
-    return describe_model(model, os.fspath(base_dir), path=name, raw_lengths=raw_lengths or None, node_facts=facts)
+    model = _parse(bytes(data), name, raw_lengths, facts, types=False)
+    loaded = describe_model(model, os.fspath(base_dir), path=name, raw_lengths=raw_lengths or None, node_facts=facts)
+    check_types(model, name, facts, loaded.weights)
+    return loaded
 
 
 def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path: str = "<memory>",
@@ -156,10 +161,13 @@ def describe_model(model: onnx.ModelProto, base_dir: str | os.PathLike, *, path:
     return LoadedModel(path, base_dir, model, MappingProxyType(weights), nested, bool(subgraphs), facts)
 
 
-def _parse(data: bytes, what: str, raw_lengths: list | None = None, facts: list | None = None) -> onnx.ModelProto:
+def _parse(data: bytes, what: str, raw_lengths: list | None = None, facts: list | None = None, *,
+           types: bool = True) -> onnx.ModelProto:
     """``what`` names the source in errors (a quoted path, or ``<memory>``). ``raw_lengths``, when given,
     gets each initializer's raw_data length where the wire scan (:func:`_inline_weights`) ran; ``facts``
-    the validation walk's :data:`~onnx_prepared.model.versions.NodeFacts` of the graph's nodes."""
+    the validation walk's :data:`~onnx_prepared.model.versions.NodeFacts` of the graph's nodes.
+    ``types=False``: the element-type check is the caller's (after describing the initializers, whose
+    descriptors it reads instead of the TensorProtos)."""
     if not data:
         raise ModelLoadError(f"model file is empty: {what}")
     model = onnx.ModelProto()
@@ -187,7 +195,8 @@ def _parse(data: bytes, what: str, raw_lengths: list | None = None, facts: list 
         raise ModelLoadError(f"{what}: the graph declares no output")
     facts = facts if facts is not None else []
     check_versions(model, what, facts)
-    check_types(model, what, facts)
+    if types:
+        check_types(model, what, facts)
     schemas.cache().flush()  # the schema facts this model looked up, for the next process
     return model
 
@@ -235,7 +244,7 @@ def describe(t: onnx.TensorProto, base_dir: str, resolver: LocationResolver | No
         if raw_length == _ASK:
             raw_length = len(t.raw_data) if t.HasField("raw_data") else None
         if n >= 0 and (raw_length is None or raw_length == n):
-            return WeightDescriptor(name, data_type, dims, InlinePayload(t))
+            return WeightDescriptor(name, data_type, dims, InlinePayload(t), n)
     where = f" in {short(model_path, 400)!r}" if model_path else ""
     if t.HasField("segment"):
         raise ModelLoadError(f"tensor {short(name)!r}{where} uses segments, which are not supported")

@@ -15,6 +15,8 @@ whose formal type is a concrete tensor type or a type parameter bound by an inpu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.errors import ModelLoadError, short
 from onnx_prepared.model import schemas
@@ -23,12 +25,13 @@ _NAMES = {v: f"tensor({k.lower()})" for k, v in onnx.TensorProto.DataType.items(
 _TENSOR_TYPES = frozenset(_NAMES.values())
 
 
-def check_types(model: onnx.ModelProto, what: str, facts: list | None = None) -> None:
+def check_types(model: onnx.ModelProto, what: str, facts: list | None = None, weights: Mapping | None = None) -> None:
     """Raise ModelLoadError naming the node if an input's element type breaks its schema's constraints.
 
     Call after ``versions.check_versions`` (opsets and op versions are known to the installed onnx);
     ``facts``: the :data:`~onnx_prepared.model.versions.NodeFacts` it read of the graph's nodes, so
-    they are not read from the protobuf again.
+    they are not read from the protobuf again; ``weights``: the graph's initializer descriptors (name ->
+    WeightDescriptor, all of them), read for their element types instead of the TensorProtos.
     """
     opsets = {{"ai.onnx": ""}.get(o.domain, o.domain): o.version for o in model.opset_import
               if o.domain in ("", "ai.onnx", "ai.onnx.ml")}
@@ -45,10 +48,16 @@ def check_types(model: onnx.ModelProto, what: str, facts: list | None = None) ->
         if tt is not None and tt.elem_type:
             types[vi.name] = _NAMES[tt.elem_type]
     names = _NAMES
-    for t in g.initializer:
-        tn = names.get(t.data_type)  # (each field read builds a wrapper: once)
-        if tn is not None:
-            types[t.name] = tn
+    if weights is not None and len(weights) == len(g.initializer):
+        for name, d in weights.items():
+            tn = names.get(d.elem_type)
+            if tn is not None:
+                types[name] = tn
+    else:
+        for t in g.initializer:
+            tn = names.get(t.data_type)  # (each field read builds a wrapper: once)
+            if tn is not None:
+                types[t.name] = tn
     for t in g.sparse_initializer:
         if t.values.data_type in _NAMES:
             types[t.values.name] = _NAMES[t.values.data_type]

@@ -938,7 +938,9 @@ def fuse_encoder(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | N
     before a residual Add + LayerNormalization is looked for); returns how many nodes were written.
     Graphs with subgraphs are left alone (a body may read an intermediate by name)."""
     index = index if index is not None else GraphIndex(graph)
-    if not index.has("MatMul", "MatMulInteger", "Erf", "LayerNormalization", "DequantizeLinear", "Reshape", "Softmax"):
+    # (the DequantizeLinear step turns a Gather's round: without a Gather there is nothing for it)
+    gather_dq = index.has("Gather") and index.has("DequantizeLinear")
+    if not gather_dq and not index.has("MatMul", "MatMulInteger", "Erf", "LayerNormalization", "Reshape", "Softmax"):
         return 0
     if index.subgraphs:
         return 0
@@ -952,7 +954,7 @@ def fuse_encoder(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | N
              ("DequantizeLinear", lambda: _swap_gather_dequantize(g, weights)),
              ("Reshape", lambda: _reshape_of_concat(g) and _fuse_reshape_from_shape(g, _constant_ints(graph, index))))
     for needs, step in steps:
-        if index.has(needs):
+        if index.has(needs) and (needs != "DequantizeLinear" or gather_dq):
             step()
     for node in g.replace.values():
         if node.domain == "onnx_prepared":
