@@ -33,6 +33,10 @@ from onnx_prepared.resolve.graph_index import GraphIndex
 
 _DEFAULT = ("", "ai.onnx")
 _Q8 = ("uint8", "int8")
+_T = onnx.TensorProto
+#: element type -> the 8-bit type's name (an int lookup: a numpy dtype compared with a str parses the str)
+_Q8_OF = {_T.UINT8: "uint8", _T.INT8: "int8"}
+_FLOAT, _INT32 = _T.FLOAT, _T.INT32
 _TARGETS = ("Conv", "Add", "Mul", "GlobalAveragePool", "Gemm", "Flatten")
 _MS = "com.microsoft"
 #: float ops between a DequantizeLinear and a QuantizeLinear that onnxruntime leaves float (Relu: its
@@ -73,12 +77,14 @@ def _qdq_params(v: _View, i: int, weights: Mapping, op: str) -> str | None:
     if not v.is_op(i, op) or len(ins) != 3 or not all(ins):
         return None
     a = v.attributes(i)
-    if a is None or set(a) - {"axis", "saturate"} or _size(weights, ins[1]) != 1 or _size(weights, ins[2]) != 1:
+    if a is None or not a.keys() <= _QDQ_ATTRS or _size(weights, ins[1]) != 1 or _size(weights, ins[2]) != 1:
         return None
-    if weights[ins[1]].dtype != "float32":
+    if weights[ins[1]].elem_type != _FLOAT:
         return None
-    dtype = weights[ins[2]].dtype
-    return dtype if dtype in _Q8 else None
+    return _Q8_OF.get(weights[ins[2]].elem_type)
+
+
+_QDQ_ATTRS = frozenset({"axis", "saturate"})
 
 
 def _weight_dq(v: _View, i: int, weights: Mapping, channels: int, axis: int) -> str | None:
@@ -89,13 +95,13 @@ def _weight_dq(v: _View, i: int, weights: Mapping, channels: int, axis: int) -> 
     if not all(n in weights for n in ins):
         return None
     a = v.attributes(i)
-    if a is None or set(a) - {"axis"} or weights[ins[1]].dtype != "float32":
+    if a is None or set(a) - {"axis"} or weights[ins[1]].elem_type != _FLOAT:
         return None
     ns, nz = _size(weights, ins[1]), _size(weights, ins[2])
     if ns != nz or ns not in (1, channels) or (ns > 1 and int(a.get("axis", 1)) != axis):
         return None
-    dtype = weights[ins[0]].dtype
-    return dtype if dtype in _Q8 and weights[ins[2]].dtype == dtype else None
+    t = weights[ins[0]].elem_type
+    return _Q8_OF.get(t) if weights[ins[2]].elem_type == t else None
 
 
 def _bias_dq(v: _View, i: int, weights: Mapping) -> str | None:
@@ -104,7 +110,7 @@ def _bias_dq(v: _View, i: int, weights: Mapping) -> str | None:
     if not v.is_op(i, "DequantizeLinear") or not ins:
         return None
     x = weights.get(ins[0])
-    return ins[0] if x is not None and x.dtype == "int32" and len(x.dims) == 1 else None
+    return ins[0] if x is not None and x.elem_type == _INT32 and len(x.dims) == 1 else None
 
 
 def fuse_qdq(graph: onnx.GraphProto, weights: Mapping, index: GraphIndex | None = None) -> int:

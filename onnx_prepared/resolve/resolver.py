@@ -34,7 +34,7 @@ from onnx_prepared.resolve.fusions_qdq import fuse_qdq
 from onnx_prepared.resolve.fusions_silu import fuse_silu
 from onnx_prepared.resolve.graph_index import GraphIndex
 from onnx_prepared.resolve.keys import RAW, PreparedKey, lineage_digest
-from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest
+from onnx_prepared.resolve.manifest import ManifestEntry, PayloadManifest, Why
 from onnx_prepared.resolve.rows import NodeView, RowTable, find_row_tables, row_capable, row_reshape
 from onnx_prepared.resolve.rows import has_candidates as has_row_candidates
 
@@ -239,12 +239,13 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
 
     inputs_of, outputs_of, attributes = index.inputs, index.outputs, index.attributes
     domains, op_types, names = index.domains, index.op_types, index.names
-    for idx, node in enumerate(graph.node):
+    nodes = graph.node  # (indexed where a node is read: iterating builds a wrapper per node)
+    for idx in range(len(inputs_of)):
         ins = inputs_of[idx]
         const_pos = [i for i, n in enumerate(ins) if n and n in weights]  # in input order
         attrs = attributes(idx)  # None: attribute references, only the fallback resolves them
         node_attrs.append(attrs)
-        implicit = implicit_of(node)
+        implicit = implicit_of(nodes[idx]) if subgraphs else ()
         spec = None
         if const_pos and attrs is not None:
             shapes = {}
@@ -266,7 +267,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
             packed = spec.source_inputs
             const_pos = [i for i in const_pos if i not in packed]
         else:
-            kernels.append(bind_kernel(node, env, implicit=implicit, attrs=attrs,
+            kernels.append(bind_kernel(nodes[idx], env, implicit=implicit, attrs=attrs,
                                        fields=(domains[idx], op_types[idx], len(outputs_of[idx]))))
         if const_pos or implicit:
             raws = []
@@ -327,10 +328,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         for s in r.sources:
             if s not in active:
                 if reason is None:
-                    key = r.key
-                    why = f"source of {key}" if key.layout != RAW else "constant input"
-                    first = node_meta[r.consumers[0]] if r.consumers[0] < len(node_meta) else None
-                    reason = why + (f" of node {first[0] or first[2]!r}" if first is not None else " (graph output)")
+                    first = r.consumers[0]
+                    reason = Why(r.key, node_meta[first] if first < len(node_meta) else None)
                 rows = row_tables.get(s) if row_tables else None
                 active[s] = (ManifestEntry(s, weights[s], reason) if rows is None
                              else ManifestEntry(s, weights[s], reason, rows=rows.describe()))

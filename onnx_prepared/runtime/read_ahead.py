@@ -76,6 +76,8 @@ def plan_ranges(plan, manifest) -> list[tuple[str, int, int]]:
     """(file, offset, length) of every external byte range the plan's cold first run reads, in need order
     (each range once; row-only tables left out, row tables read whole for another consumer last)."""
     reqs = plan.requirements
+    if plan.resolved.inline_payloads and not any(r.cached for r in reqs):
+        return []  # no byte outside the .onnx (a small model: no walk)
     tables = plan.resolved.row_tables
     active = manifest.active
     first: list[tuple[str, int, int]] = []
@@ -111,6 +113,8 @@ def load_ranges(loaded, covered: frozenset[str] | set[str] = frozenset()) -> lis
     everything else, is the plan's to say (:func:`plan_ranges`). What a cold run without a companion
     reads, known right after the parse; less ``covered`` (the sources a companion hit packed): what a
     hit's first run reads from the source."""
+    if not any(type(d.payload) is ExternalPayload for d in loaded.weights.values()):
+        return []  # every initializer is inline (a small model: no walk of its nodes)
     facts = loaded.node_facts or [(n.op_type, n.domain, n.name, tuple(n.input), tuple(n.output))
                                   for n in loaded.graph.node]
     made_by = {out: f for f in facts for out in f[4]}

@@ -48,14 +48,15 @@ class PreparedExecutionState:
         # Sources only 4-bit MatMulNBits prepacks read (they copy every byte into their panel layout):
         # read without a copy of their own (a file mapping: ExternalDataReader.mark_transient).
         # Anything published as read, or packed by another rule (which may keep views), is copied.
-        packed_only: dict[str, bool] = {}
-        for r in plan.requirements:
-            ok = not r.key.is_raw and r.key.layout.startswith(TRANSIENT_LAYOUTS)
-            for name in r.sources:
-                packed_only[name] = packed_only.get(name, True) and ok
-        active = reader.manifest.active
-        reader.reader.mark_transient([active[n].descriptor for n, ok in packed_only.items()
-                                      if ok and n in active and active[n].descriptor is not None])
+        if any(r.key.layout.startswith(TRANSIENT_LAYOUTS) for r in plan.requirements):  # (no walk without one)
+            packed_only: dict[str, bool] = {}
+            for r in plan.requirements:
+                ok = not r.key.is_raw and r.key.layout.startswith(TRANSIENT_LAYOUTS)
+                for name in r.sources:
+                    packed_only[name] = packed_only.get(name, True) and ok
+            active = reader.manifest.active
+            reader.reader.mark_transient([active[n].descriptor for n, ok in packed_only.items()
+                                          if ok and n in active and active[n].descriptor is not None])
 
     def next_invocation_id(self) -> int:
         return next(self._invocation_ids)
