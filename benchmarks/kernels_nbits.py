@@ -179,6 +179,12 @@ def own_autogroup(nice: int) -> None:
         f.write(str(nice))
 
 
+def _solo_jobs(native) -> int:
+    """Our pool's count of jobs run on the caller alone (its back-off, pool.c), 0 without the extension."""
+    stats = getattr(getattr(native, "_ext", None), "pool_stats", None)
+    return stats()[5] if stats is not None else 0
+
+
 def read_bandwidth(native, np, threads: int, nbytes: int = 512 << 20, reps: int = 5) -> float:
     """GB/s of a parallel read of ``nbytes`` (far beyond the caches), best of ``reps``."""
     buf = np.ones(nbytes, np.uint8)
@@ -273,14 +279,17 @@ def run(repeat: int, shapes, rows) -> dict:
         copies = [packed] + [dataclasses.replace(packed, data=packed.data.copy())
                              for _ in range(max(2, -(-ROTATE_BYTES // packed.nbytes)) - 1)]
         for level in LEVELS:
+            time.sleep(SETTLE_S)  # onnxruntime's spinning threads (the NOTE in _interleaved)
             for q in copies:
                 mm.matmul_nbits_packed(A, q, accuracy_level=level)
             ts = []
+            solo0 = _solo_jobs(native)
             for _ in range(max(3, -(-max(5, repeat // 3) // len(copies)))):
                 for q in copies:
                     t0 = time.perf_counter()
                     mm.matmul_nbits_packed(A, q, accuracy_level=level)
                     ts.append(time.perf_counter() - t0)
+            solo, rot_calls = _solo_jobs(native) - solo0, len(ts)
             rot_us = statistics.median(ts) * 1e6
             ts = []
             for _ in range(max(5, repeat // 3)):
@@ -291,6 +300,7 @@ def run(repeat: int, shapes, rows) -> dict:
             us = statistics.median(ts) * 1e6
             gbps, rot_gbps = packed.nbytes / (us * 1e-6) / 1e9, packed.nbytes / (rot_us * 1e-6) / 1e9
             res["cold"].append({"K": K, "N": N, "level": level, "copies": len(copies), "rotating_us": rot_us,
+                                "rotating_calls": rot_calls, "rotating_solo": solo,
                                 "rotating_gbps": rot_gbps, "of_read_bandwidth": rot_gbps / res["read_gbps"],
                                 "flushed_us": us, "flushed_gbps": gbps,
                                 "flushed_of_read_bandwidth": gbps / res["read_gbps"]})
@@ -343,7 +353,8 @@ def print_table(res: dict) -> None:
     for c in res["cold"]:
         ok = "" if c["level"] != 4 else " ok" if c["of_read_bandwidth"] >= BANDWIDTH_GOAL else " MISS"
         print(f"  K={c['K']} N={c['N']} level {c['level']}: {c['rotating_us']:.1f} us over {c['copies']} copies, "
-              f"{c['rotating_gbps']:.1f} GB/s = {c['of_read_bandwidth']:.0%} of the read bandwidth{ok}; flushed "
+              f"{c['rotating_gbps']:.1f} GB/s = {c['of_read_bandwidth']:.0%} of the read bandwidth{ok} "
+              f"({c['rotating_solo']} of {c['rotating_calls']} calls on one thread: back-off); flushed "
               f"{c['flushed_us']:.1f} us, {c['flushed_gbps']:.1f} GB/s = {c['flushed_of_read_bandwidth']:.0%}")
     print(f"  (a flush's fixed cost: np.empty((1, 16)) right after one takes {res['flushed_np_empty_us']:.1f} us)")
     pre = {(r["K"], r["N"]): r["prepack_source_gbps"] for r in res["rows"]}
