@@ -46,6 +46,7 @@ from onnx_prepared.resolve.rows import RowView
 from onnx_prepared.runtime.context import RuntimeContext
 from onnx_prepared.runtime.frame import ExecutionFrame
 from onnx_prepared.runtime.producers import FAILED_STATES, REFUSED, Producers, producer_error, weakly
+from onnx_prepared.runtime.row_hints import feed_gathers, hint_rows
 from onnx_prepared.runtime.state import PrefetchWindow, PreparedExecutionState
 from onnx_prepared.scheduler import ExecutionHandle, Priority, Resource, RuntimeScheduler, Task, TaskState
 
@@ -116,6 +117,9 @@ class Inference:
                 self._row_views[b] = RowView(entry.descriptor, state.reader.reader)
                 if not table.whole_for:
                     self._row_background.add(b)
+        # the nodes gathering rows by a feed: their rows are asked for as a cold run is submitted
+        self._feed_gathers = feed_gathers(plan, {plan.requirements[b].sources[0]: v
+                                                 for b, v in self._row_views.items()})
 
     @contextlib.contextmanager
     def trace_actions(self, after: Callable[[int], None]) -> Iterator[None]:
@@ -269,6 +273,8 @@ class Inference:
     # ---- the cold path ----
     def _submit_cold(self, frame: ExecutionFrame) -> ExecutionHandle:
         self.counters["cold_runs"] += 1
+        if self._feed_gathers:  # before the producers' reads (runtime/row_hints.py)
+            hint_rows(frame.values, self._feed_gathers)
         task = Task(lambda t: self._run_cold(t, frame), resource=Resource.CPU, priority=Priority.CRITICAL,
                     name=f"I.run-{frame.invocation_id}")
         self.scheduler.when_done(task, lambda t: self._release(frame))
