@@ -203,15 +203,17 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     index = GraphIndex(graph, subgraphs=subgraphs, facts=model.node_facts)
     removed = _eliminate_dead_nodes(graph, implicit_of, index)
     weights = model.weights
-    fuse_dequantize_matmul(graph, weights, opsets, index)
-    forward_initializer_identities(graph, weights, index)
-    fuse_qdq(graph, weights, index)
-    fuse_squeeze_excite(graph, weights, index)
-    fuse_conv_batchnorm(graph, weights, index)
-    fuse_conv_add(graph, weights, index)
-    fuse_conv_activation(graph, weights, index)
-    fuse_encoder(graph, weights, index)
-    fuse_silu(graph, weights, index)
+    # the initializers the passes may fold and the prepack rules may pack: not one the caller may override
+    fixed = _fixed_initializers(model)
+    fuse_dequantize_matmul(graph, fixed, opsets, index)
+    forward_initializer_identities(graph, fixed, index)
+    fuse_qdq(graph, fixed, index)
+    fuse_squeeze_excite(graph, fixed, index)
+    fuse_conv_batchnorm(graph, fixed, index)
+    fuse_conv_add(graph, fixed, index)
+    fuse_conv_activation(graph, fixed, index)
+    fuse_encoder(graph, fixed, index)
+    fuse_silu(graph, fixed, index)
     if len(index.inputs) != len(graph.node):
         raise InternalError("a rewrite pass left the graph index stale")
     used = _used_names(graph, implicit_of, index)
@@ -250,6 +252,8 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         if const_pos and attrs is not None:
             shapes = {}
             for i in const_pos:
+                if fixed is not weights and ins[i] not in fixed:
+                    continue  # an overridable default: read as it is (a raw requirement the feed replaces)
                 d = weights[ins[i]]
                 dtype_name = _numpy_name(d.elem_type)
                 if dtype_name is not None:
@@ -406,6 +410,21 @@ def _inline_at_most(weights: Mapping[str, WeightDescriptor], limit: int) -> bool
             if total > limit:
                 return False
     return True
+
+
+def _fixed_initializers(model: LoadedModel) -> Mapping[str, WeightDescriptor]:
+    """The initializers that are constants: from IR version 4 on, one the graph also lists as an input is
+    only a default a run may override (onnxruntime's ``CanOverrideInitializer``: it neither folds nor
+    prepacks it), so the rewrite passes and the prepack rules must not take its value; all of them for an
+    older model (whose inputs list every initializer by convention) or one that lists none."""
+    weights = model.weights
+    if model.model.ir_version < 4:
+        return weights
+    inputs = model.graph.input
+    overridable = {i.name for i in inputs if i.name in weights} if inputs else ()
+    if not overridable:
+        return weights
+    return {k: v for k, v in weights.items() if k not in overridable}
 
 
 def _all_inline(weights: Mapping[str, WeightDescriptor]) -> bool:
