@@ -308,8 +308,10 @@ def _implicit(ext, g: int, strides, out, cgk: int) -> bool:
 #: the column-vectorised task's SG_NCOLS_MAXK): the packed SGEMM's tile reading a zero-padded copy of the
 #: image, no column matrix; narrower rows keep im2col (the tile is up to 12 outputs of one row). Zen 5, one
 #: thread, thread CPU, same bits, load ~7: ResNet-18's 7x7/2 stem at 64x64, batch 2, 293 -> 232 us; 64 -> 64
-#: 3x3 at 16x16 245 -> 208; 128 -> 128 at 8x8 231 -> 194
-_IMPLICIT_MIN_WIDTH = 8
+#: 3x3 at 16x16 245 -> 208; 128 -> 128 at 8x8 231 -> 194. From 8 to 4 on this session's Intel Xeon VM (2
+#: threads, whole corpus models, 15 alternated batches in one process, same bits): bn_cnn_opset9 / 13 17 ->
+#: 16 us, dynamic_minus_one 22 -> 19, resnet18 (its 4-wide 3x3/2 128 -> 256) 3.56 -> 3.53 ms (noise level)
+_IMPLICIT_MIN_WIDTH = 4
 #: sgemm.h's SG_NCOLS_MAXK: up to this K the column-vectorised SGEMM task (no transposing store) stays
 _NCOLS_MAXK = 32
 

@@ -93,5 +93,6 @@ def test_small_weights_take_the_per_image_columns(monkeypatch):
         k = _spec(ws, attrs).kernel
         outs.append(k(packed, x, None)[0])
         names.append(k._plain._plans[xs][1].__name__)
-    assert names == ["merged", "im2col"]
+    # per image: the column matrix, or at AVX-512 the implicit tile (rows of _IMPLICIT_MIN_WIDTH or more)
+    assert names[0] == "merged" and names[1] in ("im2col", "implicit")
     np.testing.assert_array_equal(outs[0], outs[1])

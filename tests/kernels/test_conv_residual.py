@@ -126,7 +126,8 @@ def _spec(ws, attrs):
     ((2, 8, 17, 17), (32, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "implicit_residual"),
     ((2, 64, 4, 4), (256, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "merged_residual"),
     ((1, 24, 4, 4), (40, 24, 1, 1), {}, "residual"),
-    ((1, 16, 5, 5), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "residual"),
+    ((1, 16, 3, 3), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "residual"),  # rows below _IMPLICIT_MIN_WIDTH
+    ((1, 16, 5, 5), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "implicit_residual"),
 ])
 def test_every_plan_adds_the_residual_as_the_unfused_add_does(xs, ws, attrs, plan, monkeypatch):
     """The fused epilogue is (conv + bias) + r, then the clip: bit for bit the plain Conv, then Add, then
