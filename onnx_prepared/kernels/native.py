@@ -135,24 +135,24 @@ def _scratch(nbytes: int) -> np.ndarray:
 
 
 def matmul_q4(a: np.ndarray, packed, bias: np.ndarray | None, int8: bool | int) -> np.ndarray:
-    """``a`` float32 C-contiguous ``[M, K]`` times panel16 weights -> new float32 ``[M, N]`` (+ bias).
+    """``a`` float32 C-contiguous ``[..., K]`` times panel16 weights -> new float32 ``[..., N]`` (+ bias).
 
     ``int8`` selects onnxruntime's accuracy_level-4 scheme (A quantized per block to int8); the packed
     weights must then not have float zero points. As an int it also names the summation order: 1 (True)
     MLAS's AVX-512 kernels, 2 its AVX2 ones, 3 its AVX-VNNI ones, 4 ours (``matmul_nbits.int8_order``).
+    The extension quantizes A into its calling thread's own scratch (``_native/module.c`` call_scratch).
     """
-    M = a.shape[0]
-    y = np.empty((M, packed.N), np.float32)
+    y = np.empty(a.shape[:-1] + (packed.N,), np.float32)
     if _ext is None:
         from onnx_prepared.kernels._q4_panels import matmul_q4_numpy
 
-        y[...] = matmul_q4_numpy(a, packed, bool(int8))
+        y2 = y.reshape(-1, packed.N)
+        y2[...] = matmul_q4_numpy(a.reshape(-1, packed.K), packed, bool(int8))
         if bias is not None:
-            y += bias
+            y2 += bias
         return y
-    mode = int(int8)
-    scratch = _scratch(_ext.scratch_bytes(M, packed.K, packed.block_size, mode))
-    _ext.matmul_q4(a, packed.data, y, bias, scratch, M, packed.K, packed.N, packed.block_size, packed.zp_kind, mode)
+    _ext.matmul_q4(a, packed.data, y, bias, None, a.size // packed.K, packed.K, packed.N, packed.block_size,
+                   packed.zp_kind, int8)
     return y
 
 
@@ -169,8 +169,7 @@ def matmul_q4_source(a: np.ndarray, B: np.ndarray, scales: np.ndarray, zero_poin
         return None
     M = a.shape[0]
     y = np.empty((M, N), np.float32)
-    scratch = _scratch(_ext.scratch_bytes(M, K, block_size, int8))
-    _ext.matmul_q4_source(a, B, scales, zero_points, y, bias, scratch, M, K, N, block_size, zp_kind, int8)
+    _ext.matmul_q4_source(a, B, scales, zero_points, y, bias, None, M, K, N, block_size, zp_kind, int8)
     return y
 
 

@@ -240,6 +240,29 @@ def test_prepacked_entry_point_batched_input_and_panels(path, monkeypatch, bits)
         np.testing.assert_allclose(got, want, **_tol(want))
 
 
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_short_path_gives_the_general_paths_bits(path, level, zp_kind):
+    """4-bit float32 C-contiguous A without bias takes matmul_nbits_packed's short path (A as it is, the
+    extension's own A scratch); a strided copy of the same A, or a zero bias, takes the general one: same bits."""
+    rng = np.random.default_rng(11)
+    K, N, bs = 200, 48, 32
+    B, scales, zp = _weights(rng, K, N, 4, bs, zp_kind, False)
+    packed = mm.prepack_matmul_nbits(B, scales, zp, K=K, N=N, bits=4, block_size=bs)
+    for shape in [(1, K), (2, 3, K), (17, K)]:
+        A = rng.standard_normal(shape).astype(np.float32)
+        strided = np.empty(shape[:-1] + (2 * K,), np.float32)[..., ::2]
+        strided[...] = A
+        (short,) = mm.matmul_nbits_packed(A, packed, accuracy_level=level)
+        (general,) = mm.matmul_nbits_packed(strided, packed, accuracy_level=level)
+        (biased,) = mm.matmul_nbits_packed(A, packed, np.zeros(N, np.float32), accuracy_level=level)
+        assert short.shape == shape[:-1] + (N,) and short.dtype == np.float32
+        np.testing.assert_array_equal(short, general)
+        np.testing.assert_array_equal(short, biased)
+        want = _ort(A, B, scales, zp, None, K=K, N=N, bits=4, block_size=bs, accuracy_level=level)
+        np.testing.assert_allclose(short, want, **_tol(want))
+
+
 @pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
 def test_packed_layout_round_trips_through_bytes_and_dequantizes(zp_kind):
     rng = np.random.default_rng(4)
