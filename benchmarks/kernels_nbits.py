@@ -59,6 +59,13 @@ BANDWIDTH_GOAL = 0.8
 #: 5632 / 32000 read 4.9 / 15.0 / 18.7 / 22.2 GB/s flushed and 25.5 / 28.9 / 31.6 / 28.5 GB/s over copies,
 #: against a read bandwidth of 25.6 GB/s.
 ROTATE_BYTES = 96 << 20
+#: NOTE (what this measures on a CPU with a large L3): on the 2-vCPU Xeon of 2026-12-04 (L3 480 MiB) the copies
+#: fit in the L3. Per-pass medians there (K=1024 N=1024 level 4, 154 copies, 16 passes after creating them):
+#: 39.3 34.8 26.1 20.4 19.1 18.6 18.6 18.5 ... us, so the one warm pass and three timed ones below land on
+#: the transient (~24-27 us, "70-78 %"), and later passes read at the L3's speed. With 2400 copies (1.5 GB,
+#: 3x the L3: really from memory) every pass took 29.8-31.4 us (~21 GB/s, ~60 % of the 512 MiB read
+#: bandwidth), and the pool's plain read of the same copies (read_sum) 34.9-35.4 us: the kernel is at the
+#: ceiling of reading 640 KB of 4 KiB pages in one job; the bandwidth probe's buffer is on huge pages.
 
 
 def _model(B, scales, K, N, accuracy_level):
