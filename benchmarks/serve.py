@@ -35,9 +35,10 @@ now) beside the goal's ``preadv`` reference.
 
 The last stdout line is the ``--json`` object (Ray may print a shutdown notice before it).
 
-Goal reference (issue 16): a cached replica's cold start <= 1.3x (cold read of the packed bytes, one
-``preadv`` per companion entry in file order after eviction, + one forward); a cached replica starts
-faster than the onnxruntime one; 0 wrong results and 0 corrupt entries.
+Goal reference (issue 16): a cached replica's cold start <= 1.3x (cold read of the packed bytes after
+eviction, the faster per repetition of one ``preadv`` per companion entry in file order and populated
+mappings of them, + one forward); a cached replica starts faster than the onnxruntime one; 0 wrong
+results and 0 corrupt entries.
 
     python -m benchmarks.serve [--preset medium] [--reps 3] [--tokens 16] [--threads 2] [--json]
 """
@@ -438,14 +439,17 @@ def summarize(res: dict) -> dict:
         if case == "pair-empty":
             per[case]["corrupt"] = sum(r["corrupt"] for r in rows)
             per[case]["entries"] = [r["entries"] for r in rows]
-    read = C.median([r["packed_read_ms"] for r in res["reference"]])
+    # the cold read time of the packed bytes: the faster of the two ways measured in each repetition
+    read = C.median([min(r["packed_read_ms"], r["packed_map_ms"]) for r in res["reference"]])
     ref = read + per["cached"]["forward_ms"]
     proc = {c: {k: C.median([r[k] for r in res["process"] if r["case"] == c])
                 for k in ("interp_ms", "import_ms", "ctor_ms", "replica_first_ms", "process_first_ms", "prepared_ms",
                           "forward_ms", "faults_k")} for c in PROCESS_CASES}
     pref = read + proc["cached"]["forward_ms"]
     return {"cases": per, "process": proc, "packed_read_ms": read, "reference_ms": ref, "process_reference_ms": pref,
+            "packed_preadv_ms": C.median([r["packed_read_ms"] for r in res["reference"]]),
             "packed_map_ms": C.median([r["packed_map_ms"] for r in res["reference"]]),
+            "serve_floor_vs_reference": (per["null"]["arrival_ms"] + per["cached"]["forward_ms"]) / ref,
             "process_copy_vs_mapped": proc["cached-copy"]["replica_first_ms"] / proc["cached"]["replica_first_ms"],
             "process_cached_vs_reference": proc["cached"]["replica_first_ms"] / pref,
             "process_cached_vs_ort": proc["cached"]["replica_first_ms"] / proc["ort"]["replica_first_ms"],
@@ -481,8 +485,8 @@ def print_table(res: dict) -> None:
     print(f"cached / onnxruntime: replica->first {s['cached_vs_ort_ctor']:.2f}x, deploy->first "
           f"{s['cached_vs_ort_deploy']:.2f}x; cached / fresh replica->first {s['cached_vs_fresh_ctor']:.2f}x")
     print(f"Serve's floor (null: a replica that loads nothing): constructor -> 1st request "
-          f"{s['serve_floor_ms']:.0f} ms; cached: constructor end -> 1st request "
-          f"{s['cached_ctor_to_arrival_ms']:.0f} ms")
+          f"{s['serve_floor_ms']:.0f} ms (+ one forward = {s['serve_floor_vs_reference']:.2f}x the reference); "
+          f"cached: constructor end -> 1st request {s['cached_ctor_to_arrival_ms']:.0f} ms")
     pair = s["cases"]["pair-empty"]
     print(f"wrong results {res['wrong']}, corrupt entries after pair-empty {pair['corrupt']} "
           f"(entries {pair['entries']})")
@@ -499,7 +503,7 @@ def print_table(res: dict) -> None:
     print(f"payloads copied into fresh buffers (cached-copy) / mapped (cached): replica->first "
           f"{s['process_copy_vs_mapped']:.2f}x; the packed entries cold through populated mappings (file order, "
           f"what a hit's reads cost) {s['packed_map_ms']:.0f} ms, through preadv into one buffer each "
-          f"{s['packed_read_ms']:.0f} ms (the goal's reference)")
+          f"{s['packed_preadv_ms']:.0f} ms (the goal's reference read: the faster of the two per repetition)")
     lrows = [{"case": c, **v["load"]} for c, v in s["cases"].items() if "load" in v]
     if lrows:
         print("\nper-request latency under a bounded load (loopback, 1 replica):")
