@@ -94,11 +94,28 @@ class Producers:
         """Own a session-internal handle until it is terminal (dropping a live handle would wait)."""
         with self._lock:
             self._internal.add(handle)
+            closed = self.closed
+        if closed:  # submitted while close() ran: withdrawn at once
+            handle.cancel()
         handle.add_done_callback(self._forget)
 
     def _forget(self, handle: ExecutionHandle) -> None:
         with self._lock:
             self._internal.discard(handle)
+
+    def close(self) -> None:
+        """Cancel this session's own submissions and wait for them to end. On a shared scheduler they
+        would otherwise outlive the session: a row table's background read queued by a first run's end
+        ran after ``close()``, on the closed session's reader. Tasks already running finish (cancellation
+        is cooperative); nothing starts after this returns."""
+        with self._lock:
+            self.closed = True
+            live = list(self._internal)
+        for h in live:
+            h.cancel()
+        for h in live:
+            with contextlib.suppress(BaseException):  # their failures belong to the runs that wanted them
+                h.wait()
 
     def start(self, chains: list[Task]) -> None:
         """Submit chains created with ``ensure(defer=...)`` together, in one session-owned submission."""

@@ -189,7 +189,8 @@ class RuntimeSession:
             # NOTE: a cache that cannot be written is a miss next time, not an error
             with contextlib.suppress(Exception):
                 self.producers.flush()
-        self._closed = self.producers.closed = True
+        self._closed = True
+        self.producers.close()  # its session tasks, on a shared scheduler too
         if self.parts.read_ahead is not None:  # its threads end after their current piece
             self.parts.read_ahead.stop()
             self.parts.read_ahead.join(1.0)
