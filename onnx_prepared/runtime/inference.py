@@ -73,6 +73,10 @@ class Inference:
         # OpenBLAS's thread count, the same for every run (None: kernels.threads.DEFAULT_BLAS_THREADS)
         self.blas_threads = blas_threads
         self.counters: Counter[str] = Counter()  # "hot_runs", "cold_runs", "yields"
+        # submitted runs not yet terminal (RuntimeSession.close waits for them); the done callback
+        # holds this object weakly
+        self._live: set[ExecutionHandle] = set()
+        self._forget = weakly(self._live_discard)
         # look-ahead window (requirements ahead of the run) used under a residency budget
         self.window = PrefetchWindow(8, len(plan.requirements))
         self.hot_seconds = float("inf")  # the last hot replay's duration (unknown: hand it off)
@@ -150,7 +154,23 @@ class Inference:
                                            result=lambda: self._outputs(frame), name=name)
         task = Task(lambda t: self._replay_hot(frame, execution), resource=Resource.CPU,
                     priority=Priority.CRITICAL, name=name)
-        return self.scheduler.submit(task, result=lambda: self._outputs(frame), keepalive=frame)
+        return self._track(self.scheduler.submit(task, result=lambda: self._outputs(frame), keepalive=frame))
+
+    def _track(self, handle: ExecutionHandle) -> ExecutionHandle:
+        self._live.add(handle)
+        handle.add_done_callback(self._forget)
+        return handle
+
+    def _live_discard(self, handle: ExecutionHandle) -> None:
+        self._live.discard(handle)
+
+    def wait_runs(self) -> None:
+        """Wait until every submitted run is terminal (their outcomes stay with their handles): a run
+        still waits for the reads and prepacks it is bound to, which the session's close then would
+        cancel under it."""
+        for h in list(self._live):
+            with contextlib.suppress(BaseException):
+                h.wait()
 
     def run(self, values: list, overridden: frozenset[int], context: RuntimeContext | None) -> list:
         """``submit(..., inline=True).result()`` for a caller that waits anyway (``RuntimeSession.run``).
@@ -295,7 +315,7 @@ class Inference:
             if self._transient and chains:
                 chains = self._hold_prepacks(frame, chains)
             self.producers.start(chains)
-        return self.scheduler.submit([task], result=lambda: self._outputs(frame), keepalive=frame)
+        return self._track(self.scheduler.submit([task], result=lambda: self._outputs(frame), keepalive=frame))
 
     def _hold_prepacks(self, frame: ExecutionFrame, chains: list) -> list:
         """Of the new chains, what starts now, in the same order: in place of the prepack (and persist) of

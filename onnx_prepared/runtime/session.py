@@ -182,14 +182,17 @@ class RuntimeSession:
             raise ClosedError(f"{what}() on a closed RuntimeSession: create a new session")
 
     def close(self) -> None:
-        """Flush the companion cache (when persisting) and release the session's resources."""
+        """Wait for the runs submitted, flush the companion cache (when persisting), cancel the session's
+        own preparation and release its resources: nothing of the session runs after this returns,
+        on the shared default scheduler as on one the session owns (docs/async.md)."""
         if self._closed:
             return
+        self._closed = True  # no new run or preparation (_check_open)
+        self.inference.wait_runs()  # a live run's bound reads and prepacks are not cancelled under it
         if self.producers.persisting:
             # NOTE: a cache that cannot be written is a miss next time, not an error
             with contextlib.suppress(Exception):
                 self.producers.flush()
-        self._closed = True
         self.producers.close()  # its session tasks, on a shared scheduler too
         if self.parts.read_ahead is not None:  # its threads end after their current piece
             self.parts.read_ahead.stop()

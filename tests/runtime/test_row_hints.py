@@ -59,15 +59,3 @@ def test_a_cold_runs_rows_are_asked_for_before_its_producers_read(model, monkeyp
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
 
-
-def test_a_closed_session_leaves_nothing_running_on_the_shared_scheduler(model):
-    """A first run's end queues the row table's whole read at background priority; on the shared
-    scheduler it outlived ``close()`` and read through the closed session's reader (and was the first
-    read another session's run saw). ``close()`` cancels the session's own submissions and waits."""
-    path, feeds = model
-    with RuntimeSession(path, {"prepared_model_policy": "disabled"}) as s:
-        assert not s.parts.owns_scheduler
-        s.run(feeds)
-    assert all(h.done() for h in list(s.producers._internal))
-    producers = [s.store.producer(r.key) for r in s.plan.requirements if EMBED in r.key.lineage]
-    assert producers and all(t is None or t.done for t in producers)
