@@ -113,8 +113,12 @@ class RuntimeSession:
             if t is not None:
                 tasks.append(t)
         self.producers.start(chains)
-        # fail_fast=False: one bad object fails only its consumers, not the rest of preparation.
-        return self.scheduler.submit(tasks, fail_fast=False)
+        # fail_fast=False: one bad object fails only its consumers, not the rest of preparation. Kept by
+        # the producers: close() cancels it as it cancels their own submissions (a live one would keep
+        # every task it holds wanted on the shared scheduler).
+        handle = self.scheduler.submit(tasks, fail_fast=False)
+        self.producers.keep(handle)
+        return handle
 
     def prepare(self, *, sequential: bool = False, progress: Any = None) -> None:
         """Prepare every object before returning (``prepare_async().wait()``), and flush the cache.

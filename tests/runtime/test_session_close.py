@@ -4,6 +4,9 @@ on the shared default scheduler as on one the session owns."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -58,3 +61,19 @@ def test_close_waits_for_a_submitted_cold_run(model, extra):
             np.testing.assert_array_equal(a, b)
         with pytest.raises(ClosedError):
             s.run_async(feeds)
+
+
+@pytest.mark.parametrize("extra", [{}, OWN], ids=["shared", "own"])
+def test_close_cancels_prepare_async(model, extra):
+    """``prepare_async()``'s handle is the session's preparation: close() cancels it on either scheduler
+    (on the shared one it kept every task it holds wanted, so close() waited for the whole preparation),
+    and nothing of it is live once close() returns."""
+    path, _, _ = model
+    s = RuntimeSession(path, {"prepared_model_policy": "disabled", **extra})
+    h = s.prepare_async()
+    s.close()
+    assert h.done()
+    with contextlib.suppress(concurrent.futures.CancelledError):
+        h.result()  # finished before the cancel reached it, or cancelled
+    assert not s.producers._internal or all(x.done() for x in list(s.producers._internal))
+    assert all(t is None or t.done for t in (s.store.producer(r.key) for r in s.plan.requirements))
