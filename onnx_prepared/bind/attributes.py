@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onnx_prepared import onnx_proto as onnx
+from onnx_prepared.errors import ModelLoadError
 
 
 def parse_attributes(node: onnx.NodeProto) -> dict | None:
@@ -25,10 +26,12 @@ def parse_attributes(node: onnx.NodeProto) -> dict | None:
         v = onnx.get_attribute_value(a)
         if t == onnx.AttributeProto.TENSOR:
             v = onnx.to_array(v)
-        elif t == onnx.AttributeProto.STRING:
-            v = v.decode("utf-8")
-        elif t == onnx.AttributeProto.STRINGS:
-            v = [s.decode("utf-8") for s in v]
+        elif t == onnx.AttributeProto.STRING or t == onnx.AttributeProto.STRINGS:
+            try:
+                v = v.decode("utf-8") if t == onnx.AttributeProto.STRING else [s.decode("utf-8") for s in v]
+            except UnicodeDecodeError:  # onnxruntime refuses it too (an invalid string attribute)
+                raise ModelLoadError(f"node {node.name or node.op_type!r} ({node.op_type}): attribute {a.name!r} "
+                                     f"is not valid UTF-8") from None
         attrs[a.name] = v
     return attrs
 
