@@ -15,7 +15,7 @@ from typing import Any
 
 from onnx_prepared import onnx_proto as onnx
 from onnx_prepared.bind import BoundKernel, bind_kernel, graph_env, implicit_inputs_of
-from onnx_prepared.errors import InternalError
+from onnx_prepared.errors import InternalError, ModelLoadError
 from onnx_prepared.kernels import prepack as prepack_mod
 from onnx_prepared.model import LoadedModel, WeightDescriptor
 from onnx_prepared.model.descriptors import ExternalPayload, np_dtype
@@ -201,6 +201,7 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
     # the passes' one view of the nodes, kept true by them; from the load's facts (the skeleton copied
     # every node as it is)
     index = GraphIndex(graph, subgraphs=subgraphs, facts=model.node_facts)
+    _check_inputs_defined(index, graph, model.weights)
     removed = _eliminate_dead_nodes(graph, implicit_of, index)
     weights = model.weights
     # the initializers the passes may fold and the prepack rules may pack: not one the caller may override
@@ -364,6 +365,23 @@ def resolve_model(model: LoadedModel, *, prepared: Any = None,
         dead_initializers=dead,
         policy=policy if type(policy) is PreparedModelPolicy else PreparedModelPolicy(getattr(policy, "value", policy)),
     )
+
+
+def _check_inputs_defined(index: GraphIndex, graph: onnx.GraphProto, weights: Mapping[str, Any]) -> None:
+    """Refuse a node input that no graph input, initializer or node output defines, before any pass
+    rewrites the graph: onnxruntime refuses such a model ("is not a graph input, initializer, or output
+    of a previous node"), and a pass that folds the node away (a QDQ bias's DequantizeLinear, whose
+    scale the fused Conv derives) or dead-node elimination would otherwise run it as if it were valid.
+    The plan's topological sort checks the rewritten graph again (bind/graph.py)."""
+    defined = set(weights)
+    defined.update(i.name for i in graph.input)
+    for outs in index.outputs:
+        defined.update(outs)
+    for idx, ins in enumerate(index.inputs):
+        for n in ins:
+            if n and n not in defined:
+                raise ModelLoadError(f"node {index.names[idx]!r} ({index.op_types[idx]}) reads {n!r}, which "
+                                     f"nothing produces (no graph input, initializer or node output)")
 
 
 def _skeleton(src: onnx.GraphProto, weights: Mapping[str, WeightDescriptor] | None = None) -> onnx.GraphProto:

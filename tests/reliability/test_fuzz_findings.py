@@ -160,6 +160,54 @@ def test_invalid_utf8_in_any_model_string_field_is_a_load_error(tmp_path, where)
         RuntimeSession(path)
 
 
+@pytest.mark.parametrize("op,attr", [("Pad", "mode"), ("Cast", None)])
+def test_a_string_attribute_that_is_not_utf8_is_a_model_load_error(tmp_path, op, attr):
+    """A string attribute is bytes on the wire (no string field: the load's UTF-8 check does not see it);
+    decoding it at binding raised a bare UnicodeDecodeError (a fuzz campaign on a torchvision-exported
+    CNN found it in a Pad's ``mode``). onnxruntime refuses such a Pad ("Invalid 'mode' attribute value").
+    ``attr=None``: an attribute the schema does not declare (Cast has no string attribute): refused at the
+    load for its name, before any decoding."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    if attr == "mode":
+        node = helper.make_node("Pad", ["x", "p"], ["y"], name="pad", mode="constant")
+        inits = [numpy_helper.from_array(np.array([0, 1, 0, 1], np.int64), "p")]
+    else:
+        node = helper.make_node("Cast", ["x"], ["y"], name="cast", to=TensorProto.FLOAT)
+        node.attribute.append(helper.make_attribute("mode", "constant"))
+        inits = []
+    for a in node.attribute:
+        if a.name == "mode":
+            a.s = b"\xd9onstant"
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph([node], "g", [x], [y], inits),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(ModelLoadError, match="not valid UTF-8" if attr else "mode"):
+        RuntimeSession(path)
+    if attr:
+        with pytest.raises(Exception, match="Invalid 'mode' attribute value"):
+            ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("dead", [False, True], ids=["live", "dead"])
+def test_a_node_input_nothing_defines_is_refused_before_any_rewrite(tmp_path, dead):
+    """A fuzzed QDQ CNN whose bias scale initializer was renamed ran (its DequantizeLinear is folded into
+    the Conv, which derives the bias scale) where onnxruntime refuses the model; a dead node's undefined
+    input was dropped with the node. Both are refused at resolution, as onnxruntime refuses them."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Add", ["x", "nope"], ["u" if dead else "y"], name="add")]
+    if dead:
+        nodes.append(helper.make_node("Identity", ["x"], ["y"], name="id"))
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
+              path)
+    with pytest.raises(ModelLoadError, match=r"node 'add' \(Add\) reads 'nope', which nothing produces"):
+        RuntimeSession(path)
+    with pytest.raises(Exception, match="is not a graph input, initializer, or output of a previous node"):
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
 def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
     path = _model(str(tmp_path / "m"), ["y"])
     companion = str(tmp_path / "c" / "m.prepared.onnx")
