@@ -73,6 +73,46 @@ def test_first_run_computes_from_source_forms_before_any_prepack(model, monkeypa
         assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
+def test_a_later_cold_run_waits_for_the_prepacks_in_flight(model, monkeypatch):
+    """Once the first run has ended its held-back prepacks run; a cold run then waits for them (promoted)
+    instead of taking source forms, which would pack the same weights again in each of its calls (the
+    decode steps right after a cold prefill did, step after step). Gates: the prepacks wait for ``gate``;
+    the second run is seen waiting for a producer before the gate opens."""
+    path, feeds = model
+    want = _prepared_outputs(path, feeds)
+    source_calls = []
+    kernel = native.matmul_q4_source
+    monkeypatch.setattr(native, "matmul_q4_source", lambda *a, **k: (source_calls.append(1), kernel(*a, **k))[1])
+    gate, waiting = threading.Event(), threading.Event()
+    with RuntimeSession(path) as s:
+        prepack = s.state.prepack
+
+        def gated(key, generation, entries):
+            assert gate.wait(20)
+            prepack(key, generation, entries)
+
+        s.state.prepack = gated
+        wait_for = s.inference._wait_for
+
+        def seen_waiting(*args):
+            waiting.set()
+            return wait_for(*args)
+
+        s.inference._wait_for = seen_waiting
+        try:
+            first = s.run(feeds)  # from source forms; its prepacks start at its end and wait at the gate
+            calls = len(source_calls)
+            h = s.run_async(feeds)
+            assert waiting.wait(20)
+            assert len(source_calls) == calls  # not one source form in the second run
+        finally:
+            gate.set()
+        second = h.result(timeout=20)
+        assert len(source_calls) == calls and s.inference.counters["cold_runs"] == 2
+    for a, b, c in zip(want, first, second, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
 def test_a_prepack_published_mid_run_is_taken_from_the_next_segment(model):
     """The runtime chooses by residency, per segment: an object published while the run computes is
     pinned from the next range that reads it (here: all of them resident before the run but one)."""
