@@ -277,7 +277,22 @@ _EXTERNAL = _T.EXTERNAL
 
 def to_array(tensor: TensorProto) -> np.ndarray:
     """As ``onnx.numpy_helper.to_array``: raw little-endian data of a native dtype and the plain typed
-    fields are read here, everything else (strings, 16-bit and sub-byte types, external data) there."""
+    fields are read here, everything else (strings, 16-bit and sub-byte types, external data) there.
+
+    A tensor that cannot be read (a data type onnx does not define, data that does not fill its dims) is
+    a ModelLoadError naming it: onnx's KeyError / ValueError reached callers from tensors no load-time
+    check sees, such as a Constant's value inside a Loop's If branch."""
+    try:
+        return _to_array(tensor)
+    except (KeyError, ValueError, TypeError) as e:
+        from onnx_prepared.errors import ModelLoadError
+
+        name = repr(tensor.name) if tensor.name else "(unnamed)"
+        raise ModelLoadError(f"tensor {name} (data type {tensor.data_type}, dims {list(tensor.dims)}) cannot be "
+                             f"read: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _to_array(tensor: TensorProto) -> np.ndarray:
     dt = _NATIVE.get(tensor.data_type)
     if dt is not None and tensor.data_location != _EXTERNAL and not tensor.HasField("segment"):
         dims = tensor.dims

@@ -25,7 +25,11 @@ def parse_attributes(node: onnx.NodeProto) -> dict | None:
             return None
         v = onnx.get_attribute_value(a)
         if t == onnx.AttributeProto.TENSOR:
-            v = onnx.to_array(v)
+            try:
+                v = onnx.to_array(v)
+            except ModelLoadError as e:
+                raise ModelLoadError(f"node {node.name or node.op_type!r} ({node.op_type}): attribute {a.name!r}: "
+                                     f"{e}") from None
         elif t == onnx.AttributeProto.STRING or t == onnx.AttributeProto.STRINGS:
             try:
                 v = v.decode("utf-8") if t == onnx.AttributeProto.STRING else [s.decode("utf-8") for s in v]

@@ -208,6 +208,32 @@ def test_a_node_input_nothing_defines_is_refused_before_any_rewrite(tmp_path, de
         ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.parametrize("defect", ["data_type", "size"])
+def test_an_unreadable_constant_inside_a_branch_is_a_model_load_error(tmp_path, defect):
+    """A Constant's tensor inside an If branch (here; a Loop body's If in the exported corpus model the
+    fuzz campaign's ``--exported`` strategy mutated) is read only when the branch is bound: a data type
+    onnx does not define raised onnx's bare KeyError, data that does not fill its dims a ValueError. Both
+    are ModelLoadErrors naming the node and attribute; onnxruntime refuses both models."""
+    value = numpy_helper.from_array(np.array([1.0, 2.0], np.float32))
+    if defect == "data_type":
+        value.data_type = 40
+    else:
+        value.raw_data = value.raw_data[:6]
+    branch = helper.make_graph([helper.make_node("Constant", [], ["k"], name="c", value=value)], "b", [],
+                               [helper.make_tensor_value_info("k", TensorProto.FLOAT, None)])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branch, else_branch=branch)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph([node], "g", [cond], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    bad = r"node 'c' \(Constant\): attribute 'value': tensor .* cannot be read"
+    with pytest.raises(ModelLoadError, match=bad), RuntimeSession(path) as s:
+        s.run({"cond": np.array(True)})
+    with pytest.raises(Exception):  # noqa: B017 (onnxruntime's own exception types)
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"cond": np.array(True)})
+
+
 def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
     path = _model(str(tmp_path / "m"), ["y"])
     companion = str(tmp_path / "c" / "m.prepared.onnx")
