@@ -1,6 +1,6 @@
 """The long fuzz run: the strategies of tests/reliability/test_fuzz.py with many examples, counting outcomes.
 
-    python tools/fuzz_campaign.py --examples 300 [--json]
+    python tools/fuzz_campaign.py --examples 300 [--json] [--exported bn_cnn_opset9,lstm,cnn_int8_qdq]
 
 Prints, per strategy, how many cases ran, how many gave the correct result, how many an onnx_prepared
 error (by class), and every finding (foreign exception, wrong result, hang). Exit 1 on a finding.
@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=300, help="examples per strategy")
     ap.add_argument("--seed", type=int, default=0, help="hypothesis seed (same seed, same cases)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--exported", default="",
+                    help="comma-separated corpus models (tests/helpers/corpus.py) whose bytes to mutate too")
     a = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="fuzz-campaign-")
     base = F.make_base(os.path.join(tmp, "m"))
@@ -57,6 +59,17 @@ def main(argv=None) -> int:
         "companion": (F.companion_mutation(),
                       lambda m, o: F.run_companion_case(base, companion, os.path.join(tmp, "w3"), m, o)),
     }
+    if a.exported:  # byte mutations of exported corpus models (needs torch), judged against onnxruntime
+        from tests.helpers import corpus_cache
+
+        folder = os.path.join(tmp, "corpus")
+        os.makedirs(folder, exist_ok=True)
+        def exported_case(cm, work):
+            return lambda m, o: F.run_exported_case(cm.path, cm.feeds[0], work, m, o)
+
+        for model in a.exported.split(","):
+            strategies[f"exported:{model}"] = (
+                F.exported_mutation(), exported_case(corpus_cache.get(folder, model), os.path.join(tmp, f"w-{model}")))
     for name, (strategy, case) in strategies.items():
         out = F.Outcomes()
         t0 = time.perf_counter()
@@ -72,7 +85,7 @@ def main(argv=None) -> int:
     else:
         print(f"fuzz campaign: {a.examples} examples per strategy, load {os.getloadavg()}")
         for name, r in results.items():
-            print(f"{name:14s} {r['seconds']:7.1f} s  " + ", ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
+            print(f"{name:28s} {r['seconds']:7.1f} s  " + ", ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
             for f in r["findings"]:
                 print(f"    finding: {f}")
         print("total          " + ", ".join(f"{k}={v}" for k, v in sorted(total.items())))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from hypothesis import strategies as st
+from onnx import numpy_helper
 
 from onnx_prepared.errors import OnnxPreparedError
 from tests.helpers.models import add_checksums, gemm_mlp
@@ -221,3 +222,84 @@ def run_companion_case(base: str, companion: str, work: str, mut, outcomes: Outc
         f.write(apply_bytes_mutation(data, bmut))
     judge(lambda: ours(base, {"prepared_model_policy": policy, "prepared_model_path": copy}),
           ours(base), None, outcomes, f"companion {mut!r:.200}")
+
+
+# ---- exported models ------------------------------------------------------------------------------
+
+
+def exported_mutation():
+    """One to four byte mutations (flip or truncate), applied in turn."""
+    return st.lists(bytes_mutation(), min_size=1, max_size=4)
+
+
+def _float_scale(path: str) -> float:
+    """The largest |value| of the model's float initializers (inf if one is not finite); 0 if unreadable."""
+    try:
+        m = onnx.load(path)
+        arrays = [numpy_helper.to_array(t) for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    except Exception:
+        return 0.0
+    return max((float(np.max(np.abs(a))) if np.isfinite(a).all() else float("inf") for a in arrays if a.size),
+               default=0.0)
+
+
+def _same(got, want) -> bool:
+    return len(got) == len(want) and all(
+        np.asarray(a).shape == np.asarray(b).shape and np.asarray(a).dtype == np.asarray(b).dtype
+        and (np.allclose(a, b, rtol=1e-3, atol=1e-4, equal_nan=True) if np.asarray(b).dtype.kind in "fc"
+             else np.array_equal(a, b)) for a, b in zip(got, want))
+
+
+def run_exported_case(path: str, feeds: dict, work: str, muts, outcomes: Outcomes) -> None:
+    """Mutate the bytes of an exported model (tests/helpers/corpus.py: torch.onnx.export, onnxruntime's
+    quantizers) and judge our run against onnxruntime's on the mutated file itself.
+
+    Allowed: an onnx_prepared error, or onnxruntime's result (atol 1e-4 + rtol 1e-3, exact for integers),
+    within the time bound. Where onnxruntime refuses the file, our result must be the unmutated model's
+    (counted as ``ort_refused``: a mutation onnxruntime's checks see and ours do not, worth a look; a
+    bias-scale initializer renamed in a QDQ CNN ran so until the resolver checked node inputs). A
+    mutation that makes a float weight more than 100 times the largest one (a flipped exponent bit gives
+    up to 1e38) leaves both results summation-order noise: ``ill_conditioned``, not judged."""
+    from onnx_prepared import RuntimeSession
+
+    def ours(p: str):
+        with RuntimeSession(p) as s:
+            return s.run(feeds)
+
+    def onnxruntime(p: str):
+        import onnxruntime as rt
+
+        so = rt.SessionOptions()
+        so.log_severity_level = 4
+        return rt.InferenceSession(p, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    os.makedirs(work, exist_ok=True)
+    victim = os.path.join(work, os.path.basename(path))
+    with open(path, "rb") as f:
+        data = f.read()
+    for mut in muts:
+        data = apply_bytes_mutation(data, mut)
+    with open(victim, "wb") as f:
+        f.write(data)
+    what = f"{os.path.basename(path)} {muts!r:.200}"
+    value, err = bounded(lambda: ours(victim), CASE_SECONDS)
+    if err is not None:
+        if isinstance(err, OnnxPreparedError):
+            outcomes.counts[f"error:{type(err).__name__}"] += 1
+        else:
+            outcomes.counts["foreign_exception"] += 1
+            outcomes.findings.append(f"{what}: foreign {type(err).__name__}: {str(err)[:300]}")
+        return
+    if _float_scale(victim) > 100 * _float_scale(path):
+        outcomes.counts["ill_conditioned"] += 1
+        return
+    try:
+        want = onnxruntime(victim)
+    except Exception:
+        outcomes.counts["ort_refused"] += 1
+        want = ours(path)
+    if _same(value, want):
+        outcomes.counts["correct"] += 1
+        return
+    outcomes.counts["wrong_result"] += 1
+    outcomes.findings.append(f"{what}: result differs from onnxruntime's")

@@ -52,6 +52,31 @@ def test_fuzz_companion(base, mut):
     _check(out)
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Two exported models of the corpus (tests/helpers/corpus.py), built once per test session: a
+    torchvision-style CNN at opset 9 and onnxruntime's static INT8 QDQ quantization of a small SE CNN."""
+    pytest.importorskip("torch")
+    from tests.helpers import corpus_cache
+
+    folder = corpus_cache.shared_dir(tmp_path_factory)
+    return {name: corpus_cache.get(folder, name) for name in ("bn_cnn_opset9", "cnn_int8_qdq")}
+
+
+@pytest.mark.parametrize("name", ["bn_cnn_opset9", "cnn_int8_qdq"])
+def test_fuzz_exported_model_bytes(exported, tmp_path, name):
+    cm = exported[name]
+
+    @SETTINGS
+    @given(muts=F.exported_mutation())
+    def run(muts):
+        out = F.Outcomes()
+        F.run_exported_case(cm.path, cm.feeds[0], str(tmp_path / "w"), muts, out)
+        _check(out)
+
+    run()
+
+
 def test_known_finding_initializer_as_only_output(base, tmp_path):
     out = F.Outcomes()
     F.run_model_case(base[0], str(tmp_path / "w"), ("output_name", "W0"), out)
