@@ -90,6 +90,7 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
                 continue
         for a in attributes:  # no schema: only the subgraphs (and, for the graph's nodes, the values) are read
             fields = a.ListFields()
+            _check_bare_attribute(node, fields, what)
             for fd, v in fields:
                 if fd is _G_FD:
                     stack.append(iter(v.node))
@@ -100,6 +101,23 @@ def _check_nodes(nodes, opsets: dict[str, int], local: set[tuple[str, str]], wha
         if parsed is not None:
             facts.append((op_type, domain, node.name, tuple(node.input), tuple(node.output),
                           None if _UNPARSED in parsed else parsed, schema))
+
+
+def _check_bare_attribute(node, fields: list, what: str) -> None:
+    """Refuse an attribute with no name or no type on a node without an onnx schema (com.microsoft and
+    other domains), as onnxruntime's checker refuses it ("Field 'name' of 'attr' is required to be
+    non-empty"); kernels read such an attribute as missing, or as None (a QGemm's type-less transB
+    raised a bare TypeError in its prepack rule)."""
+    name = a_type = None
+    for fd, v in fields:
+        if fd is _NAME_FD:
+            name = v
+        elif fd is _TYPE_FD:
+            a_type = v
+    if not name or not a_type:
+        node_name = short(node.name or node.op_type)
+        raise ModelLoadError(f"{what}: node {node_name!r} ({node.op_type}) has an attribute "
+                             + (f"{short(name)!r} with no type" if name else "with no name"))
 
 
 def _parse_plain(name: str, fields: list, parsed: dict) -> None:

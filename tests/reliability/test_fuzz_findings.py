@@ -234,6 +234,30 @@ def test_an_unreadable_constant_inside_a_branch_is_a_model_load_error(tmp_path, 
         ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"cond": np.array(True)})
 
 
+@pytest.mark.parametrize("defect", ["no_name", "no_type"])
+def test_a_contrib_node_attribute_without_name_or_type_is_refused(tmp_path, defect):
+    """A node outside the onnx domains has no schema to check its attributes against: an attribute with no
+    name was ignored and one with no type read as None (a mutated INT8 QOperator CNN's QGemm ``transB``
+    raised a bare TypeError in its prepack rule). Both are refused at the load, as onnxruntime refuses them."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("FastGelu", ["x"], ["y"], name="gelu", domain="com.microsoft")
+    a = node.attribute.add()
+    if defect == "no_name":
+        a.i, a.type = 0, onnx.AttributeProto.INT
+    else:
+        a.name = "transB"
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
+              path)
+    want = "with no name" if defect == "no_name" else "'transB' with no type"
+    with pytest.raises(ModelLoadError, match=rf"node 'gelu' \(FastGelu\) has an attribute {want}"):
+        RuntimeSession(path)
+    with pytest.raises(Exception):  # noqa: B017 (onnxruntime's own exception types)
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
 def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
     path = _model(str(tmp_path / "m"), ["y"])
     companion = str(tmp_path / "c" / "m.prepared.onnx")
