@@ -255,9 +255,10 @@ def run_exported_case(path: str, feeds: dict, work: str, muts, outcomes: Outcome
     quantizers) and judge our run against onnxruntime's on the mutated file itself.
 
     Allowed: an onnx_prepared error, or onnxruntime's result (atol 1e-4 + rtol 1e-3, exact for integers),
-    within the time bound. Where onnxruntime refuses the file, our result must be the unmutated model's
-    (counted as ``ort_refused``: a mutation onnxruntime's checks see and ours do not, worth a look; a
-    bias-scale initializer renamed in a QDQ CNN ran so until the resolver checked node inputs). A
+    within the time bound. A result where onnxruntime refuses the file is counted as ``ort_refused`` and
+    not judged: there is no oracle, and the cases differ (a QDQ CNN's renamed bias-scale initializer ran,
+    with the unmutated result, until the resolver checked node inputs; a Conv's mutated pads give a true
+    result onnxruntime refuses only because the exporter's value_info shapes no longer agree). A
     mutation that makes a float weight more than 100 times the largest one (a flipped exponent bit gives
     up to 1e38) leaves both results summation-order noise: ``ill_conditioned``, not judged."""
     from onnx_prepared import RuntimeSession
@@ -295,9 +296,9 @@ def run_exported_case(path: str, feeds: dict, work: str, muts, outcomes: Outcome
         return
     try:
         want = onnxruntime(victim)
-    except Exception:
+    except Exception:  # no oracle: a case to look at, not judged
         outcomes.counts["ort_refused"] += 1
-        want = ours(path)
+        return
     if _same(value, want):
         outcomes.counts["correct"] += 1
         return
