@@ -30,6 +30,9 @@ def check_versions(model: onnx.ModelProto, what: str, facts: list | None = None)
 
     ``facts``, when given, gets one :data:`NodeFacts` per node of ``model.graph`` (in order), read by the
     same walk, so later passes (type check, resolution) need not read the protobuf nodes again."""
+    if model.ir_version < 1:  # unset (a truncated or damaged header): onnxruntime refuses it too
+        raise ModelLoadError(f"{what} has no IR version (ir_version {model.ir_version}): not an ONNX model as "
+                             f"written by an exporter")
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"{what} has IR version {model.ir_version}; the installed onnx {onnx.__version__} "
                              f"knows IR versions up to {onnx.IR_VERSION}")
