@@ -34,10 +34,18 @@ def _axis(axis: int, rank: int) -> int:
 # **** Reshape, Flatten, Squeeze, Unsqueeze ****
 
 
+def _check_target(dims) -> None:
+    """A target dim below -1 is an error (numpy would infer it as -1 does: a mutated exported GRU's
+    ``[0, 0, -2359297]`` ran as ``[0, 0, -1]``; onnxruntime refuses it)."""
+    if any(d < -1 for d in dims):
+        raise ValueError(f"Reshape target shape {list(dims)} has a dimension below -1")
+
+
 @kernel("Reshape", since=5)
 def reshape(x: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> tuple[np.ndarray]:
-    """``0`` copies the input dim (unless ``allowzero``), ``-1`` is inferred."""
+    """``0`` copies the input dim (unless ``allowzero``), ``-1`` is inferred; below -1 is an error."""
     dims = _ints(shape)
+    _check_target(dims)
     if not allowzero:
         dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
     return (x.reshape(dims),)
@@ -51,6 +59,7 @@ def reshape_from_shape(x: np.ndarray, s: np.ndarray, *, index: list[int], copied
     (resolve/fusions.py), evaluated as that chain evaluates it (a bad index raises as Gather would)."""
     dims = s.shape
     target = [dims[i] if c else v for i, c, v in zip(index, copied, values)]
+    _check_target(target)
     if not allowzero:
         target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
     return (x.reshape(target),)
@@ -63,6 +72,8 @@ def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
     if 1 not in consts or consts[1] is None:
         return None
     dims = tuple(_ints(consts[1]))
+    if any(d < -1 for d in dims):
+        return None  # the kernel raises, naming the target
     if allowzero or 0 not in dims:
 
         def reshape_const(x: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray]:

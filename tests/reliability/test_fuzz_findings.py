@@ -273,6 +273,30 @@ def test_a_model_without_an_ir_version_is_refused(tmp_path):
         ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.parametrize("fed", [False, True], ids=["constant", "fed"])
+def test_a_reshape_target_below_minus_one_is_an_error(tmp_path, fed):
+    """numpy infers any negative target dim as it infers -1: a mutated exported GRU's Reshape to
+    ``[0, 0, -2359297]`` ran as ``[0, 0, -1]`` (the unmutated result). ONNX allows -1 only; onnxruntime
+    refuses the model. A constant target (the specialized kernel) and a fed one both raise."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    target = np.array([-2359297, 4], np.int64)
+    inputs, inits = [x], []
+    if fed:
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    else:
+        inits.append(numpy_helper.from_array(target, "s"))
+    node = helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph([node], "g", inputs, [y], inits),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    feeds = {"x": X, **({"s": target} if fed else {})}
+    with pytest.raises(KernelError, match=r"'reshape'.*has a dimension below -1"), RuntimeSession(path) as s:
+        s.run(feeds)
+    with pytest.raises(Exception):  # noqa: B017 (onnxruntime's own exception types)
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def test_invalid_utf8_in_companion_manifest_is_a_cache_error(tmp_path):
     path = _model(str(tmp_path / "m"), ["y"])
     companion = str(tmp_path / "c" / "m.prepared.onnx")
