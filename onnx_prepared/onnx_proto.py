@@ -283,25 +283,21 @@ def to_array(tensor: TensorProto) -> np.ndarray:
     a ModelLoadError naming it: onnx's KeyError / ValueError reached callers from tensors no load-time
     check sees, such as a Constant's value inside a Loop's If branch."""
     try:
-        return _to_array(tensor)
+        dt = _NATIVE.get(tensor.data_type)
+        if dt is not None and tensor.data_location != _EXTERNAL and not tensor.HasField("segment"):
+            dims = tensor.dims
+            shape = tuple(dims) if dims else ()  # (a scalar's: tuple() of an empty container is ~1 us)
+            if tensor.HasField("raw_data"):
+                return np.frombuffer(tensor.raw_data, dtype=dt).reshape(shape)
+            field = _FIELDS.get(tensor.data_type)
+            if field is not None:
+                return np.asarray(getattr(tensor, field[0]), dtype=field[1]).astype(dt).reshape(shape)
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(tensor)
     except (KeyError, ValueError, TypeError) as e:
         from onnx_prepared.errors import ModelLoadError
 
         name = repr(tensor.name) if tensor.name else "(unnamed)"
         raise ModelLoadError(f"tensor {name} (data type {tensor.data_type}, dims {list(tensor.dims)}) cannot be "
                              f"read: {type(e).__name__}: {str(e)[:200]}") from None
-
-
-def _to_array(tensor: TensorProto) -> np.ndarray:
-    dt = _NATIVE.get(tensor.data_type)
-    if dt is not None and tensor.data_location != _EXTERNAL and not tensor.HasField("segment"):
-        dims = tensor.dims
-        shape = tuple(dims) if dims else ()  # (a scalar's: tuple() of an empty container is ~1 us)
-        if tensor.HasField("raw_data"):
-            return np.frombuffer(tensor.raw_data, dtype=dt).reshape(shape)
-        field = _FIELDS.get(tensor.data_type)
-        if field is not None:
-            return np.asarray(getattr(tensor, field[0]), dtype=field[1]).astype(dt).reshape(shape)
-    from onnx import numpy_helper
-
-    return numpy_helper.to_array(tensor)

@@ -36,8 +36,9 @@ def _axis(axis: int, rank: int) -> int:
 
 def _check_target(dims) -> None:
     """A target dim below -1 is an error (numpy would infer it as -1 does: a mutated exported GRU's
-    ``[0, 0, -2359297]`` ran as ``[0, 0, -1]``; onnxruntime refuses it)."""
-    if any(d < -1 for d in dims):
+    ``[0, 0, -2359297]`` ran as ``[0, 0, -1]``; onnxruntime refuses it). ReshapeFromShape needs no check:
+    its fusion leaves such a constant to a plain Reshape, and its copied dims are shape dims."""
+    if dims and min(dims) < -1:
         raise ValueError(f"Reshape target shape {list(dims)} has a dimension below -1")
 
 
@@ -59,7 +60,6 @@ def reshape_from_shape(x: np.ndarray, s: np.ndarray, *, index: list[int], copied
     (resolve/fusions.py), evaluated as that chain evaluates it (a bad index raises as Gather would)."""
     dims = s.shape
     target = [dims[i] if c else v for i, c, v in zip(index, copied, values)]
-    _check_target(target)
     if not allowzero:
         target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
     return (x.reshape(target),)
@@ -72,7 +72,7 @@ def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
     if 1 not in consts or consts[1] is None:
         return None
     dims = tuple(_ints(consts[1]))
-    if any(d < -1 for d in dims):
+    if dims and min(dims) < -1:
         return None  # the kernel raises, naming the target
     if allowzero or 0 not in dims:
 

@@ -905,7 +905,7 @@ def _fuse_reshape_from_shape(g: _Graph, ints: Mapping) -> None:
             copied.append(1)
             values.append(0)
         else:
-            if src is None:
+            if src is None or min(values, default=0) < -1:  # below -1: the Reshape kernel refuses it
                 continue
             node = onnx.NodeProto(op_type="ReshapeFromShape", domain="onnx_prepared", name=rs.name,
                                   input=[rs.input[0], src], output=list(rs.output))

@@ -172,7 +172,7 @@ class Inference:
         still waits for the reads and prepacks it is bound to, which the session's close then would
         cancel under it."""
         for h in list(self._live):
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception, Cancelled):  # (not KeyboardInterrupt)
                 h.wait()
 
     def run(self, values: list, overridden: frozenset[int], context: RuntimeContext | None) -> list:

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from onnx_prepared.errors import Cancelled
 from onnx_prepared.options import EvictionPolicy
 from onnx_prepared.plan.prepared_plan import PreparedExecutionPlan, TaskDescriptor, TaskKind
 from onnx_prepared.prepared import EntryState, ReadEntry
@@ -114,7 +115,7 @@ class Producers:
         for h in live:
             h.cancel()
         for h in live:
-            with contextlib.suppress(BaseException):  # their failures belong to the runs that wanted them
+            with contextlib.suppress(Exception, Cancelled):  # their failures belong to the runs that wanted them
                 h.wait()
 
     def start(self, chains: list[Task]) -> None:

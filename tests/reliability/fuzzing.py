@@ -7,6 +7,7 @@ limit. Anything else (a foreign exception, a wrong result, a hang) is a finding.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections import Counter
@@ -232,6 +233,12 @@ def exported_mutation():
     return st.lists(bytes_mutation(), min_size=1, max_size=4)
 
 
+@functools.lru_cache(maxsize=32)
+def _base_scale(path: str) -> float:
+    """:func:`_float_scale` of an unmutated model, read once per campaign."""
+    return _float_scale(path)
+
+
 def _float_scale(path: str) -> float:
     """The largest |value| of the model's float initializers (inf if one is not finite); 0 if unreadable."""
     try:
@@ -291,7 +298,7 @@ def run_exported_case(path: str, feeds: dict, work: str, muts, outcomes: Outcome
             outcomes.counts["foreign_exception"] += 1
             outcomes.findings.append(f"{what}: foreign {type(err).__name__}: {str(err)[:300]}")
         return
-    if _float_scale(victim) > 100 * _float_scale(path):
+    if _float_scale(victim) > 100 * _base_scale(path):
         outcomes.counts["ill_conditioned"] += 1
         return
     try:

@@ -273,24 +273,31 @@ def test_a_model_without_an_ir_version_is_refused(tmp_path):
         ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("fed", [False, True], ids=["constant", "fed"])
-def test_a_reshape_target_below_minus_one_is_an_error(tmp_path, fed):
+@pytest.mark.parametrize("source", ["constant", "fed", "shape_chain"])
+def test_a_reshape_target_below_minus_one_is_an_error(tmp_path, source):
     """numpy infers any negative target dim as it infers -1: a mutated exported GRU's Reshape to
     ``[0, 0, -2359297]`` ran as ``[0, 0, -1]`` (the unmutated result). ONNX allows -1 only; onnxruntime
-    refuses the model. A constant target (the specialized kernel) and a fed one both raise."""
+    refuses the model. A constant target (the specialized kernel), a fed one, and one built by the
+    exporters' Shape / Gather / Unsqueeze / Concat chain (not fused into ReshapeFromShape then) all raise."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     target = np.array([-2359297, 4], np.int64)
-    inputs, inits = [x], []
-    if fed:
+    inputs, inits, nodes = [x], [], []
+    if source == "fed":
         inputs.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
-    else:
+    elif source == "constant":
         inits.append(numpy_helper.from_array(target, "s"))
-    node = helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")
+    else:  # s = Concat(Unsqueeze(Gather(Shape(x), 0)), [-2359297]), constants as exporters write them
+        nodes += [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(v))
+                  for n, v in (("i0", np.array(0, np.int64)), ("ax", np.array([0], np.int64)), ("bad", target[:1]))]
+        nodes += [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "i0"], ["d0"]),
+                  helper.make_node("Unsqueeze", ["d0", "ax"], ["u0"]),
+                  helper.make_node("Concat", ["u0", "bad"], ["s"], axis=0)]
+    nodes.append(helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape"))
     path = str(tmp_path / "m.onnx")
-    onnx.save(helper.make_model(helper.make_graph([node], "g", inputs, [y], inits),
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", inputs, [y], inits),
                                 opset_imports=[helper.make_opsetid("", 17)]), path)
-    feeds = {"x": X, **({"s": target} if fed else {})}
+    feeds = {"x": X, **({"s": target} if source == "fed" else {})}
     with pytest.raises(KernelError, match=r"'reshape'.*has a dimension below -1"), RuntimeSession(path) as s:
         s.run(feeds)
     with pytest.raises(Exception):  # noqa: B017 (onnxruntime's own exception types)

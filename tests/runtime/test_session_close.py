@@ -5,7 +5,8 @@ on the shared default scheduler as on one the session owns."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from onnx_prepared.generate import generate_tiny_llm
 from onnx_prepared.generate.config import TinyLlmConfig
 from onnx_prepared.generate.feeds import prefill_feeds
 from onnx_prepared.runtime import RuntimeSession
+from onnx_prepared.scheduler.handle import HandleState
 
 EMBED = "model.embed_tokens.weight"
 # an untied float32 embedding: a row table, read whole at background priority after a cold run
@@ -67,13 +69,31 @@ def test_close_waits_for_a_submitted_cold_run(model, extra):
 def test_close_cancels_prepare_async(model, extra):
     """``prepare_async()``'s handle is the session's preparation: close() cancels it on either scheduler
     (on the shared one it kept every task it holds wanted, so close() waited for the whole preparation),
-    and nothing of it is live once close() returns."""
+    and nothing of it is live once close() returns. Gates: every prepack waits for ``gate``, so the
+    preparation cannot end before close() asks; the gate opens once the handle is seen cancelling."""
     path, _, _ = model
     s = RuntimeSession(path, {"prepared_model_policy": "disabled", **extra})
+    gate = threading.Event()
+    prepack = s.state.prepack
+
+    def gated(*args):
+        assert gate.wait(20)
+        prepack(*args)
+
+    s.state.prepack = gated
     h = s.prepare_async()
-    s.close()
-    assert h.done()
-    with contextlib.suppress(concurrent.futures.CancelledError):
-        h.result()  # finished before the cancel reached it, or cancelled
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    try:
+        deadline = time.monotonic() + 20
+        while h.diagnostics.status not in (HandleState.CANCELLING, HandleState.CANCELLED):
+            assert time.monotonic() < deadline, h.diagnostics.status  # a bound, not a timing assertion
+            time.sleep(0.001)
+    finally:
+        gate.set()
+        closer.join(20)
+    assert not closer.is_alive() and h.cancelled()
+    with pytest.raises(concurrent.futures.CancelledError):
+        h.result()
     assert not s.producers._internal or all(x.done() for x in list(s.producers._internal))
     assert all(t is None or t.done for t in (s.store.producer(r.key) for r in s.plan.requirements))
