@@ -22,14 +22,13 @@ of the contract is ``_native/nbits.h``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import native
 from onnx_prepared.kernels._int4 import unpack_bits
 from onnx_prepared.memory.aligned import aligned_empty
+from onnx_prepared.records import record
 
 #: bumped whenever the bytes of this layout change (part of every layout key)
 LAYOUT_VERSION = 2
@@ -51,7 +50,7 @@ def section_sizes(K: int, N: int, block_size: int, zp_kind: int) -> tuple[int, i
     return P * kb * block_size * 8, P * kb * 64, zp
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(frozen=True, slots=True, eq=False)
 class PackedQ4:
     """One node's 4-bit weights in the panel16 layout (``data`` is the whole buffer)."""
 

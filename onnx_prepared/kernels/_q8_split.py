@@ -12,17 +12,16 @@ is zh = 8 (the 4-bit symmetric zero point) and zl = 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from onnx_prepared.errors import KernelError
 from onnx_prepared.kernels import _q4_panels as q4
 from onnx_prepared.kernels._int4 import pack_bits
 from onnx_prepared.kernels._q4_panels import PackedQ4
+from onnx_prepared.records import record
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(frozen=True, slots=True, eq=False)
 class PackedQ8Split:
     """One 8-bit MatMulNBits node's weights: the high- and low-nibble halves in the panel16 layout."""
 

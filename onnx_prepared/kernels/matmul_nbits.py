@@ -46,7 +46,6 @@ import functools
 import os
 import struct
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,6 +59,7 @@ from onnx_prepared.kernels._q8_split import PackedQ8Split, pack_q8_split
 from onnx_prepared.kernels.prepack import PrepackSpec, SourceForm, prepack_rule
 from onnx_prepared.kernels.registry import kernel
 from onnx_prepared.memory.aligned import aligned_empty
+from onnx_prepared.records import record
 
 _F32 = np.dtype(np.float32)
 #: bytes of one dequantized fp32 panel of B in the BLAS path
@@ -118,7 +118,7 @@ def int8_order() -> str:
 # **** packed layout ****
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(frozen=True, slots=True, eq=False)
 class PackedNBits:
     """B, scales and zero points of one MatMulNBits node in the k-major layout named by ``layout``."""
 
