@@ -9,6 +9,7 @@ needs the fallback, the ``onnx`` package itself (helper, compose, ...) not at al
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 
@@ -147,3 +148,25 @@ def test_int4_llm_session_does_not_import_the_onnx_package(tmp_path):
         "assert np.isfinite(np.asarray(s.run(feeds)[0])).all()")
     assert not {m for m in mods if m in ("onnx", "onnx.helper", "onnx.compose", "onnx.numpy_helper")
                 or m.startswith("onnx.reference")}
+
+
+def test_first_llm_session_loads_no_json_hashlib_or_dataclasses(tmp_path):
+    """A process's first session of an INT4 LLM (MatMulNBits, GatherBlockQuantized, no companion) loads none
+    of ``json``, OpenSSL's ``hashlib`` and ``dataclasses`` (1.4, 2.2-2.8 and ~4 ms to load) while it is
+    built: the schema cache is marshal data named by a CRC, and the packed-weight classes are records. (The
+    first run's reads of checksummed weights load hashlib and json for the verification records.) Twice:
+    the first process writes the schema cache file, the second reads it."""
+    from onnx_prepared.generate import generate_tiny_llm
+
+    path = generate_tiny_llm(tmp_path / "m", layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1,
+                             vocab=256, block_size=32, context_length=32)
+    code = ("import numpy as np\nfrom onnx_prepared import RuntimeSession\n"
+            f"s = RuntimeSession({str(path)!r}, {{'prepared_model_policy': 'disabled'}})")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(sorted(sys.modules))\ns.close()"],
+                             capture_output=True, text=True, check=True, env=env).stdout
+        mods = set(ast.literal_eval(out.strip().splitlines()[-1]))
+        assert "onnx_prepared.kernels.matmul_nbits" in mods
+        assert not mods & {"json", "hashlib", "_hashlib", "dataclasses"}
+    assert len(list((tmp_path / "cache" / "onnx-prepared" / "schemas").iterdir())) == 1
