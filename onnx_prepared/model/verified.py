@@ -11,8 +11,11 @@ File timestamps come from a coarse clock (a few ms), so a file rewritten in plac
 being hashed could keep its fingerprint: a file changed less than ``RACY_S`` seconds before the save is
 not recorded (the next process hashes it and records it then), as git treats "racily clean" entries.
 
-One JSON file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``), named
-by the sha256 of the data file's real path, written atomically (temporary file + ``os.replace``).
+One ``marshal`` file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``),
+named by two CRC32s of the data file's real path (the record names the file it is about: a clash only
+costs a rewrite), written atomically (temporary file + ``os.replace``). Not JSON and not a sha256 name:
+a cold run reads the records on its I/O threads, where importing ``json`` and OpenSSL's ``hashlib`` held
+the GIL for milliseconds while the first layers computed (a record that trusts every range needs no hash).
 The companion's data files get records of the same form, their payloads' XXH3-128 checksums
 (prepared/payload_hash.py). Records are a cache: an unreadable, corrupt or foreign record is ignored,
 a folder that cannot be written is skipped silently, and at most ``MAX_RECORDS`` files are kept (oldest removed first).
@@ -20,7 +23,9 @@ a folder that cannot be written is skipped silently, and at most ``MAX_RECORDS``
 
 from __future__ import annotations
 
+import binascii
 import contextlib
+import marshal
 import os
 
 from onnx_prepared.model.safe_open import changed_within, fingerprint, read_regular
@@ -46,19 +51,20 @@ def default_dir() -> str:
 _DIRS: dict[tuple[str | None, str | None], str] = {}
 
 
-def _path(folder: str, file: str) -> str:
-    import hashlib  # hashlib and json load with the first record, not with the package
+#: the records' file name suffix
+SUFFIX = ".rec"
 
-    return os.path.join(folder, hashlib.sha256(os.path.realpath(file).encode()).hexdigest()[:32] + ".json")
+
+def _path(folder: str, file: str) -> str:
+    key = os.path.realpath(file).encode()
+    return os.path.join(folder, f"{binascii.crc32(key):08x}{binascii.crc32(key, 0x9E3779B9):08x}{SUFFIX}")
 
 
 def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
     """{(offset, length): digest} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
-    import json
-
     try:
         data, _ = read_regular(_path(folder, file), limit=_LIMIT)
-        rec = json.loads(data)
+        rec = marshal.loads(data)
         if rec.get("file") != os.path.realpath(file) or rec.get("fingerprint") != fp:
             return {}
         out = {}
@@ -67,14 +73,12 @@ def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
             if isinstance(sha, str) and len(sha) in (32, 64):  # sha256 of a source, XXH3-128 of a payload
                 out[(off, length)] = sha
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError):
         return {}
 
 
 def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) -> None:
     """Record ``ranges`` (merged with a record of the same fingerprint) if ``file`` still has ``fp``."""
-    import json
-
     with contextlib.suppress(OSError, ValueError):
         st = os.stat(file)
         if fingerprint(st) != fp:
@@ -83,12 +87,12 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
             return  # racily fresh: a same-tick rewrite would keep this fingerprint
         merged = {**load(folder, file, fp), **ranges}
         os.makedirs(folder, exist_ok=True)
-        body = json.dumps({"file": os.path.realpath(file), "fingerprint": fp,
-                           "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}})
+        body = marshal.dumps({"file": os.path.realpath(file), "fingerprint": fp,
+                              "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}}, 4)
         path = _path(folder, file)
         tmp = f"{path}.{os.urandom(6).hex()}.tmp"
         try:
-            with open(tmp, "w") as f:
+            with open(tmp, "wb") as f:
                 f.write(body)
             os.replace(tmp, path)
         finally:
@@ -98,7 +102,7 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
 
 
 def _prune(folder: str) -> None:
-    names = [n for n in os.listdir(folder) if n.endswith(".json")]
+    names = [n for n in os.listdir(folder) if n.endswith((SUFFIX, ".json"))]  # (.json: an older format)
     if len(names) <= MAX_RECORDS:
         return
     aged = sorted(names, key=lambda n: os.stat(os.path.join(folder, n)).st_mtime_ns)

@@ -5,7 +5,7 @@ again before any of its bytes are used."""
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import os
 
 import numpy as np
@@ -67,8 +67,8 @@ def records() -> list[dict]:
         return []
     out = []
     for n in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, n)) as f:
-            out.append(json.load(f))
+        with open(os.path.join(folder, n), "rb") as f:
+            out.append(marshal.load(f))
     return out
 
 
@@ -118,14 +118,14 @@ def test_a_record_with_another_checksum_or_fingerprint_is_not_trusted(tmp_path, 
     read_all(path)
     folder = verified.default_dir()
     (name,) = os.listdir(folder)
-    with open(os.path.join(folder, name)) as f:
-        rec = json.load(f)
+    with open(os.path.join(folder, name), "rb") as f:
+        rec = marshal.load(f)
     spoilers = (lambda r: r.update(ranges={k: "0" * 32 for k in r["ranges"]}),
                 lambda r: r.update(fingerprint="1:2:3:4:5"))
     for spoil in spoilers:  # the record's checksums, then (as well) its fingerprint
         spoil(rec)
-        with open(os.path.join(folder, name), "w") as f:
-            json.dump(rec, f)
+        with open(os.path.join(folder, name), "wb") as f:
+            marshal.dump(rec, f)
         payload_hash.forget_verified()
         hashers["made"] = 0
         read_all(path)

@@ -32,7 +32,7 @@ def test_records_exist_after_the_first_run_before_close(tmp_path, monkeypatch):
         np.testing.assert_allclose(s.run({"x": X})[0], reference_mlp(path, X), rtol=1e-5, atol=1e-6)
         reader = s.state.reader.reader
         reader.wait_records()  # the save runs on a thread of its own, off the run's path
-        names = [n for n in os.listdir(folder) if n.endswith(".json")]
+        names = [n for n in os.listdir(folder) if n.endswith(verified.SUFFIX)]
         assert len(names) == 1  # one data file
         data_file = os.path.join(os.path.dirname(path), onnx.load(path, load_external_data=False)
                                  .graph.initializer[0].external_data[0].value)
