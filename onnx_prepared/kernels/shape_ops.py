@@ -34,11 +34,15 @@ def _axis(axis: int, rank: int) -> int:
 # **** Reshape, Flatten, Squeeze, Unsqueeze ****
 
 
+def _below_minus_one(dims) -> bool:
+    """Whether a Reshape target has a dim below -1, an error (numpy would infer it as -1 does: a mutated
+    exported GRU's ``[0, 0, -2359297]`` ran as ``[0, 0, -1]``; onnxruntime refuses it). ReshapeFromShape
+    needs no check: its fusion leaves such a constant to a plain Reshape, and its copied dims are shape dims."""
+    return bool(dims) and min(dims) < -1
+
+
 def _check_target(dims) -> None:
-    """A target dim below -1 is an error (numpy would infer it as -1 does: a mutated exported GRU's
-    ``[0, 0, -2359297]`` ran as ``[0, 0, -1]``; onnxruntime refuses it). ReshapeFromShape needs no check:
-    its fusion leaves such a constant to a plain Reshape, and its copied dims are shape dims."""
-    if dims and min(dims) < -1:
+    if _below_minus_one(dims):
         raise ValueError(f"Reshape target shape {list(dims)} has a dimension below -1")
 
 
@@ -72,7 +76,7 @@ def _reshape_const(consts: dict, n_inputs: int, *, allowzero: int = 0):
     if 1 not in consts or consts[1] is None:
         return None
     dims = tuple(_ints(consts[1]))
-    if dims and min(dims) < -1:
+    if _below_minus_one(dims):
         return None  # the kernel raises, naming the target
     if allowzero or 0 not in dims:
 

@@ -12,22 +12,20 @@ foreign or unreadable file is ignored (the registry answers), an unwritable fold
 whose answer is an error (an op its opset does not define) always go to the registry, which words the
 message.
 
-The file is ``marshal`` data (plain dicts, lists, strings and ints; marshal builds objects, it runs
-nothing), and its name a CRC of the build string, because the first session of a process reads it:
-``json`` and OpenSSL's ``hashlib`` would load for it (1.4 + 2.2-2.8 ms, measured on this machine), and
-``json.loads`` of a 90 KB file took 1.5 ms against ``marshal.loads``' 0.5.
+The file is ``marshal`` data named by a CRC (:mod:`~onnx_prepared.model.cache_files`), because the first
+session of a process reads it: ``json`` and OpenSSL's ``hashlib`` would load for it (1.4 + 2.2-2.8 ms,
+measured on this machine), and ``json.loads`` of a 90 KB file took 1.5 ms against ``marshal.loads``' 0.5.
 """
 
 from __future__ import annotations
 
-import binascii
 import contextlib
-import marshal
 import os
 import sys
 import threading
 
 from onnx_prepared import onnx_proto as onnx
+from onnx_prepared.model import cache_files
 
 _LIMIT = 4 << 20  # a cache file is a few hundred bytes per op
 
@@ -107,9 +105,9 @@ class SchemaCache:
     def _load(self) -> None:
         if self._path is None:
             return
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, EOFError):
+        with contextlib.suppress(OSError, AttributeError, *cache_files.LOAD_ERRORS):
             with open(self._path, "rb") as f:
-                data = marshal.loads(f.read(_LIMIT))
+                data = cache_files.load(f.read(_LIMIT))
             if data.get("build") == self._build:
                 self._ops = dict(data["ops"])
                 self._opsets = {str(k): int(v) for k, v in data["opsets"].items()}
@@ -164,28 +162,17 @@ class SchemaCache:
         if not self._dirty or self._path is None:
             return
         with self._lock:
-            body = marshal.dumps({"build": self._build, "opsets": self._opsets, "ops": self._ops}, _MARSHAL)
+            body = cache_files.dump({"build": self._build, "opsets": self._opsets, "ops": self._ops})
             self._dirty = False
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(self._path), exist_ok=True)
-            tmp = f"{self._path}.{os.urandom(6).hex()}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(body)
-                os.replace(tmp, self._path)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)  # gone after a successful replace
-
-
-_MARSHAL = 4  # marshal's format version (4 since Python 3.4), written and named in the file name
+            cache_files.write_atomic(self._path, body)
 
 
 def _file_name(build: str) -> str:
-    """The cache file of ``build`` for this interpreter: 64 bits of two CRCs of both (a clash only costs
-    a rewrite, since the file records the build it holds)."""
-    key = f"{build}|{sys.version_info[0]}.{sys.version_info[1]}|marshal{_MARSHAL}".encode()
-    return f"{binascii.crc32(key):08x}{binascii.crc32(key, 0x9E3779B9):08x}.marshal"
+    """The cache file of ``build`` for this interpreter (the file records the build it holds)."""
+    v = sys.version_info
+    return cache_files.crc_name(f"{build}|{v[0]}.{v[1]}|marshal{cache_files.MARSHAL_VERSION}") + ".marshal"
 
 
 _CACHE: SchemaCache | None = None

@@ -12,8 +12,8 @@ being hashed could keep its fingerprint: a file changed less than ``RACY_S`` sec
 not recorded (the next process hashes it and records it then), as git treats "racily clean" entries.
 
 One ``marshal`` file per data file in ``$XDG_CACHE_HOME/onnx-prepared/verified`` (or ``~/.cache/...``),
-named by two CRC32s of the data file's real path (the record names the file it is about: a clash only
-costs a rewrite), written atomically (temporary file + ``os.replace``). Not JSON and not a sha256 name:
+named by a CRC of the data file's real path (:mod:`~onnx_prepared.model.cache_files`; the record names
+the file it is about), written atomically. Not JSON and not a sha256 name:
 a cold run reads the records on its I/O threads, where importing ``json`` and OpenSSL's ``hashlib`` held
 the GIL for milliseconds while the first layers computed (a record that trusts every range needs no hash).
 The companion's data files get records of the same form, their payloads' XXH3-128 checksums
@@ -23,11 +23,10 @@ a folder that cannot be written is skipped silently, and at most ``MAX_RECORDS``
 
 from __future__ import annotations
 
-import binascii
 import contextlib
-import marshal
 import os
 
+from onnx_prepared.model import cache_files
 from onnx_prepared.model.safe_open import changed_within, fingerprint, read_regular
 
 MAX_RECORDS = 256
@@ -56,15 +55,14 @@ SUFFIX = ".rec"
 
 
 def _path(folder: str, file: str) -> str:
-    key = os.path.realpath(file).encode()
-    return os.path.join(folder, f"{binascii.crc32(key):08x}{binascii.crc32(key, 0x9E3779B9):08x}{SUFFIX}")
+    return os.path.join(folder, cache_files.crc_name(os.path.realpath(file)) + SUFFIX)
 
 
 def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
     """{(offset, length): digest} recorded for ``file`` under fingerprint ``fp``; {} if none is trusted."""
     try:
         data, _ = read_regular(_path(folder, file), limit=_LIMIT)
-        rec = marshal.loads(data)
+        rec = cache_files.load(data)
         if rec.get("file") != os.path.realpath(file) or rec.get("fingerprint") != fp:
             return {}
         out = {}
@@ -73,7 +71,7 @@ def load(folder: str, file: str, fp: str) -> dict[tuple[int, int], str]:
             if isinstance(sha, str) and len(sha) in (32, 64):  # sha256 of a source, XXH3-128 of a payload
                 out[(off, length)] = sha
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError):
+    except (OSError, KeyError, AttributeError, *cache_files.LOAD_ERRORS):
         return {}
 
 
@@ -87,17 +85,9 @@ def save(folder: str, file: str, fp: str, ranges: dict[tuple[int, int], str]) ->
             return  # racily fresh: a same-tick rewrite would keep this fingerprint
         merged = {**load(folder, file, fp), **ranges}
         os.makedirs(folder, exist_ok=True)
-        body = marshal.dumps({"file": os.path.realpath(file), "fingerprint": fp,
-                              "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}}, 4)
-        path = _path(folder, file)
-        tmp = f"{path}.{os.urandom(6).hex()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(body)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # gone after a successful replace
+        body = cache_files.dump({"file": os.path.realpath(file), "fingerprint": fp,
+                                 "ranges": {f"{o}:{n}": s for (o, n), s in sorted(merged.items())}})
+        cache_files.write_atomic(_path(folder, file), body)
         _prune(folder)
 
 
